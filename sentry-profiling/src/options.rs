@@ -1,0 +1,99 @@
+//! Configuration: the sampler's [`SamplerConfig`] and its `DEFAULT_*` values.
+
+use crate::Error;
+
+/// Default sampling frequency: 101 Hz, prime so it does not fall into
+/// lockstep with periodic work (Sentry's profiling spec).
+pub const DEFAULT_FREQUENCY_HZ: u32 = 101;
+/// Highest accepted sampling frequency.
+pub const MAX_FREQUENCY_HZ: u32 = 1000;
+/// Default number of stack bytes copied per sample, from the stack pointer up.
+pub const DEFAULT_STACK_COPY_BYTES: usize = 64 * 1024;
+/// Largest accepted stack copy.
+pub const MAX_STACK_COPY_BYTES: usize = 1024 * 1024;
+/// Default capacity of the sample queue between sampler and consumer.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 16 * 1024;
+
+/// How the sampler runs. Built with `SamplerConfig::default()` and the
+/// `#[must_use]` setters; checked by [`crate::Sampler::start`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SamplerConfig {
+    /// Samples per second per thread, 1 to 1000. Default 101.
+    pub frequency_hz: u32,
+    /// Stack bytes copied per sample, 256 B to 1 MiB. Default 64 KiB.
+    pub stack_copy_bytes: usize,
+    /// Samples that may wait for the consumer before new ones are dropped
+    /// (and counted). Default 16384.
+    pub queue_capacity: usize,
+    /// The signal to use. Default: the highest real-time signal that has no
+    /// handler. A signal the application handles is never taken over.
+    pub signal: Option<i32>,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        Self {
+            frequency_hz: DEFAULT_FREQUENCY_HZ,
+            stack_copy_bytes: DEFAULT_STACK_COPY_BYTES,
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            signal: None,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Sets the sampling frequency in Hz (1 to 1000).
+    #[must_use]
+    pub fn frequency_hz(mut self, hz: u32) -> Self {
+        self.frequency_hz = hz;
+        self
+    }
+
+    /// Sets how many stack bytes are copied per sample (256 B to 1 MiB).
+    #[must_use]
+    pub fn stack_copy_bytes(mut self, bytes: usize) -> Self {
+        self.stack_copy_bytes = bytes;
+        self
+    }
+
+    /// Sets the sample queue's capacity.
+    #[must_use]
+    pub fn queue_capacity(mut self, samples: usize) -> Self {
+        self.queue_capacity = samples;
+        self
+    }
+
+    /// Uses a specific signal instead of picking a free real-time signal.
+    #[must_use]
+    pub fn signal(mut self, signal: i32) -> Self {
+        self.signal = Some(signal);
+        self
+    }
+
+    /// Checks every value, naming the option that is out of range.
+    pub(crate) fn validated(self) -> Result<Self, Error> {
+        if !(1..=MAX_FREQUENCY_HZ).contains(&self.frequency_hz) {
+            return Err(Error::InvalidOption {
+                option: "frequency_hz",
+                reason: format!("{} is outside 1..={MAX_FREQUENCY_HZ}", self.frequency_hz),
+            });
+        }
+        if !(256..=MAX_STACK_COPY_BYTES).contains(&self.stack_copy_bytes) {
+            return Err(Error::InvalidOption {
+                option: "stack_copy_bytes",
+                reason: format!(
+                    "{} is outside 256..={MAX_STACK_COPY_BYTES}",
+                    self.stack_copy_bytes
+                ),
+            });
+        }
+        if self.queue_capacity == 0 {
+            return Err(Error::InvalidOption {
+                option: "queue_capacity",
+                reason: "must be at least 1".into(),
+            });
+        }
+        Ok(self)
+    }
+}

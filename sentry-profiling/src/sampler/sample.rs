@@ -1,0 +1,75 @@
+//! The sampler's output record.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// One stack sample of one thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    timestamp_ns: u64,
+    thread_id: u32,
+    thread_name: Arc<str>,
+    frames: Arc<[u64]>,
+    context: u64,
+    repeated: bool,
+}
+
+impl Sample {
+    pub(crate) fn new(
+        timestamp_ns: u64,
+        thread_id: i32,
+        thread_name: Arc<str>,
+        frames: Arc<[u64]>,
+        context: u64,
+        repeated: bool,
+    ) -> Self {
+        Self {
+            timestamp_ns,
+            thread_id: thread_id as u32,
+            thread_name,
+            frames,
+            context,
+            repeated,
+        }
+    }
+
+    /// When the stack was captured, in nanoseconds since the Unix epoch
+    /// (`CLOCK_REALTIME`, read in the signal handler).
+    pub fn timestamp_ns(&self) -> u64 {
+        self.timestamp_ns
+    }
+
+    /// When the stack was captured.
+    pub fn timestamp(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_nanos(self.timestamp_ns)
+    }
+
+    /// Kernel thread id of the sampled thread.
+    pub fn thread_id(&self) -> u32 {
+        self.thread_id
+    }
+
+    /// The thread's name as the kernel reports it.
+    pub fn thread_name(&self) -> &Arc<str> {
+        &self.thread_name
+    }
+
+    /// Code addresses, leaf first. The first is the interrupted program
+    /// counter; the others are return addresses minus one (inside the call
+    /// instruction), ready for symbolication.
+    pub fn frames(&self) -> &Arc<[u64]> {
+        &self.frames
+    }
+
+    /// The thread's context word at the time of the sample (see
+    /// [`crate::set_thread_context`]).
+    pub fn context(&self) -> u64 {
+        self.context
+    }
+
+    /// True when the thread had not run since its previous sample, so it was
+    /// not interrupted and its previous stack was recorded again.
+    pub fn is_repeated(&self) -> bool {
+        self.repeated
+    }
+}

@@ -1,0 +1,335 @@
+//! Loaded ELF images, found with `dl_iterate_phdr`: address ranges, unwind
+//! tables (`.eh_frame_hdr` / `.eh_frame`) and GNU build-ids, all read from
+//! memory, never from disk.
+//!
+//! The main executable and the vDSO can never be unloaded, so their tables
+//! are borrowed for the life of the process. Shared libraries can be
+//! `dlclose`d at any moment by another thread; their tables are copied, so an
+//! unwind racing with an unload reads stale but valid bytes instead of
+//! unmapped memory.
+
+use std::ffi::CStr;
+use std::ops::Deref;
+
+/// Bytes of an image, borrowed when the image is permanent, copied otherwise.
+#[derive(Debug, Clone)]
+pub(crate) enum ImageBytes {
+    /// Memory of an image that is never unloaded.
+    Static(&'static [u8]),
+    /// A private copy.
+    Owned(Vec<u8>),
+}
+
+impl Default for ImageBytes {
+    fn default() -> Self {
+        Self::Static(&[])
+    }
+}
+
+impl Deref for ImageBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Static(s) => s,
+            Self::Owned(v) => v,
+        }
+    }
+}
+
+/// A section of an image: its address as stated in the file (SVMA) and bytes.
+#[derive(Debug, Clone)]
+pub(crate) struct Section {
+    /// Address in the file's address space.
+    pub(crate) svma: u64,
+    /// Content.
+    pub(crate) bytes: ImageBytes,
+}
+
+/// One loaded ELF image.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadedImage {
+    /// File path (`/proc/self/exe` resolved for the main executable).
+    pub(crate) path: String,
+    /// Load bias: runtime address = file address + `bias`.
+    pub(crate) bias: u64,
+    /// Runtime address range covered by the image's `PT_LOAD` segments.
+    pub(crate) start: u64,
+    /// End of that range (exclusive).
+    pub(crate) end: u64,
+    /// Lowest `p_vaddr` of the `PT_LOAD` segments (Sentry's `image_vmaddr`).
+    pub(crate) vmaddr: u64,
+    /// `.eh_frame_hdr`, when present.
+    pub(crate) eh_frame_hdr: Option<Section>,
+    /// `.eh_frame`, from its start to the end of its segment.
+    pub(crate) eh_frame: Option<Section>,
+    /// The executable segment, for the main executable only.
+    pub(crate) text: Option<Section>,
+    /// GNU build-id note content.
+    pub(crate) build_id: Option<Vec<u8>>,
+    /// True for the main executable.
+    pub(crate) is_main: bool,
+}
+
+/// glibc's `dl_phdr_info` including the load counters (present since 2.4;
+/// the `size` argument tells whether they are there).
+#[repr(C)]
+struct DlPhdrInfo {
+    addr: usize,
+    name: *const libc::c_char,
+    phdr: *const Phdr,
+    phnum: u16,
+    adds: u64,
+    subs: u64,
+}
+
+#[cfg(target_pointer_width = "64")]
+type Phdr = libc::Elf64_Phdr;
+
+const PT_LOAD: u32 = 1;
+const PT_NOTE: u32 = 4;
+const PT_GNU_EH_FRAME: u32 = 0x6474_e550;
+const PF_X: u32 = 1;
+const NT_GNU_BUILD_ID: u32 = 3;
+
+/// A counter that changes whenever a library is loaded or unloaded.
+pub(crate) fn image_generation() -> u64 {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        size: usize,
+        data: *mut libc::c_void,
+    ) -> i32 {
+        if size >= std::mem::size_of::<DlPhdrInfo>() {
+            // SAFETY: the loader passes a valid info of `size` bytes, large
+            // enough for our layout; `data` is the `u64` passed below.
+            unsafe {
+                let info = &*(info as *const DlPhdrInfo);
+                *(data as *mut u64) = info.adds.wrapping_add(info.subs << 32);
+            }
+        }
+        1
+    }
+    let mut out = 0u64;
+    // SAFETY: the callback only reads the info it is given and writes `out`.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut out).cast()) };
+    out
+}
+
+/// Every image currently loaded.
+pub(crate) fn loaded_images() -> Vec<LoadedImage> {
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut libc::c_void,
+    ) -> i32 {
+        // SAFETY: `data` is the Vec passed below; `info` is valid for the
+        // duration of the callback and describes a loaded image, whose
+        // program headers and segments are mapped while the loader lock is
+        // held (dl_iterate_phdr holds it).
+        unsafe {
+            let out = &mut *(data as *mut Vec<LoadedImage>);
+            let info = &*(info as *const DlPhdrInfo);
+            if let Some(image) = describe(info, out.is_empty()) {
+                out.push(image);
+            }
+        }
+        0
+    }
+    let mut out: Vec<LoadedImage> = Vec::new();
+    // SAFETY: the callback's contract is documented above.
+    unsafe { libc::dl_iterate_phdr(Some(each), (&raw mut out).cast()) };
+    out
+}
+
+/// Builds a [`LoadedImage`] from a loader record.
+///
+/// # Safety
+/// `info` must come from `dl_iterate_phdr`, inside its callback.
+unsafe fn describe(info: &DlPhdrInfo, first: bool) -> Option<LoadedImage> {
+    if info.phdr.is_null() || info.phnum == 0 {
+        return None;
+    }
+    // SAFETY: the loader guarantees `phnum` headers at `phdr`.
+    let phdrs = unsafe { std::slice::from_raw_parts(info.phdr, usize::from(info.phnum)) };
+    let bias = info.addr as u64;
+    // SAFETY: `name` is null or a NUL-terminated string owned by the loader.
+    let name = (!info.name.is_null())
+        .then(|| {
+            unsafe { CStr::from_ptr(info.name) }
+                .to_string_lossy()
+                .into_owned()
+        })
+        .unwrap_or_default();
+    let is_main = first && name.is_empty();
+    let is_vdso = name.starts_with("linux-vdso") || name.starts_with("linux-gate");
+    let permanent = is_main || is_vdso;
+    let path = if is_main {
+        std::env::current_exe()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    } else {
+        name
+    };
+
+    let loads: Vec<&Phdr> = phdrs.iter().filter(|p| p.p_type == PT_LOAD).collect();
+    let vmaddr = loads.iter().map(|p| p.p_vaddr).min()?;
+    let vmend = loads.iter().map(|p| p.p_vaddr + p.p_memsz).max()?;
+
+    // SAFETY (for `grab` calls below): every range is inside a PT_LOAD
+    // segment of this image, mapped while the loader lock is held.
+    let grab = |svma: u64, len: u64| -> ImageBytes {
+        // SAFETY: see above.
+        let bytes: &'static [u8] =
+            unsafe { std::slice::from_raw_parts((svma + bias) as *const u8, len as usize) };
+        if permanent {
+            ImageBytes::Static(bytes)
+        } else {
+            ImageBytes::Owned(bytes.to_vec())
+        }
+    };
+    let segment_end = |svma: u64| {
+        loads
+            .iter()
+            .find(|p| svma >= p.p_vaddr && svma < p.p_vaddr + p.p_filesz)
+            .map(|p| p.p_vaddr + p.p_filesz)
+    };
+
+    let mut eh_frame_hdr = None;
+    let mut eh_frame = None;
+    if let Some(hdr) = phdrs.iter().find(|p| p.p_type == PT_GNU_EH_FRAME) {
+        let hdr_bytes = grab(hdr.p_vaddr, hdr.p_memsz);
+        if let Some(ptr) = decode_eh_frame_ptr(&hdr_bytes, hdr.p_vaddr) {
+            if let Some(end) = segment_end(ptr) {
+                eh_frame = Some(Section {
+                    svma: ptr,
+                    bytes: grab(ptr, end - ptr),
+                });
+            }
+        }
+        eh_frame_hdr = Some(Section {
+            svma: hdr.p_vaddr,
+            bytes: hdr_bytes,
+        });
+    }
+    let text = if is_main {
+        loads
+            .iter()
+            .find(|p| p.p_flags & PF_X != 0)
+            .map(|p| Section {
+                svma: p.p_vaddr,
+                bytes: grab(p.p_vaddr, p.p_filesz),
+            })
+    } else {
+        None
+    };
+
+    let mut build_id = None;
+    for note in phdrs.iter().filter(|p| p.p_type == PT_NOTE) {
+        // SAFETY: note segments lie inside a PT_LOAD segment (see above).
+        let bytes = unsafe {
+            std::slice::from_raw_parts((note.p_vaddr + bias) as *const u8, note.p_memsz as usize)
+        };
+        if let Some(id) = find_build_id(bytes, note.p_align.max(4) as usize) {
+            build_id = Some(id.to_vec());
+            break;
+        }
+    }
+
+    Some(LoadedImage {
+        path,
+        bias,
+        start: vmaddr + bias,
+        end: vmend + bias,
+        vmaddr,
+        eh_frame_hdr,
+        eh_frame,
+        text,
+        build_id,
+        is_main,
+    })
+}
+
+/// Decodes `eh_frame_ptr` from an `.eh_frame_hdr` located at `hdr_svma`.
+fn decode_eh_frame_ptr(hdr: &[u8], hdr_svma: u64) -> Option<u64> {
+    if hdr.len() < 4 || hdr[0] != 1 {
+        return None;
+    }
+    let enc = hdr[1];
+    let field = hdr.get(4..)?;
+    let (value, _) = read_encoded(field, enc & 0x0f)?;
+    let base = match enc & 0x70 {
+        0x00 => 0,
+        0x10 => hdr_svma + 4, // DW_EH_PE_pcrel
+        0x30 => hdr_svma,     // DW_EH_PE_datarel: relative to the header
+        _ => return None,
+    };
+    Some(base.wrapping_add(value as u64))
+}
+
+fn read_encoded(b: &[u8], format: u8) -> Option<(i64, usize)> {
+    Some(match format {
+        0x00 | 0x04 => (i64::from_le_bytes(b.get(..8)?.try_into().ok()?), 8),
+        0x03 => (
+            i64::from(u32::from_le_bytes(b.get(..4)?.try_into().ok()?)),
+            4,
+        ),
+        0x0b => (
+            i64::from(i32::from_le_bytes(b.get(..4)?.try_into().ok()?)),
+            4,
+        ),
+        0x0c => (i64::from_le_bytes(b.get(..8)?.try_into().ok()?), 8),
+        _ => return None,
+    })
+}
+
+/// Finds the `NT_GNU_BUILD_ID` descriptor in a note segment.
+pub(crate) fn find_build_id(mut notes: &[u8], align: usize) -> Option<&[u8]> {
+    let pad = |n: usize| n.checked_add(align - 1).map(|v| v / align * align);
+    while notes.len() >= 12 {
+        let namesz = u32::from_le_bytes(notes[0..4].try_into().ok()?) as usize;
+        let descsz = u32::from_le_bytes(notes[4..8].try_into().ok()?) as usize;
+        let kind = u32::from_le_bytes(notes[8..12].try_into().ok()?);
+        let name_end = 12usize.checked_add(pad(namesz)?)?;
+        let desc_end = name_end.checked_add(pad(descsz)?)?;
+        let name = notes.get(12..12 + namesz)?;
+        if kind == NT_GNU_BUILD_ID && name == b"GNU\0" {
+            return notes.get(name_end..name_end + descsz);
+        }
+        notes = notes.get(desc_end..)?;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_self_with_unwind_tables_and_build_id() {
+        let images = loaded_images();
+        let main = images
+            .iter()
+            .find(|i| i.is_main)
+            .expect("main executable listed");
+        assert!(main.eh_frame_hdr.is_some() && main.eh_frame.is_some());
+        let here = finds_self_with_unwind_tables_and_build_id as usize as u64;
+        assert!(main.start <= here && here < main.end);
+        assert!(main.build_id.as_ref().is_some_and(|b| b.len() >= 16));
+        assert!(images.iter().any(|i| i.path.contains("libc.so")));
+        assert_ne!(image_generation(), 0);
+    }
+
+    #[test]
+    fn parses_notes() {
+        let mut n = Vec::new();
+        n.extend_from_slice(&4u32.to_le_bytes());
+        n.extend_from_slice(&3u32.to_le_bytes());
+        n.extend_from_slice(&1u32.to_le_bytes());
+        n.extend_from_slice(b"XYZ\0abc\0");
+        n.extend_from_slice(&4u32.to_le_bytes());
+        n.extend_from_slice(&4u32.to_le_bytes());
+        n.extend_from_slice(&NT_GNU_BUILD_ID.to_le_bytes());
+        n.extend_from_slice(b"GNU\0\x01\x02\x03\x04");
+        assert_eq!(find_build_id(&n, 4), Some(&[1u8, 2, 3, 4][..]));
+        assert_eq!(find_build_id(&n[..20], 4), None);
+    }
+}

@@ -1,0 +1,30 @@
+//! Every piece of `unsafe` code in the crate: signals, the thread list, stack
+//! mappings, clocks and the loaded-image list.
+//!
+//! The rest of the crate talks to the operating system only through the safe
+//! functions exported here. Only Linux on x86_64 and aarch64 is supported
+//! (`build.rs` sets `cfg(profiling_supported)` there); elsewhere this module is
+//! empty and [`crate::Profiler::start`] reports the platform as unsupported.
+
+#[cfg(profiling_supported)]
+mod images;
+#[cfg(profiling_supported)]
+mod maps;
+#[cfg(profiling_supported)]
+mod signal;
+#[cfg(profiling_supported)]
+mod thread;
+
+#[cfg(profiling_supported)]
+pub(crate) use images::{ImageBytes, LoadedImage, Section, image_generation, loaded_images};
+#[cfg(profiling_supported)]
+pub(crate) use maps::{StackMappings, stack_mappings};
+#[cfg(profiling_supported)]
+pub(crate) use signal::{
+    FLAG_OFF_STACK, Regs, SendError, Slot, SlotState, completion_seq, install_handler,
+    send_sample_signal, set_thread_context, thread_context, wait_completion,
+};
+#[cfg(profiling_supported)]
+pub(crate) use thread::{
+    ThreadInfo, current_tid, list_threads, read_thread_identity, realtime_ns, thread_cpu_time_ns,
+};

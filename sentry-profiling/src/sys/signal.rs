@@ -1,0 +1,620 @@
+//! The profiling signal: choosing a free signal, the handler, and the slots it
+//! writes into.
+//!
+//! The sampler thread owns a set of [`Slot`]s, each with a preallocated stack
+//! buffer. To sample a thread it arms a slot and sends the signal with
+//! `rt_tgsigqueueinfo`, passing the slot's index (never a pointer) in
+//! `si_value`. The handler, running on the interrupted thread, claims the slot
+//! with one compare-and-swap, copies registers, a timestamp, the thread's
+//! context word and the live part of its stack, publishes the slot and bumps a
+//! futex word the sampler may be waiting on. It allocates nothing, takes no
+//! lock, calls no libc function that is not async-signal-safe and reads no
+//! memory but the interrupted thread's own stack mapping (whose bounds the
+//! sampler stored in the slot beforehand) and this module's statics.
+//!
+//! Slots are leaked on purpose: a signal that arrives late, after its sampler
+//! gave up or even stopped, still finds valid memory and a state word that
+//! tells it to do nothing. For the same reason the handler is never
+//! uninstalled: restoring `SIG_DFL` while a queued signal is in flight would
+//! kill the process.
+
+use std::cell::UnsafeCell;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// How many slots can ever exist in the process.
+pub(crate) const MAX_SLOTS: usize = 4096;
+
+/// Slot pointers by index; entries are written once, under `ARENA_GROW`.
+static ARENA: [AtomicPtr<Slot>; MAX_SLOTS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SLOTS];
+/// Number of initialised entries of `ARENA`.
+static ARENA_LEN: AtomicUsize = AtomicUsize::new(0);
+/// Serialises slot creation and keeps slots that no sampler currently owns.
+static ARENA_POOL: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
+
+/// The signal number in use, 0 until a handler is installed.
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// Serialises installation.
+static INSTALL: Mutex<()> = Mutex::new(());
+/// The process id signals must come from (refreshed at every start, for forks).
+static OWN_PID: AtomicI32 = AtomicI32::new(0);
+
+/// Bumped by the handler each time it finishes with a slot; a futex word.
+static COMPLETIONS: AtomicU32 = AtomicU32::new(0);
+/// Number of threads blocked in [`wait_completion`].
+static WAITERS: AtomicU32 = AtomicU32::new(0);
+
+/// `si_code` of a signal sent with `rt_sigqueueinfo`/`rt_tgsigqueueinfo`.
+const SI_QUEUE: i32 = -1;
+
+/// Flag in [`Captured::flags`]: the stack pointer was outside the bounds the
+/// sampler supplied (unknown thread, alternate signal stack), nothing copied.
+pub(crate) const FLAG_OFF_STACK: u32 = 1;
+
+thread_local! {
+    /// The per-thread context word, copied into every sample of the thread.
+    ///
+    /// It is a `const`-initialised atomic with no destructor, so reading it
+    /// from the signal handler is a plain TLS load: no lazy initialisation,
+    /// no destructor registration, no allocation.
+    static CONTEXT: AtomicU64 = const { AtomicU64::new(0) };
+}
+
+/// Sets the calling thread's context word (see [`crate::set_thread_context`]).
+#[inline]
+pub(crate) fn set_thread_context(value: u64) -> u64 {
+    CONTEXT.with(|c| c.swap(value, Ordering::Relaxed))
+}
+
+/// Reads the calling thread's context word.
+#[inline]
+pub(crate) fn thread_context() -> u64 {
+    CONTEXT.with(|c| c.load(Ordering::Relaxed))
+}
+
+/// The lifecycle of a slot; transitions are single compare-and-swaps.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotState {
+    /// Owned by the sampler, not armed.
+    Free = 0,
+    /// Armed; a signal naming this slot is on its way.
+    Requested = 1,
+    /// The handler is writing into it.
+    Writing = 2,
+    /// The handler finished; the sampler may read it.
+    Done = 3,
+    /// The sampler gave up waiting; a late handler must not write.
+    Abandoned = 4,
+    /// A late handler saw `Abandoned` and acknowledged: no signal is in flight.
+    Late = 5,
+}
+
+impl SlotState {
+    fn from_u32(v: u32) -> Self {
+        match v {
+            1 => Self::Requested,
+            2 => Self::Writing,
+            3 => Self::Done,
+            4 => Self::Abandoned,
+            5 => Self::Late,
+            _ => Self::Free,
+        }
+    }
+}
+
+/// Interrupted registers, as unwinding needs them.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Regs {
+    /// Program counter.
+    pub(crate) pc: u64,
+    /// Stack pointer.
+    pub(crate) sp: u64,
+    /// Frame pointer (`rbp` / `x29`).
+    pub(crate) fp: u64,
+    /// Link register (`x30`), aarch64 only; 0 elsewhere.
+    pub(crate) lr: u64,
+}
+
+/// What the handler records besides the stack bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Captured {
+    /// Interrupted registers.
+    pub(crate) regs: Regs,
+    /// `CLOCK_REALTIME` at capture, in nanoseconds since the Unix epoch.
+    pub(crate) timestamp_ns: u64,
+    /// The thread's context word at capture.
+    pub(crate) context: u64,
+    /// Number of stack bytes copied, starting at `regs.sp`.
+    pub(crate) stack_len: usize,
+    /// `FLAG_*` bits.
+    pub(crate) flags: u32,
+}
+
+/// One preallocated capture buffer. See the module docs for the protocol.
+pub(crate) struct Slot {
+    index: u32,
+    state: AtomicU32,
+    /// Bounds of the target thread's stack mapping, set by the sampler.
+    stack_lo: AtomicUsize,
+    stack_hi: AtomicUsize,
+    captured: UnsafeCell<Captured>,
+    buf: *mut u8,
+    cap: usize,
+}
+
+// SAFETY: `captured` and `buf` are written only by the handler between a
+// successful Requested->Writing CAS and the Done store (Release), and read only
+// by the sampler after observing Done (Acquire) and before freeing the slot;
+// the state word makes those accesses exclusive.
+unsafe impl Sync for Slot {}
+// SAFETY: as above; the raw buffer pointer is owned by the slot forever.
+unsafe impl Send for Slot {}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("index", &self.index)
+            .field("state", &self.state())
+            .field("cap", &self.cap)
+            .finish()
+    }
+}
+
+impl Slot {
+    /// Takes a slot whose buffer holds at least `cap` bytes from the pool, or
+    /// creates one. Returns `None` when the process-wide limit is reached.
+    pub(crate) fn acquire(cap: usize) -> Option<&'static Slot> {
+        let mut pool = ARENA_POOL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pos) = pool
+            .iter()
+            .position(|s| s.cap >= cap && matches!(s.state(), SlotState::Free | SlotState::Late))
+        {
+            let slot = pool.swap_remove(pos);
+            slot.state.store(SlotState::Free as u32, Ordering::Relaxed);
+            return Some(slot);
+        }
+        let index = ARENA_LEN.load(Ordering::Relaxed);
+        if index >= MAX_SLOTS {
+            return None;
+        }
+        let buf: &'static mut [u8] = Box::leak(vec![0u8; cap].into_boxed_slice());
+        let slot: &'static Slot = Box::leak(Box::new(Slot {
+            index: index as u32,
+            state: AtomicU32::new(SlotState::Free as u32),
+            stack_lo: AtomicUsize::new(0),
+            stack_hi: AtomicUsize::new(0),
+            captured: UnsafeCell::new(Captured::default()),
+            buf: buf.as_mut_ptr(),
+            cap,
+        }));
+        ARENA[index].store(std::ptr::from_ref(slot).cast_mut(), Ordering::Release);
+        ARENA_LEN.store(index + 1, Ordering::Release);
+        Some(slot)
+    }
+
+    /// Gives a slot back to the process-wide pool (it may still be abandoned;
+    /// [`Slot::acquire`] only hands out slots with no signal in flight).
+    pub(crate) fn release(slot: &'static Slot) {
+        ARENA_POOL
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(slot);
+    }
+
+    /// Current state.
+    pub(crate) fn state(&self) -> SlotState {
+        SlotState::from_u32(self.state.load(Ordering::Acquire))
+    }
+
+    /// Capacity of the stack buffer.
+    pub(crate) fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Arms a free slot for a thread whose stack mapping is `[lo, hi)`
+    /// (`0, 0` when unknown). Returns false if the slot was not free.
+    pub(crate) fn arm(&self, lo: usize, hi: usize) -> bool {
+        let cur = self.state();
+        if !matches!(cur, SlotState::Free | SlotState::Late) {
+            return false;
+        }
+        self.stack_lo.store(lo, Ordering::Relaxed);
+        self.stack_hi.store(hi, Ordering::Relaxed);
+        self.state
+            .compare_exchange(
+                cur as u32,
+                SlotState::Requested as u32,
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Undoes [`Slot::arm`] after the signal could not be sent.
+    pub(crate) fn disarm(&self) {
+        let _ = self.state.compare_exchange(
+            SlotState::Requested as u32,
+            SlotState::Free as u32,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Gives up on an armed slot. Returns false when the handler already
+    /// claimed it (the caller should wait for `Done`, which comes promptly).
+    pub(crate) fn abandon(&self) -> bool {
+        self.state
+            .compare_exchange(
+                SlotState::Requested as u32,
+                SlotState::Abandoned as u32,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Frees an abandoned slot whose target thread is known to have exited:
+    /// its pending signal died with it.
+    pub(crate) fn reclaim_abandoned(&self) {
+        let _ = self.state.compare_exchange(
+            SlotState::Abandoned as u32,
+            SlotState::Free as u32,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// If the handler has finished, hands its output to `f` and frees the slot.
+    pub(crate) fn take<R>(&self, f: impl FnOnce(&Captured, &[u8]) -> R) -> Option<R> {
+        if self.state() != SlotState::Done {
+            return None;
+        }
+        // SAFETY: state is Done (observed with Acquire, pairing with the
+        // handler's Release store), so the handler no longer touches the slot
+        // and will not until the sampler re-arms it; `stack_len <= cap` is
+        // guaranteed by the handler.
+        let (captured, stack) = unsafe {
+            let captured = &*self.captured.get();
+            let len = captured.stack_len.min(self.cap);
+            (captured, std::slice::from_raw_parts(self.buf, len))
+        };
+        let out = f(captured, stack);
+        self.state.store(SlotState::Free as u32, Ordering::Release);
+        Some(out)
+    }
+}
+
+/// Why a signal could not be sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SendError {
+    /// The thread no longer exists.
+    ThreadGone,
+    /// The kernel's queue of pending real-time signals is full.
+    QueueFull,
+    /// No handler is installed.
+    NotInstalled,
+    /// Any other `errno`.
+    Os(i32),
+}
+
+/// The signal the handler was installed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SignalSetup {
+    /// The signal number.
+    pub(crate) signal: i32,
+}
+
+/// Installs the handler (once per process) and returns the signal in use.
+///
+/// With `preferred`, that signal is used if it has no handler or already has
+/// ours; otherwise the highest real-time signal whose disposition is
+/// `SIG_DFL` is taken. A signal the application handles or ignores is never
+/// touched.
+pub(crate) fn install_handler(preferred: Option<i32>) -> Result<SignalSetup, String> {
+    let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: getpid has no preconditions.
+    OWN_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+    let current = SIGNAL.load(Ordering::Relaxed);
+    if current != 0 {
+        if preferred.is_some_and(|p| p != current) {
+            return Err(format!(
+                "the profiler already uses signal {current}; it cannot switch to {} in this process",
+                preferred.unwrap_or_default()
+            ));
+        }
+        if !handler_is_ours(current) {
+            return Err(format!(
+                "signal {current} was taken over by another handler after the profiler installed it"
+            ));
+        }
+        return Ok(SignalSetup { signal: current });
+    }
+    let candidates: Vec<i32> = match preferred {
+        Some(sig) => vec![sig],
+        None => (libc::SIGRTMIN()..=libc::SIGRTMAX()).rev().collect(),
+    };
+    for sig in candidates {
+        if !disposition_is_default(sig) {
+            continue;
+        }
+        // SAFETY: a zeroed sigaction is a valid starting value; the handler
+        // has the SA_SIGINFO signature and is async-signal-safe (see
+        // `handler`); the old action is written to a local.
+        let installed = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = handler as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut action.sa_mask);
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, &action, &mut old) == 0 && old.sa_sigaction == libc::SIG_DFL
+        };
+        if installed {
+            SIGNAL.store(sig, Ordering::Release);
+            return Ok(SignalSetup { signal: sig });
+        }
+    }
+    Err(match preferred {
+        Some(sig) => format!("signal {sig} already has a handler or is ignored; choose another"),
+        None => "every real-time signal already has a handler; set a free one with `signal`".into(),
+    })
+}
+
+fn current_action(sig: i32) -> Option<libc::sigaction> {
+    // SAFETY: querying with a null new action only writes `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        (libc::sigaction(sig, std::ptr::null(), &mut old) == 0).then_some(old)
+    }
+}
+
+fn disposition_is_default(sig: i32) -> bool {
+    current_action(sig).is_some_and(|a| a.sa_sigaction == libc::SIG_DFL)
+}
+
+fn handler_is_ours(sig: i32) -> bool {
+    current_action(sig).is_some_and(|a| a.sa_sigaction == handler as *const () as usize)
+}
+
+/// The kernel's `siginfo_t` layout for a queued signal (x86_64, aarch64).
+#[repr(C)]
+struct QueuedSigInfo {
+    signo: i32,
+    errno: i32,
+    code: i32,
+    _pad0: i32,
+    pid: i32,
+    uid: u32,
+    value: usize,
+    _rest: [u8; 128 - 32],
+}
+
+/// Sends the profiling signal to thread `tid` of this process, naming `slot`.
+pub(crate) fn send_sample_signal(tid: i32, slot: &Slot) -> Result<(), SendError> {
+    let sig = SIGNAL.load(Ordering::Acquire);
+    if sig == 0 {
+        return Err(SendError::NotInstalled);
+    }
+    let pid = OWN_PID.load(Ordering::Relaxed);
+    let info = QueuedSigInfo {
+        signo: sig,
+        errno: 0,
+        code: SI_QUEUE,
+        _pad0: 0,
+        pid,
+        // SAFETY: getuid has no preconditions.
+        uid: unsafe { libc::getuid() },
+        value: slot.index as usize,
+        _rest: [0; 96],
+    };
+    // SAFETY: rt_tgsigqueueinfo reads a 128-byte siginfo from a valid pointer;
+    // `QueuedSigInfo` is exactly that size and lives for the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_rt_tgsigqueueinfo,
+            pid as libc::c_long,
+            tid as libc::c_long,
+            sig as libc::c_long,
+            std::ptr::from_ref(&info),
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    match std::io::Error::last_os_error().raw_os_error().unwrap_or(0) {
+        libc::ESRCH => Err(SendError::ThreadGone),
+        libc::EAGAIN => Err(SendError::QueueFull),
+        e => Err(SendError::Os(e)),
+    }
+}
+
+/// The current value of the completion counter, for [`wait_completion`].
+pub(crate) fn completion_seq() -> u32 {
+    COMPLETIONS.load(Ordering::Acquire)
+}
+
+/// Blocks until the handler completes a slot after `seen` was read from
+/// [`completion_seq`], or until `timeout` passes.
+pub(crate) fn wait_completion(seen: u32, timeout: Duration) {
+    WAITERS.fetch_add(1, Ordering::SeqCst);
+    if COMPLETIONS.load(Ordering::SeqCst) == seen {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: FUTEX_WAIT on a valid, aligned u32 with a relative timeout;
+        // the kernel re-checks the value, so a wake between the load above and
+        // the wait is not lost.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                COMPLETIONS.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                seen,
+                &ts as *const libc::timespec,
+            );
+        }
+    }
+    WAITERS.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Called by the handler when it is done with a slot.
+#[inline(always)]
+fn notify_completion() {
+    COMPLETIONS.fetch_add(1, Ordering::SeqCst);
+    if WAITERS.load(Ordering::SeqCst) > 0 {
+        // SAFETY: FUTEX_WAKE is a raw syscall (async-signal-safe) on a valid
+        // static u32.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                COMPLETIONS.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                i32::MAX,
+            );
+        }
+    }
+}
+
+/// The signal handler. Async-signal-safe: see the module docs.
+extern "C" fn handler(_sig: libc::c_int, info: *mut libc::siginfo_t, ucontext: *mut libc::c_void) {
+    // SAFETY: __errno_location returns the calling thread's errno slot, valid
+    // for the thread's lifetime; it is async-signal-safe.
+    let errno = unsafe { libc::__errno_location() };
+    // SAFETY: `errno` is valid (above).
+    let saved_errno = unsafe { *errno };
+    // SAFETY: the kernel passes valid `info` and `ucontext` pointers for an
+    // SA_SIGINFO handler; `capture` checks them for null anyway.
+    unsafe { capture(info, ucontext) };
+    // SAFETY: `errno` is valid (above).
+    unsafe { *errno = saved_errno };
+}
+
+/// The body of the handler.
+///
+/// # Safety
+/// Must only be called from the signal handler with the kernel's arguments.
+#[inline(always)]
+unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
+    if info.is_null() || ucontext.is_null() {
+        return;
+    }
+    // SAFETY: `info` is a valid siginfo for this delivery. The `_rt` union
+    // member is the one the kernel filled for SI_QUEUE, checked first.
+    let (code, pid, index) = unsafe {
+        let code = (*info).si_code;
+        if code != SI_QUEUE {
+            return;
+        }
+        (
+            code,
+            (*info).si_pid(),
+            (*info).si_value().sival_ptr as usize,
+        )
+    };
+    let _ = code;
+    if pid != OWN_PID.load(Ordering::Relaxed) || index >= ARENA_LEN.load(Ordering::Acquire) {
+        return;
+    }
+    let slot_ptr = ARENA[index].load(Ordering::Acquire);
+    if slot_ptr.is_null() {
+        return;
+    }
+    // SAFETY: arena entries point at leaked, never-freed slots.
+    let slot: &Slot = unsafe { &*slot_ptr };
+    match slot.state.compare_exchange(
+        SlotState::Requested as u32,
+        SlotState::Writing as u32,
+        Ordering::Acquire,
+        Ordering::Relaxed,
+    ) {
+        Ok(_) => {}
+        Err(s) if s == SlotState::Abandoned as u32 => {
+            let _ = slot.state.compare_exchange(
+                SlotState::Abandoned as u32,
+                SlotState::Late as u32,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+            notify_completion();
+            return;
+        }
+        Err(_) => return,
+    }
+
+    // SAFETY: `ucontext` is the kernel's ucontext_t for this delivery.
+    let regs = unsafe { read_regs(ucontext.cast()) };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime is async-signal-safe and writes to a local.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    let timestamp_ns = (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64);
+
+    let lo = slot.stack_lo.load(Ordering::Relaxed);
+    let hi = slot.stack_hi.load(Ordering::Relaxed);
+    let sp = regs.sp as usize;
+    let (stack_len, flags) = if lo < hi && sp >= lo && sp < hi {
+        let len = (hi - sp).min(slot.cap);
+        // SAFETY: `[sp, sp + len)` lies inside the interrupted thread's stack
+        // mapping `[lo, hi)` (checked above), which cannot be unmapped while
+        // the thread is stopped in this handler; `buf` has `cap >= len` bytes
+        // and is exclusively ours in the Writing state.
+        unsafe { std::ptr::copy_nonoverlapping(sp as *const u8, slot.buf, len) };
+        (len, 0)
+    } else {
+        (0, FLAG_OFF_STACK)
+    };
+
+    // SAFETY: exclusive access in the Writing state (see `Slot`'s Sync impl).
+    unsafe {
+        *slot.captured.get() = Captured {
+            regs,
+            timestamp_ns,
+            context: thread_context(),
+            stack_len,
+            flags,
+        };
+    }
+    slot.state.store(SlotState::Done as u32, Ordering::Release);
+    notify_completion();
+}
+
+/// Reads PC, SP, FP (and LR) from the interrupted context.
+///
+/// # Safety
+/// `uc` must point at the kernel's `ucontext_t` for the current delivery.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn read_regs(uc: *const libc::ucontext_t) -> Regs {
+    // SAFETY: guaranteed by the caller.
+    let gregs = unsafe { &(*uc).uc_mcontext.gregs };
+    Regs {
+        pc: gregs[libc::REG_RIP as usize] as u64,
+        sp: gregs[libc::REG_RSP as usize] as u64,
+        fp: gregs[libc::REG_RBP as usize] as u64,
+        lr: 0,
+    }
+}
+
+/// Reads PC, SP, FP (and LR) from the interrupted context.
+///
+/// # Safety
+/// `uc` must point at the kernel's `ucontext_t` for the current delivery.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn read_regs(uc: *const libc::ucontext_t) -> Regs {
+    // SAFETY: guaranteed by the caller.
+    let mc = unsafe { &(*uc).uc_mcontext };
+    Regs {
+        pc: mc.pc,
+        sp: mc.sp,
+        fp: mc.regs[29],
+        lr: mc.regs[30],
+    }
+}

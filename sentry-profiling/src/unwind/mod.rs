@@ -1,0 +1,201 @@
+//! Unwinding copied stacks with framehop, and the list of loaded modules that
+//! both the unwinder and the chunk encoder (debug images) need.
+//!
+//! The unwinder lives on the sampler thread and is updated in place when the
+//! loader's generation counter moves. The module list is published through
+//! an [`ArcSwap`] so the profiler thread can read it without a lock.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use framehop::{ExplicitModuleSectionInfo, MustNotAllocateDuringUnwind, Unwinder as _};
+
+use crate::sys::{self, LoadedImage, Regs};
+
+mod debug_id;
+
+pub use debug_id::debug_id_from_build_id;
+
+/// Upper bound on frames per stack; deeper stacks are truncated at the root.
+pub(crate) const MAX_FRAMES: usize = 512;
+
+type NativeUnwinder = framehop::UnwinderNative<sys::ImageBytes, MustNotAllocateDuringUnwind>;
+type NativeCache = framehop::CacheNative<MustNotAllocateDuringUnwind>;
+
+/// A loaded module as the encoders see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleInfo {
+    /// Path of the file.
+    pub path: String,
+    /// First runtime address of the module.
+    pub start: u64,
+    /// End of the module's runtime range (exclusive).
+    pub end: u64,
+    /// Lowest virtual address in the file (`image_vmaddr`).
+    pub vmaddr: u64,
+    /// Load bias (runtime minus file address).
+    pub bias: u64,
+    /// GNU build-id, when the file has one.
+    pub build_id: Option<Vec<u8>>,
+}
+
+impl ModuleInfo {
+    /// The build-id as lowercase hex (Sentry's `code_id`).
+    pub fn code_id(&self) -> Option<String> {
+        self.build_id
+            .as_ref()
+            .map(|b| b.iter().map(|x| format!("{x:02x}")).collect())
+    }
+
+    /// Sentry's `debug_id` for this ELF module (see [`debug_id_from_build_id`]).
+    pub fn debug_id(&self) -> Option<String> {
+        self.build_id.as_deref().map(debug_id_from_build_id)
+    }
+
+    /// Whether `addr` lies within the module.
+    pub fn contains(&self, addr: u64) -> bool {
+        self.start <= addr && addr < self.end
+    }
+}
+
+/// A snapshot of the loaded modules, sorted by start address.
+#[derive(Debug, Default, Clone)]
+pub struct ModuleSet {
+    modules: Vec<Arc<ModuleInfo>>,
+}
+
+impl ModuleSet {
+    /// The module containing `addr`.
+    pub fn find(&self, addr: u64) -> Option<&Arc<ModuleInfo>> {
+        let idx = self.modules.partition_point(|m| m.start <= addr);
+        self.modules
+            .get(idx.checked_sub(1)?)
+            .filter(|m| m.contains(addr))
+    }
+
+    /// All modules.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<ModuleInfo>> {
+        self.modules.iter()
+    }
+}
+
+/// Where the current [`ModuleSet`] is published.
+pub(crate) type SharedModules = Arc<ArcSwap<ModuleSet>>;
+
+/// The sampler thread's unwinder.
+pub(crate) struct StackUnwinder {
+    unwinder: NativeUnwinder,
+    cache: NativeCache,
+    generation: Option<u64>,
+    loaded: Vec<u64>,
+    published: SharedModules,
+}
+
+impl std::fmt::Debug for StackUnwinder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StackUnwinder")
+            .field("modules", &self.loaded.len())
+            .finish()
+    }
+}
+
+impl StackUnwinder {
+    /// An unwinder with the currently loaded modules.
+    pub(crate) fn new(published: SharedModules) -> Self {
+        let mut this = Self {
+            unwinder: NativeUnwinder::new(),
+            cache: NativeCache::new_in(),
+            generation: None,
+            loaded: Vec::new(),
+            published,
+        };
+        this.refresh_modules();
+        this
+    }
+
+    /// Re-reads the module list if a library was loaded or unloaded since the
+    /// last call. Returns whether anything changed.
+    pub(crate) fn refresh_modules(&mut self) -> bool {
+        let generation = sys::image_generation();
+        if self.generation == Some(generation) {
+            return false;
+        }
+        self.generation = Some(generation);
+        let images = sys::loaded_images();
+        for start in self.loaded.drain(..) {
+            self.unwinder.remove_module(start);
+        }
+        let mut infos = Vec::with_capacity(images.len());
+        for image in images {
+            infos.push(Arc::new(ModuleInfo {
+                path: image.path.clone(),
+                start: image.start,
+                end: image.end,
+                vmaddr: image.vmaddr,
+                bias: image.bias,
+                build_id: image.build_id.clone(),
+            }));
+            self.loaded.push(image.start);
+            self.unwinder.add_module(to_framehop(image));
+        }
+        infos.sort_by_key(|m| m.start);
+        self.published.store(Arc::new(ModuleSet { modules: infos }));
+        true
+    }
+
+    /// Unwinds a copied stack into `frames` (leaf first). The first entry is
+    /// the interrupted PC; the others are return addresses minus one, so that
+    /// each points into its call instruction.
+    pub(crate) fn unwind(&mut self, regs: &Regs, stack: &[u8], frames: &mut Vec<u64>) {
+        frames.clear();
+        let sp = regs.sp;
+        let mut read_stack = |addr: u64| -> Result<u64, ()> {
+            let off = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
+            let bytes = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
+            Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
+        };
+        #[cfg(target_arch = "x86_64")]
+        let unwind_regs = framehop::x86_64::UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp);
+        #[cfg(target_arch = "aarch64")]
+        let mask = framehop::aarch64::PtrAuthMask::from_max_known_address(
+            self.unwinder.max_known_code_address(),
+        );
+        #[cfg(target_arch = "aarch64")]
+        let unwind_regs = framehop::aarch64::UnwindRegsAarch64::new_with_ptr_auth_mask(
+            mask, regs.lr, regs.sp, regs.fp,
+        );
+        let mut iter =
+            self.unwinder
+                .iter_frames(regs.pc, unwind_regs, &mut self.cache, &mut read_stack);
+        while frames.len() < MAX_FRAMES {
+            match iter.next() {
+                Ok(Some(frame)) => {
+                    #[cfg(target_arch = "aarch64")]
+                    let addr = mask.strip_ptr_auth(frame.address_for_lookup());
+                    #[cfg(not(target_arch = "aarch64"))]
+                    let addr = frame.address_for_lookup();
+                    frames.push(addr);
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if frames.is_empty() {
+            frames.push(regs.pc);
+        }
+    }
+}
+
+fn to_framehop(image: LoadedImage) -> framehop::Module<sys::ImageBytes> {
+    let range = |s: &sys::Section| s.svma..s.svma + s.bytes.len() as u64;
+    let info = ExplicitModuleSectionInfo {
+        base_svma: 0,
+        text_svma: image.text.as_ref().map(range),
+        eh_frame_hdr_svma: image.eh_frame_hdr.as_ref().map(range),
+        eh_frame_svma: image.eh_frame.as_ref().map(range),
+        text: image.text.map(|s| s.bytes),
+        eh_frame_hdr: image.eh_frame_hdr.map(|s| s.bytes),
+        eh_frame: image.eh_frame.map(|s| s.bytes),
+        ..Default::default()
+    };
+    framehop::Module::new(image.path, image.start..image.end, image.bias, info)
+}
