@@ -97,3 +97,22 @@ impl SamplerConfig {
         Ok(self)
     }
 }
+
+/// Default share of processes (profiling sessions) that profile: 0, as
+/// Sentry's spec asks; set it to enable profiling.
+pub const DEFAULT_PROFILE_SESSION_SAMPLE_RATE: f64 = 0.0;
+/// Default longest chunk: 60 s.
+pub const DEFAULT_CHUNK_DURATION: std::time::Duration = crate::chunk::MAX_CHUNK_DURATION;
+
+/// When the profiler runs (Sentry's `profile_lifecycle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ProfileLifecycle {
+    /// Only between [`crate::start_profiler`] and [`crate::stop_profiler`].
+    #[default]
+    Manual,
+    /// Whenever at least one sampled root span (transaction) is active;
+    /// needs tracing (`traces_sample_rate` or `traces_sampler`) and the
+    /// `sentry-profiling-tracing` layer.
+    Trace,
+}

@@ -75,6 +75,8 @@ fn own_threads() -> Vec<i32> {
 #[derive(Debug)]
 struct Shared {
     stop: AtomicBool,
+    /// False while paused: the thread sleeps and sends no signal.
+    active: AtomicBool,
     counters: Counters,
     modules: SharedModules,
 }
@@ -103,11 +105,21 @@ impl Sampler {
     /// Installs the signal handler (once per process) and starts the sampler
     /// thread.
     pub fn start(config: SamplerConfig) -> Result<Self, Error> {
+        Self::start_with(config, true)
+    }
+
+    /// Like [`Sampler::start`], but sends no signal until [`Sampler::resume`].
+    pub fn start_paused(config: SamplerConfig) -> Result<Self, Error> {
+        Self::start_with(config, false)
+    }
+
+    fn start_with(config: SamplerConfig, active: bool) -> Result<Self, Error> {
         let config = config.validated()?;
         let setup = sys::install_handler(config.signal).map_err(Error::Signal)?;
         let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_capacity);
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
+            active: AtomicBool::new(active),
             counters: Counters::default(),
             modules: Arc::new(arc_swap::ArcSwap::from_pointee(ModuleSet::default())),
         });
@@ -153,9 +165,28 @@ impl Sampler {
         self.shared.modules.load_full()
     }
 
-    /// The shared handle to the module list (for consumers on other threads).
-    pub(crate) fn modules_handle(&self) -> SharedModules {
-        Arc::clone(&self.shared.modules)
+    /// A handle that can pause, resume and read counters from any thread.
+    pub fn control(&self) -> SamplerControl {
+        SamplerControl {
+            shared: Arc::clone(&self.shared),
+            thread: self.thread.as_ref().map(|t| t.thread().clone()),
+        }
+    }
+
+    /// Pauses sampling: the thread stays, with its module list and thread
+    /// table, but sends no signal until [`Sampler::resume`].
+    pub fn pause(&self) {
+        self.control().pause();
+    }
+
+    /// Resumes sampling after [`Sampler::pause`].
+    pub fn resume(&self) {
+        self.control().resume();
+    }
+
+    /// Whether the sampler is sampling (started and not paused).
+    pub fn is_active(&self) -> bool {
+        self.control().is_active()
     }
 
     /// Counters so far.
@@ -192,6 +223,40 @@ impl Drop for Sampler {
     }
 }
 
+/// Pauses, resumes and observes a [`Sampler`] from any thread; all its
+/// methods are a few atomic operations and never block.
+#[derive(Debug, Clone)]
+pub struct SamplerControl {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::Thread>,
+}
+
+impl SamplerControl {
+    /// Stops sending signals until [`SamplerControl::resume`].
+    pub fn pause(&self) {
+        self.shared.active.store(false, Ordering::Release);
+    }
+
+    /// Resumes sampling.
+    pub fn resume(&self) {
+        if !self.shared.active.swap(true, Ordering::AcqRel) {
+            if let Some(t) = &self.thread {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Whether the sampler is sampling (started and not paused).
+    pub fn is_active(&self) -> bool {
+        self.shared.active.load(Ordering::Acquire) && !self.shared.stop.load(Ordering::Acquire)
+    }
+
+    /// The sampler's counters.
+    pub fn stats(&self) -> SamplerStats {
+        self.shared.counters.snapshot()
+    }
+}
+
 /// The sampler thread's state.
 struct Worker {
     config: SamplerConfig,
@@ -224,6 +289,17 @@ impl Worker {
     fn run(&mut self) {
         let mut deadline = Instant::now();
         while !self.shared.stop.load(Ordering::Acquire) {
+            if !self.shared.active.load(Ordering::Acquire) {
+                // Paused: finish what is in flight, then sleep until resumed.
+                self.collect_until(Instant::now() + Duration::from_millis(20));
+                while !self.shared.active.load(Ordering::Acquire)
+                    && !self.shared.stop.load(Ordering::Acquire)
+                {
+                    std::thread::park_timeout(Duration::from_millis(250));
+                }
+                deadline = Instant::now();
+                continue;
+            }
             self.tick();
             deadline += self.period;
             let now = Instant::now();

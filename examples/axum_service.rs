@@ -1,0 +1,93 @@
+//! The example service: `cargo run --release --example axum_service`.
+//!
+//! Serves `GET /`, `GET /work/{ms}` and `GET /sleep/{ms}` on `$ADDR`
+//! (default `127.0.0.1:3000`), profiled continuously. Without `SENTRY_DSN`
+//! every envelope is written to `$SENTRY_ENVELOPE_DIR` (default
+//! `./sentry-envelopes/`). Ctrl-C or SIGTERM shuts down gracefully and prints
+//! a summary.
+
+use sentry_profiling_examples::{Settings, init_tracing, router, sentry_options, summarize_envelopes};
+
+fn main() -> std::process::ExitCode {
+    let settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("axum_service: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let options = match sentry_options(&settings) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("axum_service: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let guard = sentry::init(options);
+    init_tracing();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let served = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(settings.addr).await?;
+        eprintln!("axum_service: listening on http://{}", listener.local_addr()?);
+        axum::serve(listener, router())
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+    });
+    // In-flight requests have finished; their transactions are sent. Take
+    // the counters before the client closes, then close it: that sends the
+    // last profile chunk and waits for the transport.
+    drop(runtime);
+    let stats_before_close = sentry_profiling::stats();
+    drop(guard);
+    let stats = sentry_profiling::stats().or(stats_before_close);
+
+    if let Err(e) = served {
+        eprintln!("axum_service: server error: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    print_summary(&settings, stats);
+    std::process::ExitCode::SUCCESS
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term.recv() => {},
+    }
+    eprintln!("axum_service: shutting down; waiting for in-flight requests");
+}
+
+fn print_summary(settings: &Settings, stats: Option<sentry_profiling::ProfilerStats>) {
+    println!("axum_service: summary");
+    if let Some(s) = &stats {
+        println!(
+            "  profiler: session sampled {}, {} chunks, {} samples sent, {} captured, dropped {} (queue full) + {} (single-sample threads)",
+            s.session_sampled,
+            s.chunks_sent,
+            s.samples_sent,
+            s.sampler.samples_captured,
+            s.sampler.dropped_queue_full,
+            s.samples_single_thread,
+        );
+    }
+    match &settings.dsn {
+        Some(_) => println!("  envelopes sent to the configured SENTRY_DSN"),
+        None => {
+            let summary = summarize_envelopes(&settings.envelope_dir);
+            println!(
+                "  {} envelopes in {}: {} profile chunks, {} transactions",
+                summary.files,
+                settings.envelope_dir.display(),
+                summary.chunks,
+                summary.transactions
+            );
+        }
+    }
+}

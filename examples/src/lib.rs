@@ -1,0 +1,220 @@
+//! The example axum service, as a library: the router, the CPU-burning
+//! handler, and Sentry + tracing + profiler set-up exactly as the README
+//! tells users to write it. `axum_service.rs` runs it; the end-to-end tests
+//! drive the same router on a loopback socket.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::Path;
+use axum::routing::get;
+use sentry_profiling::{EnvelopeDirTransport, ProfileLifecycle, ProfilingIntegration};
+use tracing_subscriber::prelude::*;
+
+/// Burns about `ms` milliseconds of CPU on the calling thread.
+#[inline(never)]
+pub fn burn_cpu(ms: u64) -> u64 {
+    let until = Instant::now() + Duration::from_micros(ms * 1000);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    while Instant::now() < until {
+        for i in 0..2_000u64 {
+            x = std::hint::black_box(x.rotate_left(5) ^ i).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    x
+}
+
+/// `GET /work/{ms}`: `ms` milliseconds of CPU in ten slices, yielding to the
+/// runtime between slices as real handlers interleave work and awaits.
+pub async fn work(Path(ms): Path<u64>) -> String {
+    let ms = ms.min(10_000);
+    let mut acc = 0u64;
+    for i in 0..10 {
+        // Spread the remainder so the slices add up to `ms`.
+        let slice = ms / 10 + u64::from(i < ms % 10);
+        acc ^= burn_cpu(slice);
+        tokio::task::yield_now().await;
+    }
+    format!("worked {ms} ms ({acc:x})\n")
+}
+
+/// `GET /sleep/{ms}`: an async sleep.
+pub async fn sleep(Path(ms): Path<u64>) -> String {
+    let ms = ms.min(60_000);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    format!("slept {ms} ms\n")
+}
+
+/// The service's router, with every handler wrapped in a transaction.
+pub fn router() -> Router {
+    Router::new()
+        .route("/", get(|| async { "sentry-profiling example: try /work/50 or /sleep/50\n" }))
+        .route("/work/{ms}", get(work))
+        .route("/sleep/{ms}", get(sleep))
+        .layer(sentry_profiling_tracing::http_layer())
+}
+
+/// Settings read from the environment.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `ADDR`, default `127.0.0.1:3000`.
+    pub addr: SocketAddr,
+    /// `SENTRY_DSN`; without it envelopes go to `envelope_dir`.
+    pub dsn: Option<String>,
+    /// `SENTRY_ENVELOPE_DIR`, default `./sentry-envelopes`.
+    pub envelope_dir: PathBuf,
+    /// `SENTRY_TRACES_SAMPLE_RATE`, default 1.0.
+    pub traces_sample_rate: f32,
+    /// `SENTRY_PROFILE_SESSION_SAMPLE_RATE`, default 1.0.
+    pub profile_session_sample_rate: f64,
+}
+
+impl Settings {
+    /// Reads the settings, reporting any value that does not parse.
+    pub fn from_env() -> Result<Self, String> {
+        fn var<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
+            match std::env::var(name) {
+                Ok(v) if !v.is_empty() => v.parse().map_err(|_| format!("{name}={v:?} is not valid")),
+                _ => Ok(default),
+            }
+        }
+        Ok(Self {
+            addr: var("ADDR", SocketAddr::from(([127, 0, 0, 1], 3000)))?,
+            dsn: std::env::var("SENTRY_DSN").ok().filter(|s| !s.is_empty()),
+            envelope_dir: var("SENTRY_ENVELOPE_DIR", PathBuf::from("sentry-envelopes"))?,
+            traces_sample_rate: var("SENTRY_TRACES_SAMPLE_RATE", 1.0)?,
+            profile_session_sample_rate: var("SENTRY_PROFILE_SESSION_SAMPLE_RATE", 1.0)?,
+        })
+    }
+}
+
+/// The DSN used with the local envelope directory: the client needs one to
+/// send anything, and nothing ever connects to it.
+pub const LOCAL_DSN: &str = "https://public@sentry.invalid/1";
+
+/// Sentry client options with profiling, as the README shows.
+pub fn sentry_options(settings: &Settings) -> Result<sentry::ClientOptions, String> {
+    let mut options = sentry::ClientOptions::new().traces_sample_rate(settings.traces_sample_rate);
+    options.release = sentry::release_name!();
+    match &settings.dsn {
+        Some(dsn) => options.dsn = Some(dsn.parse().map_err(|e| format!("SENTRY_DSN: {e}"))?),
+        None => {
+            options.dsn = LOCAL_DSN.parse().ok();
+            options.transport = Some(
+                EnvelopeDirTransport::factory(&settings.envelope_dir)
+                    .map_err(|e| format!("{}: {e}", settings.envelope_dir.display()))?,
+            );
+        }
+    }
+    Ok(ProfilingIntegration::new()
+        .profile_session_sample_rate(settings.profile_session_sample_rate)
+        .profile_lifecycle(ProfileLifecycle::Trace)
+        .apply(options))
+}
+
+/// Installs the tracing subscriber: logs to stderr, Sentry spans, and the
+/// profiler's layer (after Sentry's, so it sees each span's Sentry span).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into())),
+        )
+        .with(sentry::integrations::tracing::SpanLayer::new())
+        .with(sentry_profiling_tracing::layer())
+        .try_init();
+}
+
+/// Counts what a directory of envelopes holds.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EnvelopeSummary {
+    /// Envelope files.
+    pub files: usize,
+    /// `profile_chunk` items.
+    pub chunks: usize,
+    /// `transaction` items.
+    pub transactions: usize,
+}
+
+/// Reads every `*.envelope` file in `dir` and counts its items by type.
+pub fn summarize_envelopes(dir: &std::path::Path) -> EnvelopeSummary {
+    let mut summary = EnvelopeSummary::default();
+    let Ok(entries) = std::fs::read_dir(dir) else { return summary };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "envelope") {
+            continue;
+        }
+        let Ok(bytes) = std::fs::read(&path) else { continue };
+        summary.files += 1;
+        for item in parse_envelope(&bytes).items {
+            match item.header.get("type").and_then(|t| t.as_str()) {
+                Some("profile_chunk") => summary.chunks += 1,
+                Some("transaction") => summary.transactions += 1,
+                _ => {}
+            }
+        }
+    }
+    summary
+}
+
+/// One item of a parsed envelope.
+#[derive(Debug, Clone)]
+pub struct EnvelopeItem {
+    /// The item header.
+    pub header: serde_json::Value,
+    /// The payload bytes.
+    pub payload: Vec<u8>,
+}
+
+/// A parsed envelope.
+#[derive(Debug, Clone)]
+pub struct ParsedEnvelope {
+    /// The envelope header.
+    pub header: serde_json::Value,
+    /// Its items.
+    pub items: Vec<EnvelopeItem>,
+}
+
+/// Parses Sentry's envelope format (header line, then items each with a
+/// header line and a payload of `length` bytes or up to the next newline).
+pub fn parse_envelope(bytes: &[u8]) -> ParsedEnvelope {
+    let mut rest = bytes;
+    let mut line = |rest: &mut &[u8]| -> Option<Vec<u8>> {
+        if rest.is_empty() {
+            return None;
+        }
+        let end = rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
+        let out = rest[..end].to_vec();
+        *rest = rest.get(end + 1..).unwrap_or(&[]);
+        Some(out)
+    };
+    let header = line(&mut rest)
+        .and_then(|l| serde_json::from_slice(&l).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let mut items = Vec::new();
+    while let Some(h) = line(&mut rest) {
+        if h.is_empty() {
+            continue;
+        }
+        let Ok(header) = serde_json::from_slice::<serde_json::Value>(&h) else { break };
+        let payload = match header.get("length").and_then(|l| l.as_u64()) {
+            Some(len) => {
+                let len = (len as usize).min(rest.len());
+                let p = rest[..len].to_vec();
+                rest = &rest[len..];
+                if rest.first() == Some(&b'\n') {
+                    rest = &rest[1..];
+                }
+                p
+            }
+            None => line(&mut rest).unwrap_or_default(),
+        };
+        items.push(EnvelopeItem { header, payload });
+    }
+    ParsedEnvelope { header, items }
+}
+

@@ -1,0 +1,244 @@
+//! Tower/axum middleware: every request runs inside a root `tracing` span and
+//! a Sentry transaction named `METHOD /matched/route`, continuing incoming
+//! `sentry-trace`/`baggage` headers and recording the status code.
+//!
+//! If a transaction already exists when the request is first polled (for
+//! example `sentry-tower`'s `SentryHttpLayer` with transactions enabled,
+//! placed outside this layer) it is reused: no second transaction.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response, StatusCode};
+use sentry_core::protocol::{self, SpanStatus, Value};
+use sentry_core::{Hub, Transaction, TransactionContext};
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// The middleware's layer; see [`http_layer`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProfilingHttpLayer;
+
+/// Creates the middleware layer. With axum, add it with `Router::layer` so it
+/// runs after routing and sees the matched route:
+///
+/// ```no_run
+/// let app: axum::Router = axum::Router::new()
+///     .route("/", axum::routing::get(|| async { "hi" }))
+///     .layer(sentry_profiling_tracing::http_layer());
+/// ```
+pub fn http_layer() -> ProfilingHttpLayer {
+    ProfilingHttpLayer
+}
+
+impl<S> Layer<S> for ProfilingHttpLayer {
+    type Service = ProfilingHttpService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        ProfilingHttpService { inner }
+    }
+}
+
+/// The middleware's service.
+#[derive(Debug, Clone)]
+pub struct ProfilingHttpService<S> {
+    inner: S,
+}
+
+/// What the first poll needs to start a transaction.
+#[derive(Debug)]
+struct Pending {
+    name: String,
+    route: String,
+    method: String,
+    url: String,
+    sentry_trace: Option<String>,
+    baggage: Option<String>,
+}
+
+fn route_of<B>(req: &Request<B>) -> String {
+    #[cfg(feature = "axum")]
+    if let Some(path) = req.extensions().get::<axum::extract::MatchedPath>() {
+        return path.as_str().to_owned();
+    }
+    req.uri().path().to_owned()
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for ProfilingHttpService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = ProfilingHttpFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let route = route_of(&req);
+        let method = req.method().as_str().to_owned();
+        let name = format!("{method} {route}");
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let pending = Pending {
+            name,
+            url: req.uri().to_string(),
+            sentry_trace: header("sentry-trace"),
+            baggage: header("baggage"),
+            route,
+            method,
+        };
+        ProfilingHttpFuture {
+            inner: self.inner.call(req),
+            span: tracing::Span::none(),
+            pending: Some(pending),
+            hub: None,
+            transaction: None,
+            tagged: false,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The middleware's response future.
+    pub struct ProfilingHttpFuture<F> {
+        #[pin]
+        inner: F,
+        span: tracing::Span,
+        pending: Option<Pending>,
+        hub: Option<Arc<Hub>>,
+        transaction: Option<Transaction>,
+        tagged: bool,
+    }
+
+    impl<F> PinnedDrop for ProfilingHttpFuture<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            // Dropped before completion (client went away): finish it so
+            // the trace lifecycle and Sentry both see it end.
+            if let Some(tx) = this.transaction.take() {
+                tx.set_status(SpanStatus::Aborted);
+                tx.finish();
+            }
+        }
+    }
+}
+
+impl<F> std::fmt::Debug for ProfilingHttpFuture<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProfilingHttpFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, ResBody, E> Future for ProfilingHttpFuture<F>
+where
+    F: Future<Output = Result<Response<ResBody>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Some(p) = this.pending.take() {
+            let parent = Hub::current();
+            let hub = Arc::new(Hub::new_from_top(&parent));
+            let existing = parent.configure_scope(|s| s.get_span());
+            if existing.is_none() {
+                let headers = [
+                    ("sentry-trace", p.sentry_trace.as_deref()),
+                    ("baggage", p.baggage.as_deref()),
+                ];
+                let ctx = TransactionContext::continue_from_headers(
+                    &p.name,
+                    "http.server",
+                    headers.iter().filter_map(|(k, v)| Some((*k, (*v)?))),
+                );
+                let tx = hub.start_transaction(ctx);
+                tx.set_origin("auto.http.sentry_profiling");
+                tx.set_request(protocol::Request {
+                    method: Some(p.method.clone()),
+                    url: p.url.parse().ok(),
+                    ..Default::default()
+                });
+                hub.configure_scope(|s| s.set_span(Some(tx.clone().into())));
+                *this.transaction = Some(tx);
+            }
+            // The root span is created under the request's hub, so that a
+            // `sentry-tracing` layer makes it a child of the transaction
+            // instead of a second transaction.
+            *this.span = Hub::run(Arc::clone(&hub), || {
+                tracing::info_span!(
+                    parent: None,
+                    "http.request",
+                    otel.name = %p.name,
+                    http.request.method = %p.method,
+                    http.route = %p.route,
+                    http.response.status_code = tracing::field::Empty,
+                )
+            });
+            *this.hub = Some(hub);
+        }
+        let hub = this.hub.clone().unwrap_or_else(Hub::current);
+        let inner = this.inner;
+        let span = this.span;
+        let poll = Hub::run(hub, || {
+            let _entered = span.enter();
+            inner.poll(cx)
+        });
+        // Tag the transaction with the thread that first ran it, once the
+        // root span has started the profiler (trace lifecycle).
+        if !*this.tagged {
+            if let (Some(tx), Some(profiler_id)) =
+                (this.transaction.as_ref(), sentry_profiling::hooks::running_profiler_id())
+            {
+                crate::layer::tag_with_thread(&tx.clone().into(), &profiler_id);
+                *this.tagged = true;
+            }
+        }
+        if let Poll::Ready(result) = &poll {
+            let status = result.as_ref().ok().map(|r| r.status());
+            if let Some(code) = status {
+                span.record("http.response.status_code", code.as_u16());
+            }
+            // Close the root span before finishing the transaction, so the
+            // Sentry span a `sentry-tracing` layer made of it is recorded in
+            // the transaction, and the trace lifecycle sees the root end.
+            *span = tracing::Span::none();
+            if let Some(tx) = this.transaction.take() {
+                match status {
+                    Some(code) => {
+                        tx.set_data("http.response.status_code", Value::from(code.as_u16()));
+                        tx.set_status(map_status(code));
+                    }
+                    None => tx.set_status(SpanStatus::InternalError),
+                }
+                tx.finish();
+            }
+        }
+        poll
+    }
+}
+
+fn map_status(code: StatusCode) -> SpanStatus {
+    match code.as_u16() {
+        200..=399 => SpanStatus::Ok,
+        400 => SpanStatus::InvalidArgument,
+        401 => SpanStatus::Unauthenticated,
+        403 => SpanStatus::PermissionDenied,
+        404 => SpanStatus::NotFound,
+        409 => SpanStatus::AlreadyExists,
+        429 => SpanStatus::ResourceExhausted,
+        499 => SpanStatus::Cancelled,
+        400..=499 => SpanStatus::InvalidArgument,
+        501 => SpanStatus::Unimplemented,
+        503 => SpanStatus::Unavailable,
+        504 => SpanStatus::DeadlineExceeded,
+        _ => SpanStatus::InternalError,
+    }
+}

@@ -1,0 +1,140 @@
+//! Collecting samples into a chunk: stacks are interned as they arrive, so a
+//! chunk holds each distinct stack once however many samples repeat it.
+//!
+//! A chunk covers at most [`MAX_CHUNK_DURATION`] of sample time; the
+//! profiler thread closes it then, on stop, flush and shutdown.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Sample;
+
+/// The longest span of sample timestamps in one chunk. Sentry's ingestion
+/// rejects chunks spanning more than 66 s.
+pub const MAX_CHUNK_DURATION: Duration = Duration::from_secs(60);
+
+/// One sample as a chunk stores it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkSample {
+    /// Capture time, nanoseconds since the Unix epoch.
+    pub timestamp_ns: u64,
+    /// Kernel thread id.
+    pub thread_id: u32,
+    /// Index into [`Chunk::stacks`].
+    pub stack: u32,
+    /// The thread's context word at capture.
+    pub context: u64,
+}
+
+/// Samples of one period with their interned stacks and thread names.
+#[derive(Debug, Default, Clone)]
+pub struct Chunk {
+    samples: Vec<ChunkSample>,
+    stacks: Vec<Arc<[u64]>>,
+    stack_index: HashMap<Arc<[u64]>, u32>,
+    thread_names: HashMap<u32, Arc<str>>,
+    first_ns: Option<u64>,
+}
+
+impl Chunk {
+    /// An empty chunk.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a sample.
+    pub fn push(&mut self, sample: &Sample) {
+        let stack = match self.stack_index.get(sample.frames()) {
+            Some(&i) => i,
+            None => {
+                let i = self.stacks.len() as u32;
+                self.stacks.push(sample.frames().clone());
+                self.stack_index.insert(sample.frames().clone(), i);
+                i
+            }
+        };
+        if self.thread_names.get(&sample.thread_id()) != Some(sample.thread_name()) {
+            self.thread_names
+                .insert(sample.thread_id(), sample.thread_name().clone());
+        }
+        let ts = sample.timestamp_ns();
+        self.first_ns = Some(self.first_ns.map_or(ts, |f| f.min(ts)));
+        self.samples.push(ChunkSample {
+            timestamp_ns: ts,
+            thread_id: sample.thread_id(),
+            stack,
+            context: sample.context(),
+        });
+    }
+
+    /// Whether `sample` can join this chunk without stretching it past
+    /// `max` (or back in time by more than that, after a clock step).
+    pub fn accepts(&self, timestamp_ns: u64, max: Duration) -> bool {
+        let max = max.as_nanos() as u64;
+        self.first_ns.is_none_or(|first| {
+            timestamp_ns.saturating_sub(first) < max && first.saturating_sub(timestamp_ns) < max
+        })
+    }
+
+    /// Timestamp of the earliest sample.
+    pub fn first_timestamp_ns(&self) -> Option<u64> {
+        self.first_ns
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// Whether the chunk has no sample.
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// The samples, in arrival order.
+    pub fn samples(&self) -> &[ChunkSample] {
+        &self.samples
+    }
+
+    /// Mutable access to the samples (for attribution passes).
+    pub fn samples_mut(&mut self) -> &mut [ChunkSample] {
+        &mut self.samples
+    }
+
+    /// The interned stacks (leaf-first code addresses).
+    pub fn stacks(&self) -> &[Arc<[u64]>] {
+        &self.stacks
+    }
+
+    /// The name of a thread seen in this chunk.
+    pub fn thread_name(&self, thread_id: u32) -> Option<&Arc<str>> {
+        self.thread_names.get(&thread_id)
+    }
+
+    /// Takes the chunk's content, leaving it empty.
+    pub fn take(&mut self) -> Chunk {
+        std::mem::take(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(ts: u64, tid: i32, frames: &[u64]) -> Sample {
+        Sample::new(ts, tid, Arc::from("t"), Arc::from(frames), 0, false)
+    }
+
+    #[test]
+    fn interns_stacks_and_bounds_duration() {
+        let mut c = Chunk::new();
+        c.push(&sample(1_000, 1, &[1, 2, 3]));
+        c.push(&sample(2_000, 1, &[1, 2, 3]));
+        c.push(&sample(3_000, 2, &[4, 3]));
+        assert_eq!(c.stacks().len(), 2);
+        assert_eq!(c.samples()[1].stack, 0);
+        assert!(c.accepts(1_000 + 59_000_000_000, MAX_CHUNK_DURATION));
+        assert!(!c.accepts(1_000 + 60_000_000_000, MAX_CHUNK_DURATION));
+    }
+}

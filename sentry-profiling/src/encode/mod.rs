@@ -1,0 +1,3 @@
+//! Encoders: chunks in the formats their destinations accept.
+
+pub(crate) mod sentry_chunk;

@@ -1,0 +1,279 @@
+//! Sentry's continuous-profiling chunk (sample format V2), shaped so that
+//! Relay accepts it as sent:
+//!
+//! - `thread_id` is a string; timestamps are Unix seconds as floats;
+//! - a thread with at most one sample in the chunk is left out (Relay would
+//!   remove it, and reject the chunk if nothing remained);
+//! - debug images are `symbolic` (Relay rejects unknown types such as `elf`)
+//!   and list only modules that frames point into;
+//! - a chunk whose JSON would exceed [`MAX_CHUNK_BYTES`] is split in two by
+//!   time, each half with its own `chunk_id`, never dropped.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::chunk::{Chunk, ChunkSample};
+use crate::symbolize::Symbolizer;
+use crate::unwind::{ModuleInfo, ModuleSet};
+
+/// The platform Sentry files Rust profiles under; also the envelope item
+/// header's `platform`.
+pub const PLATFORM: &str = "rust";
+
+/// Largest chunk payload sent; Relay's limit is 50 MiB.
+pub const MAX_CHUNK_BYTES: usize = 40 * 1024 * 1024;
+
+/// Chunk-level metadata.
+#[derive(Debug, Clone)]
+pub struct ChunkMeta {
+    /// 32 lowercase hex digits, one per profiler session.
+    pub profiler_id: String,
+    /// Application release (Sentry requires one; `"unknown"` when unset).
+    pub release: String,
+    /// Environment.
+    pub environment: Option<String>,
+}
+
+/// How a sample's thread appears in the chunk (see attribution).
+pub type ThreadKeyFn<'a> = dyn Fn(&ChunkSample) -> (u64, Option<Arc<str>>) + 'a;
+
+/// One encoded chunk.
+#[derive(Debug)]
+pub struct EncodedChunk {
+    /// `chunk_id` of this piece.
+    pub chunk_id: String,
+    /// The JSON payload.
+    pub json: Vec<u8>,
+    /// Samples included.
+    pub samples: usize,
+    /// Samples left out because their thread had a single sample.
+    pub dropped_single: usize,
+    /// Thread ids present in `profile.samples`.
+    pub thread_ids: Vec<u64>,
+    /// Earliest and latest sample timestamps (ns).
+    pub span_ns: (u64, u64),
+}
+
+#[derive(Serialize)]
+struct Payload<'a> {
+    version: &'static str,
+    profiler_id: &'a str,
+    chunk_id: &'a str,
+    platform: &'static str,
+    release: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    environment: Option<&'a str>,
+    client_sdk: ClientSdk,
+    debug_meta: DebugMeta,
+    profile: Profile<'a>,
+}
+
+#[derive(Serialize)]
+struct ClientSdk {
+    name: &'static str,
+    version: &'static str,
+}
+
+#[derive(Serialize)]
+struct DebugMeta {
+    images: Vec<DebugImage>,
+}
+
+#[derive(Serialize)]
+struct DebugImage {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    code_file: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    debug_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code_id: Option<String>,
+    image_addr: String,
+    image_vmaddr: String,
+    image_size: u64,
+    arch: &'static str,
+}
+
+#[derive(Serialize)]
+struct Profile<'a> {
+    samples: Vec<OutSample>,
+    stacks: Vec<Vec<u32>>,
+    frames: Vec<Frame>,
+    thread_metadata: HashMap<String, ThreadMeta<'a>>,
+}
+
+#[derive(Serialize)]
+struct OutSample {
+    timestamp: f64,
+    stack_id: u32,
+    thread_id: String,
+}
+
+#[derive(Serialize)]
+struct Frame {
+    instruction_addr: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    function: Option<Arc<str>>,
+}
+
+#[derive(Serialize)]
+struct ThreadMeta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+}
+
+/// The CPU architecture name Sentry uses.
+pub(crate) const ARCH: &str = if cfg!(target_arch = "aarch64") { "arm64" } else { "x86_64" };
+
+/// Encodes `chunk`, splitting it when too large. `symbolizer` is optional:
+/// without it frames carry only addresses.
+pub fn encode_chunk(
+    meta: &ChunkMeta,
+    chunk: &Chunk,
+    modules: &ModuleSet,
+    mut symbolizer: Option<&mut Symbolizer>,
+    thread_key: &ThreadKeyFn<'_>,
+) -> Vec<EncodedChunk> {
+    // Count samples per (displayed) thread and keep threads with two or more.
+    let keyed: Vec<(u64, Option<Arc<str>>)> = chunk.samples().iter().map(thread_key).collect();
+    let mut per_thread: HashMap<u64, usize> = HashMap::new();
+    for (k, _) in &keyed {
+        *per_thread.entry(*k).or_default() += 1;
+    }
+    let mut order: Vec<usize> = (0..chunk.len()).filter(|&i| per_thread[&keyed[i].0] >= 2).collect();
+    let dropped_single = chunk.len() - order.len();
+    order.sort_by_key(|&i| chunk.samples()[i].timestamp_ns);
+    let mut out = Vec::new();
+    encode_range(meta, chunk, modules, &mut symbolizer, &keyed, &order, &mut out);
+    if let Some(first) = out.first_mut() {
+        first.dropped_single = dropped_single;
+    }
+    out
+}
+
+fn encode_range(
+    meta: &ChunkMeta,
+    chunk: &Chunk,
+    modules: &ModuleSet,
+    symbolizer: &mut Option<&mut Symbolizer>,
+    keyed: &[(u64, Option<Arc<str>>)],
+    order: &[usize],
+    out: &mut Vec<EncodedChunk>,
+) {
+    if order.is_empty() {
+        return;
+    }
+    let piece = encode_one(meta, chunk, modules, symbolizer, keyed, order);
+    if piece.json.len() <= MAX_CHUNK_BYTES || order.len() < 4 {
+        out.push(piece);
+        return;
+    }
+    // Too large: split by time. Each half still keeps every thread's samples
+    // adjacent in time, so only threads at the cut can fall to one sample.
+    let mid = order.len() / 2;
+    encode_range(meta, chunk, modules, symbolizer, keyed, &order[..mid], out);
+    encode_range(meta, chunk, modules, symbolizer, keyed, &order[mid..], out);
+}
+
+fn encode_one(
+    meta: &ChunkMeta,
+    chunk: &Chunk,
+    modules: &ModuleSet,
+    symbolizer: &mut Option<&mut Symbolizer>,
+    keyed: &[(u64, Option<Arc<str>>)],
+    order: &[usize],
+) -> EncodedChunk {
+    let chunk_id = new_id();
+    let mut stack_map: HashMap<u32, u32> = HashMap::new();
+    let mut frame_map: HashMap<u64, u32> = HashMap::new();
+    let mut stacks: Vec<Vec<u32>> = Vec::new();
+    let mut frames: Vec<Frame> = Vec::new();
+    let mut images: Vec<Arc<ModuleInfo>> = Vec::new();
+    let mut samples = Vec::with_capacity(order.len());
+    let mut thread_metadata: HashMap<String, ThreadMeta<'_>> = HashMap::new();
+    let mut thread_ids = Vec::new();
+
+    for &i in order {
+        let s = &chunk.samples()[i];
+        let stack_id = *stack_map.entry(s.stack).or_insert_with(|| {
+            let addrs = &chunk.stacks()[s.stack as usize];
+            let ids = addrs
+                .iter()
+                .map(|&addr| {
+                    *frame_map.entry(addr).or_insert_with(|| {
+                        if let Some(m) = modules.find(addr) {
+                            if !images.iter().any(|x| Arc::ptr_eq(x, m)) {
+                                images.push(Arc::clone(m));
+                            }
+                        }
+                        let function = symbolizer.as_mut().and_then(|sym| sym.function(modules, addr));
+                        frames.push(Frame { instruction_addr: format!("{addr:#x}"), function });
+                        (frames.len() - 1) as u32
+                    })
+                })
+                .collect();
+            stacks.push(ids);
+            (stacks.len() - 1) as u32
+        });
+        let (key, name) = &keyed[i];
+        let thread_id = key.to_string();
+        if !thread_metadata.contains_key(&thread_id) {
+            thread_ids.push(*key);
+            let name = name.as_deref().or_else(|| chunk.thread_name(s.thread_id).map(|n| &**n));
+            thread_metadata.insert(thread_id.clone(), ThreadMeta { name });
+        }
+        samples.push(OutSample {
+            timestamp: s.timestamp_ns as f64 / 1e9,
+            stack_id,
+            thread_id,
+        });
+    }
+    let span_ns = (
+        chunk.samples()[order[0]].timestamp_ns,
+        chunk.samples()[order[order.len() - 1]].timestamp_ns,
+    );
+    let images = images
+        .iter()
+        .map(|m| DebugImage {
+            kind: "symbolic",
+            code_file: m.path.clone(),
+            debug_id: m.debug_id(),
+            code_id: m.code_id(),
+            image_addr: format!("{:#x}", m.start),
+            image_vmaddr: format!("{:#x}", m.vmaddr),
+            image_size: m.end - m.start,
+            arch: ARCH,
+        })
+        .collect();
+    let payload = Payload {
+        version: "2",
+        profiler_id: &meta.profiler_id,
+        chunk_id: &chunk_id,
+        platform: PLATFORM,
+        release: &meta.release,
+        environment: meta.environment.as_deref(),
+        client_sdk: ClientSdk { name: "sentry.rust", version: env!("CARGO_PKG_VERSION") },
+        debug_meta: DebugMeta { images },
+        profile: Profile { samples, stacks, frames, thread_metadata },
+    };
+    let json = serde_json::to_vec(&payload).unwrap_or_default();
+    EncodedChunk {
+        chunk_id,
+        json,
+        samples: order.len(),
+        dropped_single: 0,
+        thread_ids,
+        span_ns,
+    }
+}
+
+/// A random UUID v4 as 32 lowercase hex digits.
+pub fn new_id() -> String {
+    let bytes: [u8; 16] = rand::random();
+    let mut b = bytes;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

@@ -1,0 +1,204 @@
+//! The Sentry integration: options, the session sampling decision, and
+//! wiring into `sentry::init`.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use sentry_core::{ClientOptions, Integration};
+
+use crate::chunk::MAX_CHUNK_DURATION;
+use crate::options::{
+    DEFAULT_CHUNK_DURATION, DEFAULT_PROFILE_SESSION_SAMPLE_RATE, ProfileLifecycle, SamplerConfig,
+};
+use crate::runtime::{Runtime, RuntimeConfig};
+use crate::transport::ProfilingTransportFactory;
+
+/// Continuous profiling for Sentry.
+///
+/// Build it with the `#[must_use]` setters, then let it wrap your client
+/// options with [`ProfilingIntegration::apply`] (which also adds it to
+/// `integrations`), and pass those to `sentry::init`:
+///
+/// ```no_run
+/// use sentry_profiling::{ProfileLifecycle, ProfilingIntegration};
+///
+/// let mut options = sentry::ClientOptions::new().traces_sample_rate(1.0);
+/// options.release = sentry::release_name!();
+/// let _guard = sentry::init(
+///     ProfilingIntegration::new()
+///         .profile_session_sample_rate(1.0)
+///         .profile_lifecycle(ProfileLifecycle::Trace)
+///         .apply(options),
+/// );
+/// ```
+#[derive(Debug, Clone)]
+pub struct ProfilingIntegration {
+    session_sample_rate: f64,
+    lifecycle: ProfileLifecycle,
+    sampler: SamplerConfig,
+    chunk_duration: Duration,
+    symbolize: bool,
+    runtime: Arc<OnceLock<Arc<Runtime>>>,
+}
+
+impl Default for ProfilingIntegration {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProfilingIntegration {
+    /// Defaults: session sample rate 0 (off), manual lifecycle, 101 Hz,
+    /// 64 KiB stack copies, 60 s chunks, local symbolication on.
+    pub fn new() -> Self {
+        Self {
+            session_sample_rate: DEFAULT_PROFILE_SESSION_SAMPLE_RATE,
+            lifecycle: ProfileLifecycle::default(),
+            sampler: SamplerConfig::default(),
+            chunk_duration: DEFAULT_CHUNK_DURATION,
+            symbolize: true,
+            runtime: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Share of processes that profile, 0.0 to 1.0, decided once at init.
+    /// Out-of-range values (NaN, negative, above 1) disable profiling with a
+    /// warning.
+    #[must_use]
+    pub fn profile_session_sample_rate(mut self, rate: f64) -> Self {
+        self.session_sample_rate = rate;
+        self
+    }
+
+    /// When the profiler runs. Default [`ProfileLifecycle::Manual`].
+    #[must_use]
+    pub fn profile_lifecycle(mut self, lifecycle: ProfileLifecycle) -> Self {
+        self.lifecycle = lifecycle;
+        self
+    }
+
+    /// Sampling frequency in Hz, 1 to 1000. Default 101.
+    #[must_use]
+    pub fn frequency_hz(mut self, hz: u32) -> Self {
+        self.sampler.frequency_hz = hz;
+        self
+    }
+
+    /// Stack bytes copied per sample, 256 B to 1 MiB. Default 64 KiB.
+    #[must_use]
+    pub fn stack_copy_bytes(mut self, bytes: usize) -> Self {
+        self.sampler.stack_copy_bytes = bytes;
+        self
+    }
+
+    /// The signal to sample with. Default: a free real-time signal.
+    #[must_use]
+    pub fn signal(mut self, signal: i32) -> Self {
+        self.sampler.signal = Some(signal);
+        self
+    }
+
+    /// Longest chunk, 1 s to 60 s. Default 60 s.
+    #[must_use]
+    pub fn chunk_duration(mut self, duration: Duration) -> Self {
+        self.chunk_duration = duration;
+        self
+    }
+
+    /// Whether frames carry function names resolved in-process from symbol
+    /// tables. Default true; Sentry symbolicates from uploaded debug files
+    /// either way.
+    #[must_use]
+    pub fn symbolize(mut self, on: bool) -> Self {
+        self.symbolize = on;
+        self
+    }
+
+    /// Adds this integration to `options` and wraps their transport, so that
+    /// chunks travel through the client's own transport, transactions carry
+    /// the profile context, and the last chunk is sent at shutdown. Applies
+    /// `sentry::apply_defaults` first (as `sentry::init` would), so the
+    /// default transport is the one wrapped.
+    pub fn apply(self, options: ClientOptions) -> ClientOptions {
+        let mut options = sentry::apply_defaults(options);
+        // Defaults are applied; a second application in `sentry::init` must
+        // not add the default integrations twice.
+        options.default_integrations = false;
+        let runtime = Arc::clone(self.runtime.get_or_init(Runtime::new));
+        if let Some(inner) = options.transport.take() {
+            options.transport = Some(Arc::new(ProfilingTransportFactory { inner, runtime }));
+        }
+        options.integrations.push(Arc::new(self));
+        options
+    }
+
+    fn settle(&self, options: &ClientOptions) -> Option<RuntimeConfig> {
+        let rate = self.session_sample_rate;
+        if !(0.0..=1.0).contains(&rate) {
+            eprintln!(
+                "sentry-profiling: profiling disabled: `profile_session_sample_rate` is {rate}, it must be between 0.0 and 1.0"
+            );
+            return None;
+        }
+        let sampler = match self.sampler.clone().validated() {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("{e}; profiling disabled");
+                return None;
+            }
+        };
+        let chunk_duration = if (Duration::from_secs(1)..=MAX_CHUNK_DURATION).contains(&self.chunk_duration) {
+            self.chunk_duration
+        } else {
+            eprintln!(
+                "sentry-profiling: `chunk_duration` {:?} is outside 1 s..=60 s; using 60 s",
+                self.chunk_duration
+            );
+            MAX_CHUNK_DURATION
+        };
+        if self.lifecycle == ProfileLifecycle::Trace
+            && matches!(options.traces_sampling_strategy, sentry_core::TracesSamplingStrategy::Disabled)
+        {
+            eprintln!(
+                "sentry-profiling: `profile_lifecycle` is Trace but tracing is disabled (set `traces_sample_rate` or `traces_sampler`): the profiler will never start"
+            );
+        }
+        Some(RuntimeConfig {
+            sampler,
+            lifecycle: self.lifecycle,
+            chunk_duration,
+            symbolize: self.symbolize,
+            release: options.release.as_deref().unwrap_or("unknown").to_owned(),
+            environment: options.environment.as_deref().map(str::to_owned),
+            debug: options.debug,
+        })
+    }
+}
+
+impl Integration for ProfilingIntegration {
+    fn name(&self) -> &'static str {
+        "profiling"
+    }
+
+    fn setup(&self, options: &mut ClientOptions) {
+        let runtime = Arc::clone(self.runtime.get_or_init(Runtime::new));
+        let Some(config) = self.settle(options) else {
+            return;
+        };
+        if options.dsn.is_none() {
+            // The client sends nothing without a DSN; neither do we.
+            return;
+        }
+        let sampled = self.session_sample_rate >= 1.0
+            || (self.session_sample_rate > 0.0 && rand::random::<f64>() < self.session_sample_rate);
+        if config.debug {
+            eprintln!(
+                "[sentry] sentry-profiling: session {} (rate {}), lifecycle {:?}",
+                if sampled { "sampled" } else { "not sampled" },
+                self.session_sample_rate,
+                config.lifecycle
+            );
+        }
+        runtime.activate(config, sampled);
+    }
+}

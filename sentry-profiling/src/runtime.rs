@@ -1,0 +1,451 @@
+//! The profiler session: lifecycle (manual or trace), the profiler thread
+//! that turns samples into chunks and sends them, flush and shutdown.
+//!
+//! Everything an application thread calls here (root span started/finished,
+//! start/stop) is a few atomic operations: the sampler is created paused on
+//! the profiler thread at init and only resumed or paused afterwards.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use sentry_core::Transport;
+
+use crate::chunk::Chunk;
+use crate::encode::sentry_chunk::{ChunkMeta, encode_chunk};
+use crate::options::{ProfileLifecycle, SamplerConfig};
+use crate::sampler::{Sampler, SamplerControl, SamplerStats, register_own_thread};
+use crate::symbolize::Symbolizer;
+use crate::transport::chunk_envelope;
+
+/// The session currently running in this process, for the tracing layer.
+static CURRENT: ArcSwapOption<Runtime> = ArcSwapOption::const_empty();
+/// The most recent session, kept after shutdown so its counters stay readable.
+static LAST: ArcSwapOption<Runtime> = ArcSwapOption::const_empty();
+
+/// The running session, if profiling is configured and this process's
+/// session was sampled.
+pub(crate) fn current() -> Option<Arc<Runtime>> {
+    CURRENT.load_full()
+}
+
+/// The current session, or the last one after it shut down.
+pub(crate) fn last() -> Option<Arc<Runtime>> {
+    LAST.load_full()
+}
+
+/// Settled configuration of a session.
+#[derive(Debug, Clone)]
+pub(crate) struct RuntimeConfig {
+    pub(crate) sampler: SamplerConfig,
+    pub(crate) lifecycle: ProfileLifecycle,
+    pub(crate) chunk_duration: Duration,
+    pub(crate) symbolize: bool,
+    pub(crate) release: String,
+    pub(crate) environment: Option<String>,
+    pub(crate) debug: bool,
+}
+
+enum Request {
+    Flush(Sender<()>),
+    Shutdown(Sender<()>),
+}
+
+/// Counters of a session.
+#[derive(Debug, Default)]
+struct Counters {
+    chunks_sent: AtomicU64,
+    samples_sent: AtomicU64,
+    samples_single_thread: AtomicU64,
+    chunks_without_transport: AtomicU64,
+}
+
+/// What a profiling session has done so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProfilerStats {
+    /// Whether this process's profiling session was sampled.
+    pub session_sampled: bool,
+    /// `profile_chunk` envelopes handed to the transport.
+    pub chunks_sent: u64,
+    /// Samples in those chunks.
+    pub samples_sent: u64,
+    /// Samples left out because their thread had only one sample in its
+    /// chunk (Sentry's ingestion drops those).
+    pub samples_single_thread: u64,
+    /// Chunks that could not be sent because no client transport existed.
+    pub chunks_without_transport: u64,
+    /// The sampler's counters.
+    pub sampler: SamplerStats,
+}
+
+/// One profiling session (one `sentry::init`).
+pub(crate) struct Runtime {
+    profiler_id: String,
+    config: OnceLock<RuntimeConfig>,
+    session_sampled: AtomicBool,
+    transport: Mutex<Option<Arc<dyn Transport>>>,
+    control: OnceLock<SamplerControl>,
+    requests: Mutex<Option<Sender<Request>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    active_roots: AtomicUsize,
+    manual_running: AtomicBool,
+    shut_down: AtomicBool,
+    counters: Counters,
+    last_sampler_stats: Mutex<SamplerStats>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("profiler_id", &self.profiler_id)
+            .field("session_sampled", &self.session_sampled)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            profiler_id: crate::encode::sentry_chunk::new_id(),
+            config: OnceLock::new(),
+            session_sampled: AtomicBool::new(false),
+            transport: Mutex::new(None),
+            control: OnceLock::new(),
+            requests: Mutex::new(None),
+            thread: Mutex::new(None),
+            active_roots: AtomicUsize::new(0),
+            manual_running: AtomicBool::new(false),
+            shut_down: AtomicBool::new(false),
+            counters: Counters::default(),
+            last_sampler_stats: Mutex::new(SamplerStats::default()),
+        })
+    }
+
+    /// Records the client's transport (called by the transport factory).
+    pub(crate) fn set_transport(&self, transport: Arc<dyn Transport>) {
+        *self.transport.lock().unwrap_or_else(|e| e.into_inner()) = Some(transport);
+    }
+
+    /// Starts the session: publishes it and starts the profiler thread with a
+    /// paused sampler. Called once, from the integration's `setup`.
+    pub(crate) fn activate(self: &Arc<Self>, config: RuntimeConfig, sampled: bool) {
+        if self.config.set(config).is_err() {
+            return;
+        }
+        LAST.store(Some(Arc::clone(self)));
+        self.session_sampled.store(sampled, Ordering::Release);
+        if !sampled {
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        *self.requests.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        let this = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("sentry-profiler-chunks".into())
+            .spawn(move || this.run(rx));
+        match spawned {
+            Ok(handle) => {
+                *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+                CURRENT.store(Some(Arc::clone(self)));
+            }
+            Err(e) => {
+                eprintln!("sentry-profiling: profiling disabled: cannot start the profiler thread: {e}");
+                self.session_sampled.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    fn config(&self) -> Option<&RuntimeConfig> {
+        self.config.get()
+    }
+
+    fn debug(&self, msg: &str) {
+        if self.config().is_some_and(|c| c.debug) {
+            eprintln!("[sentry] sentry-profiling: {msg}");
+        }
+    }
+
+    /// The profiler id, when this session profiles.
+    pub(crate) fn profiler_id(&self) -> Option<&str> {
+        self.session_sampled
+            .load(Ordering::Acquire)
+            .then_some(self.profiler_id.as_str())
+    }
+
+    /// The lifecycle mode.
+    pub(crate) fn lifecycle(&self) -> ProfileLifecycle {
+        self.config().map_or(ProfileLifecycle::Manual, |c| c.lifecycle)
+    }
+
+    /// Whether samples are being taken right now.
+    pub(crate) fn is_running(&self) -> bool {
+        self.control.get().is_some_and(SamplerControl::is_active)
+    }
+
+    fn set_sampling(&self, on: bool) {
+        if let Some(control) = self.control.get() {
+            if on { control.resume() } else { control.pause() }
+        }
+    }
+
+    /// Trace lifecycle: a sampled root span became active. Returns whether
+    /// the profiler runs for it.
+    pub(crate) fn root_started(&self) -> bool {
+        if self.lifecycle() != ProfileLifecycle::Trace || self.profiler_id().is_none() || self.shut_down.load(Ordering::Acquire) {
+            return false;
+        }
+        if self.active_roots.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.set_sampling(true);
+        }
+        true
+    }
+
+    /// Trace lifecycle: a root span for which [`Runtime::root_started`]
+    /// returned true has finished.
+    pub(crate) fn root_finished(&self) {
+        let prev = self
+            .active_roots
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if prev == Ok(1) {
+            self.set_sampling(false);
+            // A root that started between the decrement and the pause must
+            // not be left unprofiled.
+            if self.active_roots.load(Ordering::Acquire) > 0 {
+                self.set_sampling(true);
+            }
+        }
+    }
+
+    /// Manual lifecycle: starts the profiler (spec no-op rules apply).
+    pub(crate) fn start_manual(&self) {
+        if self.lifecycle() == ProfileLifecycle::Trace {
+            self.debug("start_profiler() has no effect with the trace lifecycle");
+            return;
+        }
+        if self.profiler_id().is_none() {
+            self.debug("start_profiler() has no effect: this profiling session was not sampled");
+            return;
+        }
+        if self.manual_running.swap(true, Ordering::AcqRel) {
+            self.debug("start_profiler() has no effect: the profiler is already running");
+            return;
+        }
+        self.set_sampling(true);
+    }
+
+    /// Manual lifecycle: stops the profiler.
+    pub(crate) fn stop_manual(&self) {
+        if self.lifecycle() == ProfileLifecycle::Trace {
+            self.debug("stop_profiler() has no effect with the trace lifecycle");
+            return;
+        }
+        if !self.manual_running.swap(false, Ordering::AcqRel) {
+            self.debug("stop_profiler() has no effect: the profiler is not running");
+            return;
+        }
+        self.set_sampling(false);
+    }
+
+    /// Sends the chunk in progress now, waiting up to `timeout`.
+    pub(crate) fn flush(&self, timeout: Duration) -> bool {
+        self.request(Request::Flush, timeout)
+    }
+
+    /// Stops profiling for good, sending the last chunk; waits up to `timeout`.
+    pub(crate) fn shutdown(&self, timeout: Duration) -> bool {
+        if self.shut_down.swap(true, Ordering::AcqRel) {
+            return true;
+        }
+        let done = self.request(Request::Shutdown, timeout);
+        if done {
+            if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = t.join();
+            }
+        }
+        let current = CURRENT.load();
+        if current.as_ref().is_some_and(|c| std::ptr::eq(&**c, self)) {
+            CURRENT.store(None);
+        }
+        done
+    }
+
+    fn request(&self, make: fn(Sender<()>) -> Request, timeout: Duration) -> bool {
+        let (ack_tx, ack_rx) = std::sync::mpsc::channel();
+        let sent = self
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|tx| tx.send(make(ack_tx)).is_ok());
+        if !sent {
+            return true;
+        }
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            t.thread().unpark();
+        }
+        ack_rx.recv_timeout(timeout).is_ok()
+    }
+
+    /// Counters so far.
+    pub(crate) fn stats(&self) -> ProfilerStats {
+        let c = &self.counters;
+        ProfilerStats {
+            session_sampled: self.session_sampled.load(Ordering::Acquire),
+            chunks_sent: c.chunks_sent.load(Ordering::Relaxed),
+            samples_sent: c.samples_sent.load(Ordering::Relaxed),
+            samples_single_thread: c.samples_single_thread.load(Ordering::Relaxed),
+            chunks_without_transport: c.chunks_without_transport.load(Ordering::Relaxed),
+            sampler: self
+                .control
+                .get()
+                .map(SamplerControl::stats)
+                .unwrap_or_else(|| self.last_sampler_stats.lock().unwrap_or_else(|e| e.into_inner()).clone()),
+        }
+    }
+
+    /// The profiler thread.
+    fn run(self: Arc<Self>, requests: Receiver<Request>) {
+        let _own = register_own_thread();
+        let Some(config) = self.config().cloned() else { return };
+        let sampler = match Sampler::start_paused(config.sampler.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("sentry-profiling: profiling disabled: {e}");
+                self.session_sampled.store(false, Ordering::Release);
+                return;
+            }
+        };
+        let _ = self.control.set(sampler.control());
+        // Roots may have started while the sampler was being created.
+        if self.active_roots.load(Ordering::Acquire) > 0 || self.manual_running.load(Ordering::Acquire) {
+            sampler.resume();
+        }
+        let meta = ChunkMeta {
+            profiler_id: self.profiler_id.clone(),
+            release: config.release.clone(),
+            environment: config.environment.clone(),
+        };
+        let mut builder = ChunkWriter {
+            runtime: &self,
+            meta,
+            chunk: Chunk::new(),
+            symbolizer: config.symbolize.then(Symbolizer::new),
+            chunk_duration: config.chunk_duration,
+        };
+        loop {
+            match requests.try_recv() {
+                Ok(Request::Flush(ack)) => {
+                    builder.drain(&sampler);
+                    builder.finish(&sampler);
+                    let _ = ack.send(());
+                }
+                Ok(Request::Shutdown(ack)) => {
+                    let modules = sampler.modules();
+                    let (stats, rest) = sampler.stop_and_drain();
+                    for s in &rest {
+                        builder.push(s, &modules);
+                    }
+                    builder.finish_with(&modules);
+                    *self.last_sampler_stats.lock().unwrap_or_else(|e| e.into_inner()) = stats;
+                    let _ = ack.send(());
+                    return;
+                }
+                Err(_) => {}
+            }
+            if let Some(sample) = sampler.recv_timeout(Duration::from_millis(50)) {
+                let modules = sampler.modules();
+                builder.push(&sample, &modules);
+                builder.drain(&sampler);
+            }
+            builder.rotate_if_due(&sampler);
+        }
+    }
+
+    fn send_chunk_envelope(&self, envelope: sentry_core::protocol::Envelope) -> bool {
+        let transport = self.transport.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match transport {
+            Some(t) => {
+                t.send_envelope(envelope);
+                true
+            }
+            None => match sentry_core::Hub::main().client() {
+                Some(client) => {
+                    client.send_envelope(envelope);
+                    true
+                }
+                None => false,
+            },
+        }
+    }
+}
+
+/// The profiler thread's chunk in progress.
+struct ChunkWriter<'a> {
+    runtime: &'a Runtime,
+    meta: ChunkMeta,
+    chunk: Chunk,
+    symbolizer: Option<Symbolizer>,
+    chunk_duration: Duration,
+}
+
+impl ChunkWriter<'_> {
+    fn push(&mut self, sample: &crate::Sample, modules: &crate::ModuleSet) {
+        if !self.chunk.accepts(sample.timestamp_ns(), self.chunk_duration) {
+            self.finish_with(modules);
+        }
+        self.chunk.push(sample);
+    }
+
+    fn drain(&mut self, sampler: &Sampler) {
+        let modules = sampler.modules();
+        for s in sampler.try_iter() {
+            self.push(&s, &modules);
+        }
+    }
+
+    fn rotate_if_due(&mut self, sampler: &Sampler) {
+        let Some(first) = self.chunk.first_timestamp_ns() else { return };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        if now.saturating_sub(first) >= self.chunk_duration.as_nanos() as u64 {
+            self.drain(sampler);
+            self.finish(sampler);
+        }
+    }
+
+    fn finish(&mut self, sampler: &Sampler) {
+        let modules = sampler.modules();
+        self.finish_with(&modules);
+    }
+
+    fn finish_with(&mut self, modules: &crate::ModuleSet) {
+        if self.chunk.is_empty() {
+            return;
+        }
+        let chunk = self.chunk.take();
+        let pieces = encode_chunk(
+            &self.meta,
+            &chunk,
+            modules,
+            self.symbolizer.as_mut(),
+            &|s| (u64::from(s.thread_id), None),
+        );
+        let c = &self.runtime.counters;
+        c.samples_single_thread.fetch_add(
+            (chunk.len() - pieces.iter().map(|p| p.samples).sum::<usize>()) as u64,
+            Ordering::Relaxed,
+        );
+        for piece in pieces {
+            if self.runtime.send_chunk_envelope(chunk_envelope(&piece)) {
+                c.chunks_sent.fetch_add(1, Ordering::Relaxed);
+                c.samples_sent.fetch_add(piece.samples as u64, Ordering::Relaxed);
+            } else {
+                c.chunks_without_transport.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}

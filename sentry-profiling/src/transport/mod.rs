@@ -1,0 +1,132 @@
+//! Getting chunks to Sentry: the `profile_chunk` envelope, the transport
+//! wrapper that links transactions to the profiler and flushes the last
+//! chunk before the transport stops, and a local envelope-directory sink.
+
+mod envelope_dir;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sentry_core::protocol::{Context, Envelope, EnvelopeItem, Map, Value};
+use sentry_core::{Transport, TransportFactory};
+
+use crate::encode::sentry_chunk::{EncodedChunk, PLATFORM};
+use crate::runtime::Runtime;
+
+pub use envelope_dir::EnvelopeDirTransport;
+
+/// Builds the envelope for one chunk: a raw envelope, because the SDK's
+/// typed envelope has no `profile_chunk` item.
+pub(crate) fn chunk_envelope(chunk: &EncodedChunk) -> Envelope {
+    let mut bytes = Vec::with_capacity(chunk.json.len() + 128);
+    bytes.extend_from_slice(format!("{{\"event_id\":\"{}\"}}\n", chunk.chunk_id).as_bytes());
+    bytes.extend_from_slice(
+        format!(
+            "{{\"type\":\"profile_chunk\",\"platform\":\"{PLATFORM}\",\"length\":{}}}\n",
+            chunk.json.len()
+        )
+        .as_bytes(),
+    );
+    bytes.extend_from_slice(&chunk.json);
+    bytes.push(b'\n');
+    // `from_bytes_raw` does not parse and cannot fail.
+    Envelope::from_bytes_raw(bytes).unwrap_or_default()
+}
+
+/// Wraps the client's transport factory (see
+/// [`crate::ProfilingIntegration::apply`]).
+pub(crate) struct ProfilingTransportFactory {
+    pub(crate) inner: Arc<dyn TransportFactory>,
+    pub(crate) runtime: Arc<Runtime>,
+}
+
+impl std::fmt::Debug for ProfilingTransportFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProfilingTransportFactory").finish_non_exhaustive()
+    }
+}
+
+impl TransportFactory for ProfilingTransportFactory {
+    fn create_transport_with_options(
+        &self,
+        options: sentry_core::TransportOptions,
+    ) -> Arc<dyn Transport> {
+        let inner = self.inner.create_transport_with_options(options);
+        self.runtime.set_transport(Arc::clone(&inner));
+        Arc::new(ProfilingTransport { inner, runtime: Arc::clone(&self.runtime) })
+    }
+}
+
+/// The client's transport, seen through the profiler.
+struct ProfilingTransport {
+    inner: Arc<dyn Transport>,
+    runtime: Arc<Runtime>,
+}
+
+impl Transport for ProfilingTransport {
+    fn send_envelope(&self, envelope: Envelope) {
+        let envelope = match self.runtime.profiler_id() {
+            Some(id) => link_transactions(envelope, id),
+            None => envelope,
+        };
+        self.inner.send_envelope(envelope);
+    }
+
+    fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        self.runtime.flush(timeout);
+        self.inner.flush(deadline.saturating_duration_since(Instant::now()))
+    }
+
+    fn shutdown(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        self.runtime.shutdown(timeout);
+        self.inner.shutdown(deadline.saturating_duration_since(Instant::now()))
+    }
+}
+
+/// Whether the profiler tagged this transaction (see the tracing layer).
+fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
+    matches!(tx.contexts.get("trace"), Some(Context::Trace(t)) if t.data.contains_key("thread.id"))
+}
+
+/// Adds `contexts.profile.profiler_id` to profiled transactions.
+///
+/// The SDK's typed contexts serialise any context it does not know with
+/// `"type":"unknown"`, which Relay would not read as a profile context. The
+/// envelope is therefore written out here with the profile context's type
+/// set right, and sent raw; the bytes are the ones the transport would have
+/// written, so this costs one serialisation that the transport then skips.
+pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelope {
+    let profiled = envelope.items().any(|i| matches!(i, EnvelopeItem::Transaction(t) if is_profiled(t)));
+    if !profiled {
+        return envelope;
+    }
+    let mut rest = Envelope::new().with_headers(envelope.headers().clone());
+    let mut transactions = Vec::new();
+    for item in envelope.into_items() {
+        match item {
+            EnvelopeItem::Transaction(t) if is_profiled(&t) => transactions.push(t),
+            other => rest.add_item(other),
+        }
+    }
+    let mut bytes = Vec::new();
+    if rest.to_writer(&mut bytes).is_err() {
+        return rest;
+    }
+    for mut tx in transactions {
+        let mut ctx = Map::new();
+        ctx.insert("profiler_id".into(), Value::String(profiler_id.into()));
+        tx.contexts.insert("profile".into(), Context::Other(ctx));
+        let Ok(mut json) = serde_json::to_vec(&tx) else { continue };
+        const FROM: &[u8] = br#""profile":{"type":"unknown","#;
+        const TO: &[u8] = br#""profile":{"type":"profile","#;
+        if let Some(pos) = json.windows(FROM.len()).position(|w| w == FROM) {
+            json[pos..pos + FROM.len()].copy_from_slice(TO);
+        }
+        bytes.extend_from_slice(format!("{{\"type\":\"transaction\",\"length\":{}}}\n", json.len()).as_bytes());
+        bytes.extend_from_slice(&json);
+        bytes.push(b'\n');
+    }
+    Envelope::from_bytes_raw(bytes).unwrap_or_default()
+}
