@@ -180,9 +180,15 @@ impl Runtime {
         self.config().map_or(ProfileLifecycle::Manual, |c| c.lifecycle)
     }
 
-    /// Whether samples are being taken right now.
+    /// Whether samples are being taken right now, or will be as soon as the
+    /// sampler (created at init on the profiler thread) is ready.
     pub(crate) fn is_running(&self) -> bool {
-        self.control.get().is_some_and(SamplerControl::is_active)
+        if self.shut_down.load(Ordering::Acquire) || self.profiler_id().is_none() {
+            return false;
+        }
+        self.active_roots.load(Ordering::Acquire) > 0
+            || self.manual_running.load(Ordering::Acquire)
+            || self.control.get().is_some_and(SamplerControl::is_active)
     }
 
     fn set_sampling(&self, on: bool) {

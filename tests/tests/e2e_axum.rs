@@ -1,0 +1,126 @@
+//! End to end: the example's router on a real loopback socket, concurrent
+//! `/work` and `/sleep` requests, graceful shutdown, then the envelopes the
+//! SDK wrote are checked the way Sentry would use them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sentry_profiling_examples::{Settings, init_tracing, router, sentry_options};
+use sentry_profiling_tests::{
+    functions_in_window, link_problem, parse_envelope, relay_violations, split_items, transaction_window,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn get(addr: std::net::SocketAddr, path: impl AsRef<str>) -> String {
+    let path = path.as_ref();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    stream.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+fn read_dir_envelopes(dir: &PathBuf) -> (Vec<sentry_profiling_tests::ParsedEnvelope>, Vec<usize>) {
+    let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).collect();
+    files.sort();
+    let bytes: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    (bytes.iter().map(|b| parse_envelope(b)).collect(), bytes.iter().map(Vec::len).collect())
+}
+
+#[test]
+fn example_service_writes_linked_accepted_profiles() {
+    let dir = std::env::temp_dir().join(format!("sentry-profiling-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let settings = Settings {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        dsn: None,
+        envelope_dir: dir.clone(),
+        traces_sample_rate: 1.0,
+        profile_session_sample_rate: 1.0,
+    };
+    let guard = sentry::init(sentry_options(&settings).unwrap());
+    init_tracing();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let responses = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(settings.addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, router())
+                .with_graceful_shutdown(async {
+                    let _ = stop_rx.await;
+                })
+                .await
+        });
+        let mut tasks = Vec::new();
+        for round in 0..3 {
+            for i in 0..4 {
+                tasks.push(tokio::spawn(get(addr, "/work/80")));
+                tasks.push(tokio::spawn(get(addr, format!("/sleep/{}", 40 + 10 * i))));
+            }
+            if round == 1 {
+                tasks.push(tokio::spawn(get(addr, "/")));
+            }
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        let mut responses = Vec::new();
+        for t in tasks {
+            responses.push(t.await.unwrap());
+        }
+        // A request in flight during shutdown must still complete.
+        let late = tokio::spawn(get(addr, "/sleep/200"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = stop_tx.send(());
+        responses.push(late.await.unwrap());
+        server.await.unwrap().unwrap();
+        responses
+    });
+    drop(runtime);
+    drop(guard);
+
+    assert_eq!(responses.len(), 26);
+    assert!(responses.iter().all(|r| r.starts_with("HTTP/1.1 200")), "every request succeeded");
+
+    let (envelopes, sizes) = read_dir_envelopes(&dir);
+    let (chunks, transactions) = split_items(&envelopes);
+    assert!(!chunks.is_empty(), "at least one profile chunk was written");
+    for (chunk, size) in chunks.iter().zip(sizes.iter()) {
+        let v = relay_violations(chunk, *size);
+        assert!(v.is_empty(), "Relay would reject a chunk: {v:?}");
+    }
+    assert_eq!(transactions.len(), 26, "one transaction per request, none lost at shutdown");
+    let names: Vec<&str> = transactions.iter().filter_map(|t| t["transaction"].as_str()).collect();
+    assert_eq!(names.iter().filter(|n| **n == "GET /work/{ms}").count(), 12);
+    assert_eq!(names.iter().filter(|n| **n == "GET /sleep/{ms}").count(), 13);
+    assert_eq!(names.iter().filter(|n| **n == "GET /").count(), 1);
+    for tx in &transactions {
+        if let Some(problem) = link_problem(tx, &chunks) {
+            panic!("transaction not linked to a chunk: {problem}");
+        }
+        assert!(tx.pointer("/contexts/trace/data/thread.name").is_some());
+        for span in tx["spans"].as_array().into_iter().flatten() {
+            assert!(span.pointer("/data/thread.id").is_some(), "span without thread.id: {span}");
+        }
+    }
+
+    // Where did /work requests spend their time? In burn_cpu.
+    let mut with_burn = 0;
+    let work: Vec<_> = transactions.iter().filter(|t| t["transaction"] == "GET /work/{ms}").collect();
+    for tx in &work {
+        let (start, end) = transaction_window(tx).unwrap();
+        let found = chunks.iter().any(|c| {
+            functions_in_window(c, None, start, end)
+                .iter()
+                .any(|stack| stack.iter().any(|f| f == "sentry_profiling_examples::burn_cpu"))
+        });
+        with_burn += usize::from(found);
+    }
+    assert_eq!(with_burn, work.len(), "burn_cpu appears in samples during every /work request");
+    let _ = std::fs::remove_dir_all(&dir);
+}
