@@ -6,7 +6,9 @@
 //! `./sentry-envelopes/`). Ctrl-C or SIGTERM shuts down gracefully and prints
 //! a summary.
 
-use sentry_profiling_examples::{Settings, init_tracing, router, sentry_options, summarize_envelopes};
+use sentry_profiling_examples::{
+    Settings, init_tracing, router, sentry_options, summarize_envelopes,
+};
 
 fn main() -> std::process::ExitCode {
     let settings = match Settings::from_env() {
@@ -32,7 +34,10 @@ fn main() -> std::process::ExitCode {
         .expect("tokio runtime");
     let served = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(settings.addr).await?;
-        eprintln!("axum_service: listening on http://{}", listener.local_addr()?);
+        eprintln!(
+            "axum_service: listening on http://{}",
+            listener.local_addr()?
+        );
         axum::serve(listener, router())
             .with_graceful_shutdown(shutdown_signal())
             .await

@@ -50,7 +50,10 @@ pub async fn sleep(Path(ms): Path<u64>) -> String {
 /// The service's router, with every handler wrapped in a transaction.
 pub fn router() -> Router {
     Router::new()
-        .route("/", get(|| async { "sentry-profiling example: try /work/50 or /sleep/50\n" }))
+        .route(
+            "/",
+            get(|| async { "sentry-profiling example: try /work/50 or /sleep/50\n" }),
+        )
         .route("/work/{ms}", get(work))
         .route("/sleep/{ms}", get(sleep))
         .layer(sentry_profiling_tracing::http_layer())
@@ -76,7 +79,9 @@ impl Settings {
     pub fn from_env() -> Result<Self, String> {
         fn var<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
             match std::env::var(name) {
-                Ok(v) if !v.is_empty() => v.parse().map_err(|_| format!("{name}={v:?} is not valid")),
+                Ok(v) if !v.is_empty() => {
+                    v.parse().map_err(|_| format!("{name}={v:?} is not valid"))
+                }
                 _ => Ok(default),
             }
         }
@@ -121,7 +126,10 @@ pub fn init_tracing() {
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
-                .with_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into())),
+                .with_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| "warn".into()),
+                ),
         )
         .with(sentry::integrations::tracing::SpanLayer::new())
         .with(sentry_profiling_tracing::layer())
@@ -142,13 +150,17 @@ pub struct EnvelopeSummary {
 /// Reads every `*.envelope` file in `dir` and counts its items by type.
 pub fn summarize_envelopes(dir: &std::path::Path) -> EnvelopeSummary {
     let mut summary = EnvelopeSummary::default();
-    let Ok(entries) = std::fs::read_dir(dir) else { return summary };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return summary;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
         if path.extension().is_none_or(|e| e != "envelope") {
             continue;
         }
-        let Ok(bytes) = std::fs::read(&path) else { continue };
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
         summary.files += 1;
         for item in parse_envelope(&bytes).items {
             match item.header.get("type").and_then(|t| t.as_str()) {
@@ -183,7 +195,7 @@ pub struct ParsedEnvelope {
 /// header line and a payload of `length` bytes or up to the next newline).
 pub fn parse_envelope(bytes: &[u8]) -> ParsedEnvelope {
     let mut rest = bytes;
-    let mut line = |rest: &mut &[u8]| -> Option<Vec<u8>> {
+    let line = |rest: &mut &[u8]| -> Option<Vec<u8>> {
         if rest.is_empty() {
             return None;
         }
@@ -200,7 +212,9 @@ pub fn parse_envelope(bytes: &[u8]) -> ParsedEnvelope {
         if h.is_empty() {
             continue;
         }
-        let Ok(header) = serde_json::from_slice::<serde_json::Value>(&h) else { break };
+        let Ok(header) = serde_json::from_slice::<serde_json::Value>(&h) else {
+            break;
+        };
         let payload = match header.get("length").and_then(|l| l.as_u64()) {
             Some(len) => {
                 let len = (len as usize).min(rest.len());
@@ -217,4 +231,3 @@ pub fn parse_envelope(bytes: &[u8]) -> ParsedEnvelope {
     }
     ParsedEnvelope { header, items }
 }
-

@@ -133,7 +133,8 @@ pin_project_lite::pin_project! {
 
 impl<F> std::fmt::Debug for ProfilingHttpFuture<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProfilingHttpFuture").finish_non_exhaustive()
+        f.debug_struct("ProfilingHttpFuture")
+            .finish_non_exhaustive()
     }
 }
 
@@ -194,9 +195,10 @@ where
         // Tag the transaction with the thread that first ran it, once the
         // root span has started the profiler (trace lifecycle).
         if !*this.tagged {
-            if let (Some(tx), Some(profiler_id)) =
-                (this.transaction.as_ref(), sentry_profiling::hooks::running_profiler_id())
-            {
+            if let (Some(tx), Some(profiler_id)) = (
+                this.transaction.as_ref(),
+                sentry_profiling::hooks::running_profiler_id(),
+            ) {
                 crate::layer::tag_with_thread(&tx.clone().into(), &profiler_id);
                 *this.tagged = true;
             }
@@ -228,7 +230,6 @@ where
 fn map_status(code: StatusCode) -> SpanStatus {
     match code.as_u16() {
         200..=399 => SpanStatus::Ok,
-        400 => SpanStatus::InvalidArgument,
         401 => SpanStatus::Unauthenticated,
         403 => SpanStatus::PermissionDenied,
         404 => SpanStatus::NotFound,

@@ -7,8 +7,8 @@ use std::marker::PhantomData;
 
 use sentry_core::protocol::Value;
 use sentry_core::{Hub, TransactionOrSpan};
-use tracing::span::{Attributes, Id};
 use tracing::Subscriber;
+use tracing::span::{Attributes, Id};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -26,7 +26,9 @@ pub fn layer<S>() -> ProfilingLayer<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    ProfilingLayer { _subscriber: PhantomData }
+    ProfilingLayer {
+        _subscriber: PhantomData,
+    }
 }
 
 /// See [`layer`].
@@ -73,7 +75,10 @@ fn thread_name() -> String {
 /// Tags a Sentry transaction or span with the current thread, as Sentry's
 /// spec asks, so its UI finds the samples taken on this thread.
 pub(crate) fn tag_with_thread(span: &TransactionOrSpan, profiler_id: &str) {
-    span.set_data("thread.id", Value::String(sentry_profiling::current_thread_id().to_string()));
+    span.set_data(
+        "thread.id",
+        Value::String(sentry_profiling::current_thread_id().to_string()),
+    );
     span.set_data("thread.name", Value::String(thread_name()));
     if matches!(span, TransactionOrSpan::Span(_)) {
         span.set_data("profiler_id", Value::String(profiler_id.to_owned()));
@@ -98,13 +103,18 @@ where
         let sentry_span = Hub::current().configure_scope(|scope| scope.get_span());
         let mut holds_profiler = false;
         if span.parent().is_none() {
-            #[expect(deprecated, reason = "`true` reliably means the transaction will be sent, which is what the trace lifecycle needs")]
+            #[expect(
+                deprecated,
+                reason = "`true` reliably means the transaction will be sent, which is what the trace lifecycle needs"
+            )]
             let sampled = sentry_span.as_ref().is_some_and(|s| s.is_sampled());
             if sampled {
                 holds_profiler = sentry_profiling::hooks::root_span_started().is_some();
             }
         }
-        if let (Some(s), Some(profiler_id)) = (&sentry_span, sentry_profiling::hooks::running_profiler_id()) {
+        if let (Some(s), Some(profiler_id)) =
+            (&sentry_span, sentry_profiling::hooks::running_profiler_id())
+        {
             tag_with_thread(s, &profiler_id);
         }
         span.extensions_mut().insert(SpanState { holds_profiler });

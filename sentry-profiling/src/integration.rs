@@ -147,17 +147,21 @@ impl ProfilingIntegration {
                 return None;
             }
         };
-        let chunk_duration = if (Duration::from_secs(1)..=MAX_CHUNK_DURATION).contains(&self.chunk_duration) {
-            self.chunk_duration
-        } else {
-            eprintln!(
-                "sentry-profiling: `chunk_duration` {:?} is outside 1 s..=60 s; using 60 s",
+        let chunk_duration =
+            if (Duration::from_secs(1)..=MAX_CHUNK_DURATION).contains(&self.chunk_duration) {
                 self.chunk_duration
-            );
-            MAX_CHUNK_DURATION
-        };
+            } else {
+                eprintln!(
+                    "sentry-profiling: `chunk_duration` {:?} is outside 1 s..=60 s; using 60 s",
+                    self.chunk_duration
+                );
+                MAX_CHUNK_DURATION
+            };
         if self.lifecycle == ProfileLifecycle::Trace
-            && matches!(options.traces_sampling_strategy, sentry_core::TracesSamplingStrategy::Disabled)
+            && matches!(
+                options.traces_sampling_strategy,
+                sentry_core::TracesSamplingStrategy::Disabled
+            )
         {
             eprintln!(
                 "sentry-profiling: `profile_lifecycle` is Trace but tracing is disabled (set `traces_sample_rate` or `traces_sampler`): the profiler will never start"

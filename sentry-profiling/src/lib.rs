@@ -88,7 +88,9 @@ pub mod hooks {
     /// sampled); the caller must then call [`root_span_finished`] once.
     pub fn root_span_started() -> Option<String> {
         let rt = crate::runtime::current()?;
-        rt.root_started().then(|| rt.profiler_id().map(str::to_owned)).flatten()
+        rt.root_started()
+            .then(|| rt.profiler_id().map(str::to_owned))
+            .flatten()
     }
 
     /// A root span for which [`root_span_started`] returned `Some` finished.
@@ -102,7 +104,11 @@ pub mod hooks {
     /// (either lifecycle), for tagging transactions and spans.
     pub fn running_profiler_id() -> Option<String> {
         let rt = crate::runtime::current()?;
-        if rt.is_running() { rt.profiler_id().map(str::to_owned) } else { None }
+        if rt.is_running() {
+            rt.profiler_id().map(str::to_owned)
+        } else {
+            None
+        }
     }
 
     /// The configured lifecycle of the current session.

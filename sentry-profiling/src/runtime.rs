@@ -152,7 +152,9 @@ impl Runtime {
                 CURRENT.store(Some(Arc::clone(self)));
             }
             Err(e) => {
-                eprintln!("sentry-profiling: profiling disabled: cannot start the profiler thread: {e}");
+                eprintln!(
+                    "sentry-profiling: profiling disabled: cannot start the profiler thread: {e}"
+                );
                 self.session_sampled.store(false, Ordering::Release);
             }
         }
@@ -177,7 +179,8 @@ impl Runtime {
 
     /// The lifecycle mode.
     pub(crate) fn lifecycle(&self) -> ProfileLifecycle {
-        self.config().map_or(ProfileLifecycle::Manual, |c| c.lifecycle)
+        self.config()
+            .map_or(ProfileLifecycle::Manual, |c| c.lifecycle)
     }
 
     /// Whether samples are being taken right now, or will be as soon as the
@@ -193,14 +196,21 @@ impl Runtime {
 
     fn set_sampling(&self, on: bool) {
         if let Some(control) = self.control.get() {
-            if on { control.resume() } else { control.pause() }
+            if on {
+                control.resume()
+            } else {
+                control.pause()
+            }
         }
     }
 
     /// Trace lifecycle: a sampled root span became active. Returns whether
     /// the profiler runs for it.
     pub(crate) fn root_started(&self) -> bool {
-        if self.lifecycle() != ProfileLifecycle::Trace || self.profiler_id().is_none() || self.shut_down.load(Ordering::Acquire) {
+        if self.lifecycle() != ProfileLifecycle::Trace
+            || self.profiler_id().is_none()
+            || self.shut_down.load(Ordering::Acquire)
+        {
             return false;
         }
         if self.active_roots.fetch_add(1, Ordering::AcqRel) == 0 {
@@ -289,7 +299,12 @@ impl Runtime {
         if !sent {
             return true;
         }
-        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        if let Some(t) = self
+            .thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
             t.thread().unpark();
         }
         ack_rx.recv_timeout(timeout).is_ok()
@@ -308,14 +323,21 @@ impl Runtime {
                 .control
                 .get()
                 .map(SamplerControl::stats)
-                .unwrap_or_else(|| self.last_sampler_stats.lock().unwrap_or_else(|e| e.into_inner()).clone()),
+                .unwrap_or_else(|| {
+                    self.last_sampler_stats
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone()
+                }),
         }
     }
 
     /// The profiler thread.
     fn run(self: Arc<Self>, requests: Receiver<Request>) {
         let _own = register_own_thread();
-        let Some(config) = self.config().cloned() else { return };
+        let Some(config) = self.config().cloned() else {
+            return;
+        };
         let sampler = match Sampler::start_paused(config.sampler.clone()) {
             Ok(s) => s,
             Err(e) => {
@@ -326,7 +348,9 @@ impl Runtime {
         };
         let _ = self.control.set(sampler.control());
         // Roots may have started while the sampler was being created.
-        if self.active_roots.load(Ordering::Acquire) > 0 || self.manual_running.load(Ordering::Acquire) {
+        if self.active_roots.load(Ordering::Acquire) > 0
+            || self.manual_running.load(Ordering::Acquire)
+        {
             sampler.resume();
         }
         let meta = ChunkMeta {
@@ -355,7 +379,10 @@ impl Runtime {
                         builder.push(s, &modules);
                     }
                     builder.finish_with(&modules);
-                    *self.last_sampler_stats.lock().unwrap_or_else(|e| e.into_inner()) = stats;
+                    *self
+                        .last_sampler_stats
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = stats;
                     let _ = ack.send(());
                     return;
                 }
@@ -371,7 +398,11 @@ impl Runtime {
     }
 
     fn send_chunk_envelope(&self, envelope: sentry_core::protocol::Envelope) -> bool {
-        let transport = self.transport.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let transport = self
+            .transport
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         match transport {
             Some(t) => {
                 t.send_envelope(envelope);
@@ -399,7 +430,10 @@ struct ChunkWriter<'a> {
 
 impl ChunkWriter<'_> {
     fn push(&mut self, sample: &crate::Sample, modules: &crate::ModuleSet) {
-        if !self.chunk.accepts(sample.timestamp_ns(), self.chunk_duration) {
+        if !self
+            .chunk
+            .accepts(sample.timestamp_ns(), self.chunk_duration)
+        {
             self.finish_with(modules);
         }
         self.chunk.push(sample);
@@ -413,7 +447,9 @@ impl ChunkWriter<'_> {
     }
 
     fn rotate_if_due(&mut self, sampler: &Sampler) {
-        let Some(first) = self.chunk.first_timestamp_ns() else { return };
+        let Some(first) = self.chunk.first_timestamp_ns() else {
+            return;
+        };
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
@@ -448,7 +484,8 @@ impl ChunkWriter<'_> {
         for piece in pieces {
             if self.runtime.send_chunk_envelope(chunk_envelope(&piece)) {
                 c.chunks_sent.fetch_add(1, Ordering::Relaxed);
-                c.samples_sent.fetch_add(piece.samples as u64, Ordering::Relaxed);
+                c.samples_sent
+                    .fetch_add(piece.samples as u64, Ordering::Relaxed);
             } else {
                 c.chunks_without_transport.fetch_add(1, Ordering::Relaxed);
             }

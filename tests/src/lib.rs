@@ -6,8 +6,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use sentry_core::protocol::Envelope;
 use sentry_core::Transport;
+use sentry_core::protocol::Envelope;
 pub use sentry_profiling_examples::{EnvelopeItem, ParsedEnvelope, parse_envelope};
 use serde_json::Value;
 
@@ -25,7 +25,12 @@ impl CaptureTransport {
 
     /// Everything captured so far, parsed.
     pub fn envelopes(&self) -> Vec<ParsedEnvelope> {
-        self.envelopes.lock().unwrap().iter().map(|b| parse_envelope(b)).collect()
+        self.envelopes
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|b| parse_envelope(b))
+            .collect()
     }
 }
 
@@ -60,8 +65,9 @@ pub fn split_items(envelopes: &[ParsedEnvelope]) -> (Vec<ChunkItem>, Vec<Transac
                     header: item.header.clone(),
                     payload: serde_json::from_slice(&item.payload).expect("chunk payload is JSON"),
                 }),
-                Some("transaction") => transactions
-                    .push(serde_json::from_slice(&item.payload).expect("transaction payload is JSON")),
+                Some("transaction") => transactions.push(
+                    serde_json::from_slice(&item.payload).expect("transaction payload is JSON"),
+                ),
                 _ => {}
             }
         }
@@ -70,13 +76,18 @@ pub fn split_items(envelopes: &[ParsedEnvelope]) -> (Vec<ChunkItem>, Vec<Transac
 }
 
 fn is_event_id(v: Option<&Value>) -> bool {
-    v.and_then(Value::as_str)
-        .is_some_and(|s| s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
+    v.and_then(Value::as_str).is_some_and(|s| {
+        s.len() == 32
+            && s.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    })
 }
 
 fn is_hex_addr(v: Option<&Value>) -> bool {
-    v.and_then(Value::as_str)
-        .is_some_and(|s| s.strip_prefix("0x").is_some_and(|h| !h.is_empty() && u64::from_str_radix(h, 16).is_ok()))
+    v.and_then(Value::as_str).is_some_and(|s| {
+        s.strip_prefix("0x")
+            .is_some_and(|h| !h.is_empty() && u64::from_str_radix(h, 16).is_ok())
+    })
 }
 
 /// Checks one chunk against Relay's rules; returns every violation.
@@ -98,20 +109,37 @@ pub fn relay_violations(chunk: &ChunkItem, raw_len: usize) -> Vec<String> {
         }
     };
     check(raw_len <= 50 * 1024 * 1024, "chunk larger than 50 MiB");
-    check(p.get("version").and_then(Value::as_str) == Some("2"), "version is not \"2\"");
-    check(is_event_id(p.get("profiler_id")), "profiler_id is not 32 lowercase hex digits");
-    check(is_event_id(p.get("chunk_id")), "chunk_id is not 32 lowercase hex digits");
+    check(
+        p.get("version").and_then(Value::as_str) == Some("2"),
+        "version is not \"2\"",
+    );
+    check(
+        is_event_id(p.get("profiler_id")),
+        "profiler_id is not 32 lowercase hex digits",
+    );
+    check(
+        is_event_id(p.get("chunk_id")),
+        "chunk_id is not 32 lowercase hex digits",
+    );
     let platform = p.get("platform").and_then(Value::as_str);
     check(platform.is_some(), "platform missing");
     check(
         chunk.header.get("platform").and_then(Value::as_str) == platform,
         "item header platform missing or different from payload platform",
     );
-    check(p.get("release").and_then(Value::as_str).is_some(), "release missing");
+    check(
+        p.get("release").and_then(Value::as_str).is_some(),
+        "release missing",
+    );
     let sdk = p.get("client_sdk");
     check(
-        sdk.and_then(|s| s.get("name")).and_then(Value::as_str).is_some()
-            && sdk.and_then(|s| s.get("version")).and_then(Value::as_str).is_some(),
+        sdk.and_then(|s| s.get("name"))
+            .and_then(Value::as_str)
+            .is_some()
+            && sdk
+                .and_then(|s| s.get("version"))
+                .and_then(Value::as_str)
+                .is_some(),
         "client_sdk {name, version} missing",
     );
     let accepted = ["macho", "symbolic", "sourcemap", "proguard", "jvm"];
@@ -122,16 +150,27 @@ pub fn relay_violations(chunk: &ChunkItem, raw_len: usize) -> Vec<String> {
         .flatten()
     {
         check(
-            img.get("type").and_then(Value::as_str).is_some_and(|t| accepted.contains(&t)),
+            img.get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| accepted.contains(&t)),
             "debug image type not accepted by Relay",
         );
-        check(is_hex_addr(img.get("image_addr")), "image_addr is not a hex string");
+        check(
+            is_hex_addr(img.get("image_addr")),
+            "image_addr is not a hex string",
+        );
         check(
             img.get("image_vmaddr").is_none() || is_hex_addr(img.get("image_vmaddr")),
             "image_vmaddr is not a hex string",
         );
-        check(img.get("image_size").and_then(Value::as_u64).is_some(), "image_size is not an integer");
-        check(img.get("code_file").and_then(Value::as_str).is_some(), "code_file missing");
+        check(
+            img.get("image_size").and_then(Value::as_u64).is_some(),
+            "image_size is not an integer",
+        );
+        check(
+            img.get("code_file").and_then(Value::as_str).is_some(),
+            "code_file missing",
+        );
         check(
             img.get("debug_id")
                 .and_then(Value::as_str)
@@ -140,19 +179,29 @@ pub fn relay_violations(chunk: &ChunkItem, raw_len: usize) -> Vec<String> {
         );
     }
     let profile = p.get("profile");
-    let samples = profile.and_then(|x| x.get("samples")).and_then(Value::as_array);
-    let stacks = profile.and_then(|x| x.get("stacks")).and_then(Value::as_array);
-    let frames = profile.and_then(|x| x.get("frames")).and_then(Value::as_array);
+    let samples = profile
+        .and_then(|x| x.get("samples"))
+        .and_then(Value::as_array);
+    let stacks = profile
+        .and_then(|x| x.get("stacks"))
+        .and_then(Value::as_array);
+    let frames = profile
+        .and_then(|x| x.get("frames"))
+        .and_then(Value::as_array);
     let (Some(samples), Some(stacks), Some(frames)) = (samples, stacks, frames) else {
         v.push("profile.samples/stacks/frames missing".into());
         return v;
     };
     for f in frames {
-        check(is_hex_addr(f.get("instruction_addr")), "frame instruction_addr is not a hex string");
+        check(
+            is_hex_addr(f.get("instruction_addr")),
+            "frame instruction_addr is not a hex string",
+        );
     }
     for s in stacks {
         let ok = s.as_array().is_some_and(|ids| {
-            ids.iter().all(|i| i.as_u64().is_some_and(|i| (i as usize) < frames.len()))
+            ids.iter()
+                .all(|i| i.as_u64().is_some_and(|i| (i as usize) < frames.len()))
         });
         check(ok, "stack refers to a missing frame");
     }
@@ -160,9 +209,15 @@ pub fn relay_violations(chunk: &ChunkItem, raw_len: usize) -> Vec<String> {
     for s in samples {
         let tid = s.get("thread_id").and_then(Value::as_str);
         check(tid.is_some(), "sample thread_id is not a string");
-        check(s.get("timestamp").and_then(Value::as_f64).is_some(), "sample timestamp is not a number");
+        check(
+            s.get("timestamp").and_then(Value::as_f64).is_some(),
+            "sample timestamp is not a number",
+        );
         let stack = s.get("stack_id").and_then(Value::as_u64);
-        check(stack.is_some_and(|i| (i as usize) < stacks.len()), "sample refers to a missing stack");
+        check(
+            stack.is_some_and(|i| (i as usize) < stacks.len()),
+            "sample refers to a missing stack",
+        );
         let non_empty = stack
             .and_then(|i| stacks.get(i as usize))
             .and_then(Value::as_array)
@@ -180,7 +235,10 @@ pub fn relay_violations(chunk: &ChunkItem, raw_len: usize) -> Vec<String> {
         })
         .filter_map(|s| s.get("timestamp").and_then(Value::as_f64))
         .collect();
-    check(!kept.is_empty(), "no sample survives Relay's single-sample-thread removal");
+    check(
+        !kept.is_empty(),
+        "no sample survives Relay's single-sample-thread removal",
+    );
     check(
         kept.len() == samples.len(),
         "chunk has threads with a single sample (Relay would drop them)",
@@ -196,8 +254,14 @@ pub fn relay_violations(chunk: &ChunkItem, raw_len: usize) -> Vec<String> {
         .and_then(Value::as_object)
         .map(|m| m.keys().map(String::as_str).collect())
         .unwrap_or_default();
-    let used: HashSet<&str> = samples.iter().filter_map(|s| s.get("thread_id").and_then(Value::as_str)).collect();
-    check(meta == used, "thread_metadata does not list exactly the threads with samples");
+    let used: HashSet<&str> = samples
+        .iter()
+        .filter_map(|s| s.get("thread_id").and_then(Value::as_str))
+        .collect();
+    check(
+        meta == used,
+        "thread_metadata does not list exactly the threads with samples",
+    );
     v
 }
 
@@ -209,7 +273,11 @@ pub fn chunk_thread_ids(chunk: &ChunkItem) -> HashSet<String> {
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter_map(|s| s.get("thread_id").and_then(Value::as_str).map(str::to_owned))
+        .filter_map(|s| {
+            s.get("thread_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
         .collect()
 }
 
@@ -218,17 +286,25 @@ pub fn chunk_thread_ids(chunk: &ChunkItem) -> HashSet<String> {
 /// range overlaps the transaction's. Returns the reason when it does not.
 pub fn link_problem(tx: &Value, chunks: &[ChunkItem]) -> Option<String> {
     let name = tx.get("transaction").and_then(Value::as_str).unwrap_or("?");
-    let Some(profiler_id) = tx.pointer("/contexts/profile/profiler_id").and_then(Value::as_str) else {
+    let Some(profiler_id) = tx
+        .pointer("/contexts/profile/profiler_id")
+        .and_then(Value::as_str)
+    else {
         return Some(format!("{name}: no contexts.profile.profiler_id"));
     };
     if tx.pointer("/contexts/profile/type").and_then(Value::as_str) != Some("profile") {
         return Some(format!("{name}: contexts.profile.type is not \"profile\""));
     }
-    let Some(thread_id) = tx.pointer("/contexts/trace/data/thread.id").and_then(Value::as_str) else {
+    let Some(thread_id) = tx
+        .pointer("/contexts/trace/data/thread.id")
+        .and_then(Value::as_str)
+    else {
         return Some(format!("{name}: no contexts.trace.data[\"thread.id\"]"));
     };
     let Some((start, end)) = transaction_window(tx) else {
-        return Some(format!("{name}: start_timestamp/timestamp missing or unreadable"));
+        return Some(format!(
+            "{name}: start_timestamp/timestamp missing or unreadable"
+        ));
     };
     let linked = chunks.iter().any(|c| {
         c.payload.get("profiler_id").and_then(Value::as_str) == Some(profiler_id)
@@ -239,7 +315,9 @@ pub fn link_problem(tx: &Value, chunks: &[ChunkItem]) -> Option<String> {
                 .flatten()
                 .any(|s| {
                     s.get("thread_id").and_then(Value::as_str) == Some(thread_id)
-                        && s.get("timestamp").and_then(Value::as_f64).is_some_and(|t| t >= start - 0.05 && t <= end + 0.05)
+                        && s.get("timestamp")
+                            .and_then(Value::as_f64)
+                            .is_some_and(|t| t >= start - 0.05 && t <= end + 0.05)
                 })
     });
     (!linked).then(|| format!("{name}: no chunk of profiler {profiler_id} has samples of thread {thread_id} in [{start}, {end}]"))
@@ -247,7 +325,12 @@ pub fn link_problem(tx: &Value, chunks: &[ChunkItem]) -> Option<String> {
 
 /// Symbolised function names of every sample in `chunk` whose thread is
 /// `thread_id` (or any thread) and whose timestamp is within `[start, end]`.
-pub fn functions_in_window(chunk: &ChunkItem, thread_id: Option<&str>, start: f64, end: f64) -> Vec<Vec<String>> {
+pub fn functions_in_window(
+    chunk: &ChunkItem,
+    thread_id: Option<&str>,
+    start: f64,
+    end: f64,
+) -> Vec<Vec<String>> {
     let p = &chunk.payload["profile"];
     let frames = p["frames"].as_array().cloned().unwrap_or_default();
     let stacks = p["stacks"].as_array().cloned().unwrap_or_default();
@@ -256,7 +339,11 @@ pub fn functions_in_window(chunk: &ChunkItem, thread_id: Option<&str>, start: f6
         .into_iter()
         .flatten()
         .filter(|s| thread_id.is_none_or(|t| s["thread_id"].as_str() == Some(t)))
-        .filter(|s| s["timestamp"].as_f64().is_some_and(|t| t >= start && t <= end))
+        .filter(|s| {
+            s["timestamp"]
+                .as_f64()
+                .is_some_and(|t| t >= start && t <= end)
+        })
         .map(|s| {
             stacks[s["stack_id"].as_u64().unwrap_or(0) as usize]
                 .as_array()
@@ -284,7 +371,10 @@ pub fn timestamp_secs(v: &Value) -> Option<f64> {
     let mut d = date.split('-').map(|x| x.parse::<i64>());
     let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
     let mut t = time.splitn(3, ':');
-    let (h, min) = (t.next()?.parse::<i64>().ok()?, t.next()?.parse::<i64>().ok()?);
+    let (h, min) = (
+        t.next()?.parse::<i64>().ok()?,
+        t.next()?.parse::<i64>().ok()?,
+    );
     let sec: f64 = t.next()?.parse().ok()?;
     // Days since the epoch for a proleptic Gregorian date (civil calendar).
     let y = if m <= 2 { y - 1 } else { y };
@@ -299,7 +389,10 @@ pub fn timestamp_secs(v: &Value) -> Option<f64> {
 
 /// A transaction's `[start, end]` in Unix seconds.
 pub fn transaction_window(tx: &Value) -> Option<(f64, f64)> {
-    Some((timestamp_secs(tx.get("start_timestamp")?)?, timestamp_secs(tx.get("timestamp")?)?))
+    Some((
+        timestamp_secs(tx.get("start_timestamp")?)?,
+        timestamp_secs(tx.get("timestamp")?)?,
+    ))
 }
 
 #[cfg(test)]
@@ -311,6 +404,9 @@ mod tests {
         assert_eq!(timestamp_secs(&Value::from(12.5)), Some(12.5));
         let t = timestamp_secs(&Value::from("2026-11-22T11:56:33.797392362Z")).unwrap();
         assert!((t - 1_795_348_593.797_392).abs() < 1e-3, "{t}");
-        assert_eq!(timestamp_secs(&Value::from("1970-01-01T00:00:00Z")), Some(0.0));
+        assert_eq!(
+            timestamp_secs(&Value::from("1970-01-01T00:00:00Z")),
+            Some(0.0)
+        );
     }
 }

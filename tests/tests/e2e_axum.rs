@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use sentry_profiling_examples::{Settings, init_tracing, router, sentry_options};
 use sentry_profiling_tests::{
-    functions_in_window, link_problem, parse_envelope, relay_violations, split_items, transaction_window,
+    functions_in_window, link_problem, parse_envelope, relay_violations, split_items,
+    transaction_window,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -22,10 +23,17 @@ async fn get(addr: std::net::SocketAddr, path: impl AsRef<str>) -> String {
 }
 
 fn read_dir_envelopes(dir: &PathBuf) -> (Vec<sentry_profiling_tests::ParsedEnvelope>, Vec<usize>) {
-    let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).collect();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     files.sort();
     let bytes: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
-    (bytes.iter().map(|b| parse_envelope(b)).collect(), bytes.iter().map(Vec::len).collect())
+    (
+        bytes.iter().map(|b| parse_envelope(b)).collect(),
+        bytes.iter().map(Vec::len).collect(),
+    )
 }
 
 #[test]
@@ -85,7 +93,10 @@ fn example_service_writes_linked_accepted_profiles() {
     drop(guard);
 
     assert_eq!(responses.len(), 26);
-    assert!(responses.iter().all(|r| r.starts_with("HTTP/1.1 200")), "every request succeeded");
+    assert!(
+        responses.iter().all(|r| r.starts_with("HTTP/1.1 200")),
+        "every request succeeded"
+    );
 
     let (envelopes, sizes) = read_dir_envelopes(&dir);
     let (chunks, transactions) = split_items(&envelopes);
@@ -94,10 +105,20 @@ fn example_service_writes_linked_accepted_profiles() {
         let v = relay_violations(chunk, *size);
         assert!(v.is_empty(), "Relay would reject a chunk: {v:?}");
     }
-    assert_eq!(transactions.len(), 26, "one transaction per request, none lost at shutdown");
-    let names: Vec<&str> = transactions.iter().filter_map(|t| t["transaction"].as_str()).collect();
+    assert_eq!(
+        transactions.len(),
+        26,
+        "one transaction per request, none lost at shutdown"
+    );
+    let names: Vec<&str> = transactions
+        .iter()
+        .filter_map(|t| t["transaction"].as_str())
+        .collect();
     assert_eq!(names.iter().filter(|n| **n == "GET /work/{ms}").count(), 12);
-    assert_eq!(names.iter().filter(|n| **n == "GET /sleep/{ms}").count(), 13);
+    assert_eq!(
+        names.iter().filter(|n| **n == "GET /sleep/{ms}").count(),
+        13
+    );
     assert_eq!(names.iter().filter(|n| **n == "GET /").count(), 1);
     for tx in &transactions {
         if let Some(problem) = link_problem(tx, &chunks) {
@@ -105,22 +126,36 @@ fn example_service_writes_linked_accepted_profiles() {
         }
         assert!(tx.pointer("/contexts/trace/data/thread.name").is_some());
         for span in tx["spans"].as_array().into_iter().flatten() {
-            assert!(span.pointer("/data/thread.id").is_some(), "span without thread.id: {span}");
+            assert!(
+                span.pointer("/data/thread.id").is_some(),
+                "span without thread.id: {span}"
+            );
         }
     }
 
     // Where did /work requests spend their time? In burn_cpu.
     let mut with_burn = 0;
-    let work: Vec<_> = transactions.iter().filter(|t| t["transaction"] == "GET /work/{ms}").collect();
+    let work: Vec<_> = transactions
+        .iter()
+        .filter(|t| t["transaction"] == "GET /work/{ms}")
+        .collect();
     for tx in &work {
         let (start, end) = transaction_window(tx).unwrap();
         let found = chunks.iter().any(|c| {
             functions_in_window(c, None, start, end)
                 .iter()
-                .any(|stack| stack.iter().any(|f| f == "sentry_profiling_examples::burn_cpu"))
+                .any(|stack| {
+                    stack
+                        .iter()
+                        .any(|f| f == "sentry_profiling_examples::burn_cpu")
+                })
         });
         with_burn += usize::from(found);
     }
-    assert_eq!(with_burn, work.len(), "burn_cpu appears in samples during every /work request");
+    assert_eq!(
+        with_burn,
+        work.len(),
+        "burn_cpu appears in samples during every /work request"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

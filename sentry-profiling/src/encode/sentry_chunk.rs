@@ -37,7 +37,7 @@ pub struct ChunkMeta {
 }
 
 /// How a sample's thread appears in the chunk (see attribution).
-pub type ThreadKeyFn<'a> = dyn Fn(&ChunkSample) -> (u64, Option<Arc<str>>) + 'a;
+pub(crate) type ThreadKeyFn<'a> = dyn Fn(&ChunkSample) -> (u64, Option<Arc<str>>) + 'a;
 
 /// One encoded chunk.
 #[derive(Debug)]
@@ -125,7 +125,11 @@ struct ThreadMeta<'a> {
 }
 
 /// The CPU architecture name Sentry uses.
-pub(crate) const ARCH: &str = if cfg!(target_arch = "aarch64") { "arm64" } else { "x86_64" };
+pub(crate) const ARCH: &str = if cfg!(target_arch = "aarch64") {
+    "arm64"
+} else {
+    "x86_64"
+};
 
 /// Encodes `chunk`, splitting it when too large. `symbolizer` is optional:
 /// without it frames carry only addresses.
@@ -142,11 +146,21 @@ pub fn encode_chunk(
     for (k, _) in &keyed {
         *per_thread.entry(*k).or_default() += 1;
     }
-    let mut order: Vec<usize> = (0..chunk.len()).filter(|&i| per_thread[&keyed[i].0] >= 2).collect();
+    let mut order: Vec<usize> = (0..chunk.len())
+        .filter(|&i| per_thread[&keyed[i].0] >= 2)
+        .collect();
     let dropped_single = chunk.len() - order.len();
     order.sort_by_key(|&i| chunk.samples()[i].timestamp_ns);
     let mut out = Vec::new();
-    encode_range(meta, chunk, modules, &mut symbolizer, &keyed, &order, &mut out);
+    encode_range(
+        meta,
+        chunk,
+        modules,
+        &mut symbolizer,
+        &keyed,
+        &order,
+        &mut out,
+    );
     if let Some(first) = out.first_mut() {
         first.dropped_single = dropped_single;
     }
@@ -208,8 +222,13 @@ fn encode_one(
                                 images.push(Arc::clone(m));
                             }
                         }
-                        let function = symbolizer.as_mut().and_then(|sym| sym.function(modules, addr));
-                        frames.push(Frame { instruction_addr: format!("{addr:#x}"), function });
+                        let function = symbolizer
+                            .as_mut()
+                            .and_then(|sym| sym.function(modules, addr));
+                        frames.push(Frame {
+                            instruction_addr: format!("{addr:#x}"),
+                            function,
+                        });
                         (frames.len() - 1) as u32
                     })
                 })
@@ -221,7 +240,9 @@ fn encode_one(
         let thread_id = key.to_string();
         if !thread_metadata.contains_key(&thread_id) {
             thread_ids.push(*key);
-            let name = name.as_deref().or_else(|| chunk.thread_name(s.thread_id).map(|n| &**n));
+            let name = name
+                .as_deref()
+                .or_else(|| chunk.thread_name(s.thread_id).map(|n| &**n));
             thread_metadata.insert(thread_id.clone(), ThreadMeta { name });
         }
         samples.push(OutSample {
@@ -254,9 +275,17 @@ fn encode_one(
         platform: PLATFORM,
         release: &meta.release,
         environment: meta.environment.as_deref(),
-        client_sdk: ClientSdk { name: "sentry.rust", version: env!("CARGO_PKG_VERSION") },
+        client_sdk: ClientSdk {
+            name: "sentry.rust",
+            version: env!("CARGO_PKG_VERSION"),
+        },
         debug_meta: DebugMeta { images },
-        profile: Profile { samples, stacks, frames, thread_metadata },
+        profile: Profile {
+            samples,
+            stacks,
+            frames,
+            thread_metadata,
+        },
     };
     let json = serde_json::to_vec(&payload).unwrap_or_default();
     EncodedChunk {
@@ -270,7 +299,7 @@ fn encode_one(
 }
 
 /// A random UUID v4 as 32 lowercase hex digits.
-pub fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     let bytes: [u8; 16] = rand::random();
     let mut b = bytes;
     b[6] = (b[6] & 0x0f) | 0x40;

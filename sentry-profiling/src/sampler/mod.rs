@@ -300,7 +300,11 @@ impl Worker {
                 deadline = Instant::now();
                 continue;
             }
+            let cpu_before = sys::own_cpu_time_ns();
             self.tick();
+            let c = &self.shared.counters;
+            c.tick_cpu_ns
+                .add(sys::own_cpu_time_ns().saturating_sub(cpu_before));
             deadline += self.period;
             let now = Instant::now();
             if deadline <= now {
@@ -490,6 +494,7 @@ impl Worker {
                 t.last_cpu_ns = cpu;
             }
             c.samples_captured.add(1);
+            c.handler_ns.add(cap.handler_ns);
             let sample = Sample::new(
                 cap.timestamp_ns,
                 t.info.tid,

@@ -71,4 +71,9 @@ counters! {
     threads_seen,
     /// Total nanoseconds spent unwinding on the sampler thread.
     unwind_ns,
+    /// Total nanoseconds spent in the signal handler on sampled threads
+    /// (measured by the handler itself, so excluding kernel entry and exit).
+    handler_ns,
+    /// Total CPU time of the sampler thread inside ticks, nanoseconds.
+    tick_cpu_ns,
 }

@@ -25,7 +25,6 @@ impl SymbolTable {
         // SAFETY: the file is mapped read-only; if another process truncates
         // it while mapped, reads could fault, which is the usual and accepted
         // risk of reading one's own executable and libraries this way.
-        #[expect(clippy::undocumented_unsafe_blocks, reason = "documented just above")]
         let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
         let base = map.as_ptr() as usize;
         let mut entries = Vec::new();

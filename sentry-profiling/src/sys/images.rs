@@ -66,8 +66,6 @@ pub(crate) struct LoadedImage {
     pub(crate) text: Option<Section>,
     /// GNU build-id note content.
     pub(crate) build_id: Option<Vec<u8>>,
-    /// True for the main executable.
-    pub(crate) is_main: bool,
 }
 
 /// glibc's `dl_phdr_info` including the load counters (present since 2.4;
@@ -152,13 +150,15 @@ unsafe fn describe(info: &DlPhdrInfo, first: bool) -> Option<LoadedImage> {
     let phdrs = unsafe { std::slice::from_raw_parts(info.phdr, usize::from(info.phnum)) };
     let bias = info.addr as u64;
     // SAFETY: `name` is null or a NUL-terminated string owned by the loader.
-    let name = (!info.name.is_null())
-        .then(|| {
-            unsafe { CStr::from_ptr(info.name) }
-                .to_string_lossy()
-                .into_owned()
-        })
-        .unwrap_or_default();
+    let name = if info.name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a non-null `name` is a NUL-terminated string owned by the
+        // loader, valid during the callback.
+        unsafe { CStr::from_ptr(info.name) }
+            .to_string_lossy()
+            .into_owned()
+    };
     let is_main = first && name.is_empty();
     let is_vdso = name.starts_with("linux-vdso") || name.starts_with("linux-gate");
     let permanent = is_main || is_vdso;
@@ -244,7 +244,6 @@ unsafe fn describe(info: &DlPhdrInfo, first: bool) -> Option<LoadedImage> {
         eh_frame,
         text,
         build_id,
-        is_main,
     })
 }
 
@@ -306,12 +305,16 @@ mod tests {
     #[test]
     fn finds_self_with_unwind_tables_and_build_id() {
         let images = loaded_images();
+        let exe = std::env::current_exe()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         let main = images
             .iter()
-            .find(|i| i.is_main)
+            .find(|i| i.path == exe)
             .expect("main executable listed");
         assert!(main.eh_frame_hdr.is_some() && main.eh_frame.is_some());
-        let here = finds_self_with_unwind_tables_and_build_id as usize as u64;
+        let here = finds_self_with_unwind_tables_and_build_id as *const () as usize as u64;
         assert!(main.start <= here && here < main.end);
         assert!(main.build_id.as_ref().is_some_and(|b| b.len() >= 16));
         assert!(images.iter().any(|i| i.path.contains("libc.so")));

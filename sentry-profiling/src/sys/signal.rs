@@ -115,6 +115,10 @@ pub(crate) struct Regs {
     /// Frame pointer (`rbp` / `x29`).
     pub(crate) fp: u64,
     /// Link register (`x30`), aarch64 only; 0 elsewhere.
+    #[cfg_attr(
+        not(target_arch = "aarch64"),
+        expect(dead_code, reason = "only aarch64 unwinding reads the link register")
+    )]
     pub(crate) lr: u64,
 }
 
@@ -131,6 +135,8 @@ pub(crate) struct Captured {
     pub(crate) stack_len: usize,
     /// `FLAG_*` bits.
     pub(crate) flags: u32,
+    /// Time spent in the handler body (monotonic clock), nanoseconds.
+    pub(crate) handler_ns: u64,
 }
 
 /// One preallocated capture buffer. See the module docs for the protocol.
@@ -207,11 +213,6 @@ impl Slot {
     /// Current state.
     pub(crate) fn state(&self) -> SlotState {
         SlotState::from_u32(self.state.load(Ordering::Acquire))
-    }
-
-    /// Capacity of the stack buffer.
-    pub(crate) fn capacity(&self) -> usize {
-        self.cap
     }
 
     /// Arms a free slot for a thread whose stack mapping is `[lo, hi)`
@@ -544,17 +545,10 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
         Err(_) => return,
     }
 
+    let started_ns = clock_ns(libc::CLOCK_MONOTONIC);
     // SAFETY: `ucontext` is the kernel's ucontext_t for this delivery.
     let regs = unsafe { read_regs(ucontext.cast()) };
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime is async-signal-safe and writes to a local.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    let timestamp_ns = (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64);
+    let timestamp_ns = clock_ns(libc::CLOCK_REALTIME);
 
     let lo = slot.stack_lo.load(Ordering::Relaxed);
     let hi = slot.stack_hi.load(Ordering::Relaxed);
@@ -579,10 +573,26 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
             context: thread_context(),
             stack_len,
             flags,
+            handler_ns: clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(started_ns),
         };
     }
     slot.state.store(SlotState::Done as u32, Ordering::Release);
     notify_completion();
+}
+
+/// Reads a clock in nanoseconds; `clock_gettime` is async-signal-safe (and
+/// served by the vDSO for these clocks).
+#[inline(always)]
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes to a local timespec.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// Reads PC, SP, FP (and LR) from the interrupted context.

@@ -73,6 +73,17 @@ pub(crate) fn thread_cpu_time_ns(tid: i32) -> Option<u64> {
     (rc == 0).then(|| (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
+/// CPU time consumed so far by the calling thread, in nanoseconds.
+pub(crate) fn own_cpu_time_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes to a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// `CLOCK_REALTIME` in nanoseconds since the Unix epoch, the same clock the
 /// signal handler stamps samples with.
 pub(crate) fn realtime_ns() -> u64 {

@@ -35,7 +35,9 @@ impl EnvelopeDirTransport {
     /// A transport factory for `ClientOptions::transport`.
     pub fn factory(dir: impl AsRef<Path>) -> std::io::Result<Arc<dyn TransportFactory>> {
         let transport: Arc<dyn Transport> = Arc::new(Self::new(dir)?);
-        Ok(Arc::new(move |_: &sentry_core::ClientOptions| Arc::clone(&transport)))
+        Ok(Arc::new(move |_: &sentry_core::ClientOptions| {
+            Arc::clone(&transport)
+        }))
     }
 
     /// The directory written to.
@@ -67,7 +69,10 @@ impl Transport for EnvelopeDirTransport {
             }
             Err(e) => {
                 if self.failed.fetch_add(1, Ordering::Relaxed) == 0 {
-                    eprintln!("sentry-profiling: cannot write envelope to {}: {e}", path.display());
+                    eprintln!(
+                        "sentry-profiling: cannot write envelope to {}: {e}",
+                        path.display()
+                    );
                 }
             }
         }

@@ -42,7 +42,8 @@ pub(crate) struct ProfilingTransportFactory {
 
 impl std::fmt::Debug for ProfilingTransportFactory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProfilingTransportFactory").finish_non_exhaustive()
+        f.debug_struct("ProfilingTransportFactory")
+            .finish_non_exhaustive()
     }
 }
 
@@ -53,7 +54,10 @@ impl TransportFactory for ProfilingTransportFactory {
     ) -> Arc<dyn Transport> {
         let inner = self.inner.create_transport_with_options(options);
         self.runtime.set_transport(Arc::clone(&inner));
-        Arc::new(ProfilingTransport { inner, runtime: Arc::clone(&self.runtime) })
+        Arc::new(ProfilingTransport {
+            inner,
+            runtime: Arc::clone(&self.runtime),
+        })
     }
 }
 
@@ -75,13 +79,15 @@ impl Transport for ProfilingTransport {
     fn flush(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         self.runtime.flush(timeout);
-        self.inner.flush(deadline.saturating_duration_since(Instant::now()))
+        self.inner
+            .flush(deadline.saturating_duration_since(Instant::now()))
     }
 
     fn shutdown(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         self.runtime.shutdown(timeout);
-        self.inner.shutdown(deadline.saturating_duration_since(Instant::now()))
+        self.inner
+            .shutdown(deadline.saturating_duration_since(Instant::now()))
     }
 }
 
@@ -98,7 +104,9 @@ fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
 /// set right, and sent raw; the bytes are the ones the transport would have
 /// written, so this costs one serialisation that the transport then skips.
 pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelope {
-    let profiled = envelope.items().any(|i| matches!(i, EnvelopeItem::Transaction(t) if is_profiled(t)));
+    let profiled = envelope
+        .items()
+        .any(|i| matches!(i, EnvelopeItem::Transaction(t) if is_profiled(t)));
     if !profiled {
         return envelope;
     }
@@ -118,13 +126,17 @@ pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelo
         let mut ctx = Map::new();
         ctx.insert("profiler_id".into(), Value::String(profiler_id.into()));
         tx.contexts.insert("profile".into(), Context::Other(ctx));
-        let Ok(mut json) = serde_json::to_vec(&tx) else { continue };
+        let Ok(mut json) = serde_json::to_vec(&tx) else {
+            continue;
+        };
         const FROM: &[u8] = br#""profile":{"type":"unknown","#;
         const TO: &[u8] = br#""profile":{"type":"profile","#;
         if let Some(pos) = json.windows(FROM.len()).position(|w| w == FROM) {
             json[pos..pos + FROM.len()].copy_from_slice(TO);
         }
-        bytes.extend_from_slice(format!("{{\"type\":\"transaction\",\"length\":{}}}\n", json.len()).as_bytes());
+        bytes.extend_from_slice(
+            format!("{{\"type\":\"transaction\",\"length\":{}}}\n", json.len()).as_bytes(),
+        );
         bytes.extend_from_slice(&json);
         bytes.push(b'\n');
     }

@@ -1,0 +1,94 @@
+//! Project automation, run as `cargo xtask <command>`:
+//!
+//! - `test`: every test of the workspace, plus the unwinding test binary
+//!   again in the release profile (release code has no frame pointers, so
+//!   DWARF unwinding is what is tested there).
+//! - `ci`: formatting, clippy with warnings denied, documentation with
+//!   warnings denied, then `test`.
+//! - `bench [--quick]`: the criterion benchmarks in `benches/`.
+
+use std::process::{Command, ExitCode};
+
+fn cargo(args: &[&str], env: &[(&str, &str)]) -> bool {
+    eprintln!("xtask: cargo {}", args.join(" "));
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    match cmd.status() {
+        Ok(s) => s.success(),
+        Err(e) => {
+            eprintln!("xtask: cannot run cargo: {e}");
+            false
+        }
+    }
+}
+
+fn test() -> bool {
+    cargo(&["test", "--workspace"], &[])
+        && cargo(
+            &[
+                "test",
+                "--release",
+                "-p",
+                "sentry-profiling",
+                "--test",
+                "sampler_unwind",
+            ],
+            &[],
+        )
+}
+
+fn ci() -> bool {
+    cargo(&["fmt", "--all", "--", "--check"], &[])
+        && cargo(
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ],
+            &[],
+        )
+        && cargo(
+            &["doc", "--workspace", "--no-deps"],
+            &[("RUSTDOCFLAGS", "-D warnings")],
+        )
+        && test()
+        && cargo(
+            &["bench", "-p", "sentry-profiling-benches", "--", "--test"],
+            &[],
+        )
+}
+
+fn bench(quick: bool) -> bool {
+    if quick {
+        cargo(
+            &["bench", "-p", "sentry-profiling-benches", "--", "--test"],
+            &[],
+        )
+    } else {
+        cargo(&["bench", "-p", "sentry-profiling-benches"], &[])
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ok = match args.first().map(String::as_str) {
+        Some("test") => test(),
+        Some("ci") => ci(),
+        Some("bench") => bench(args.iter().any(|a| a == "--quick")),
+        _ => {
+            eprintln!("usage: cargo xtask <test|ci|bench [--quick]>");
+            false
+        }
+    };
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
