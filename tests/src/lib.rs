@@ -23,6 +23,12 @@ impl CaptureTransport {
         Arc::new(Self::default())
     }
 
+    /// A transport factory for `ClientOptions::transport` that hands out
+    /// this capture.
+    pub fn factory(self: &Arc<Self>) -> Arc<dyn sentry_core::TransportFactory> {
+        Arc::new(Arc::clone(self))
+    }
+
     /// Everything captured so far, parsed.
     pub fn envelopes(&self) -> Vec<ParsedEnvelope> {
         self.envelopes
