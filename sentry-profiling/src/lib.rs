@@ -8,6 +8,10 @@ mod error;
 mod integration;
 mod options;
 mod runtime;
+#[cfg(profiling_supported)]
+mod sampler;
+#[cfg(not(profiling_supported))]
+#[path = "sampler/unsupported.rs"]
 mod sampler;
 mod symbolize;
 mod sys;

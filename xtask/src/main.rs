@@ -4,7 +4,8 @@
 //!   again in the release profile (release code has no frame pointers, so
 //!   DWARF unwinding is what is tested there).
 //! - `ci`: formatting, clippy with warnings denied, documentation with
-//!   warnings denied, then `test`.
+//!   warnings denied, `test`, a smoke run of the benchmarks, and the
+//!   unsupported-platform variant's unit tests.
 //! - `bench [--quick]`: the criterion benchmarks in `benches/`.
 
 use std::process::{Command, ExitCode};

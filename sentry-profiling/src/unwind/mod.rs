@@ -7,9 +7,12 @@
 
 use std::sync::Arc;
 
+#[cfg(profiling_supported)]
 use arc_swap::ArcSwap;
+#[cfg(profiling_supported)]
 use framehop::{ExplicitModuleSectionInfo, MustNotAllocateDuringUnwind, Unwinder as _};
 
+#[cfg(profiling_supported)]
 use crate::sys::{self, LoadedImage, Regs};
 
 mod debug_id;
@@ -17,9 +20,12 @@ mod debug_id;
 pub use debug_id::debug_id_from_build_id;
 
 /// Upper bound on frames per stack; deeper stacks are truncated at the root.
+#[cfg(profiling_supported)]
 pub(crate) const MAX_FRAMES: usize = 512;
 
+#[cfg(profiling_supported)]
 type NativeUnwinder = framehop::UnwinderNative<sys::ImageBytes, MustNotAllocateDuringUnwind>;
+#[cfg(profiling_supported)]
 type NativeCache = framehop::CacheNative<MustNotAllocateDuringUnwind>;
 
 /// A loaded module as the encoders see it.
@@ -80,9 +86,11 @@ impl ModuleSet {
 }
 
 /// Where the current [`ModuleSet`] is published.
+#[cfg(profiling_supported)]
 pub(crate) type SharedModules = Arc<ArcSwap<ModuleSet>>;
 
 /// The sampler thread's unwinder.
+#[cfg(profiling_supported)]
 pub(crate) struct StackUnwinder {
     unwinder: NativeUnwinder,
     cache: NativeCache,
@@ -91,6 +99,7 @@ pub(crate) struct StackUnwinder {
     published: SharedModules,
 }
 
+#[cfg(profiling_supported)]
 impl std::fmt::Debug for StackUnwinder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StackUnwinder")
@@ -99,6 +108,7 @@ impl std::fmt::Debug for StackUnwinder {
     }
 }
 
+#[cfg(profiling_supported)]
 impl StackUnwinder {
     /// An unwinder with the currently loaded modules.
     pub(crate) fn new(published: SharedModules) -> Self {
@@ -185,6 +195,7 @@ impl StackUnwinder {
     }
 }
 
+#[cfg(profiling_supported)]
 fn to_framehop(image: LoadedImage) -> framehop::Module<sys::ImageBytes> {
     let range = |s: &sys::Section| s.svma..s.svma + s.bytes.len() as u64;
     let info = ExplicitModuleSectionInfo {

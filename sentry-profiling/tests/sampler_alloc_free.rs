@@ -1,0 +1,158 @@
+//! The signal handler never allocates: it may interrupt a thread inside
+//! `malloc`, where allocating again would deadlock or corrupt the heap. A
+//! counting global allocator tracks one thread that itself does not
+//! allocate while it is sampled about 200 times; its allocation count must
+//! stay exactly zero, so nothing the handler does on that thread reaches the
+//! allocator.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sentry_profiling::{Sample, Sampler, SamplerConfig};
+
+const HZ: u32 = 101;
+const SPIN: Duration = Duration::from_secs(2);
+const NAME: &str = "alloc-probe";
+
+thread_local! {
+    /// Whether this thread's allocator calls are counted. `const`-initialised
+    /// with no destructor: touching it from the allocator never allocates.
+    static TRACKING: Cell<bool> = const { Cell::new(false) };
+    /// Allocator calls (allocations, reallocations and frees) made by this
+    /// thread while tracking.
+    static CALLS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count_call() {
+    if TRACKING.get() {
+        CALLS.set(CALLS.get() + 1);
+    }
+}
+
+/// `System`, counting the calls made by tracking threads.
+struct Counting;
+
+// SAFETY: every method forwards to `System` with the caller's arguments
+// unchanged; the counting only touches const thread-locals.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_call();
+        // SAFETY: the caller's contract for `alloc` is passed on unchanged.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count_call();
+        // SAFETY: the caller's contract for `alloc_zeroed` is passed on unchanged.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_call();
+        // SAFETY: the caller's contract for `realloc` is passed on unchanged.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        count_call();
+        // SAFETY: the caller's contract for `dealloc` is passed on unchanged.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Counts this thread's allocator calls while `f` runs.
+fn tracked<R>(f: impl FnOnce() -> R) -> (R, u64) {
+    CALLS.set(0);
+    TRACKING.set(true);
+    let out = f();
+    TRACKING.set(false);
+    (out, CALLS.get())
+}
+
+/// Pure arithmetic until `until`: no allocation.
+#[inline(never)]
+fn spin_until(until: Instant) -> u64 {
+    let mut x = 1u64;
+    while Instant::now() < until {
+        for i in 0..10_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+    }
+    x
+}
+
+/// `CLOCK_REALTIME` in nanoseconds, the clock samples are stamped with
+/// (a vDSO read: no allocation).
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+#[test]
+fn signal_handler_never_allocates_on_the_sampled_thread() {
+    // The probe exists (and is named) before the sampler lists threads, so
+    // it is sampled from the first tick of its measured spin.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let probe = std::thread::Builder::new()
+        .name(NAME.to_owned())
+        .spawn(move || {
+            // The counter works: a deliberate allocation is seen.
+            let ((), control) = tracked(|| drop(std::hint::black_box(Box::new(42u64))));
+            ready_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            // The window is read inside the tracked region: the samples
+            // stamped within it were taken while every allocator call of
+            // this thread was being counted.
+            let ((from, to), calls) = tracked(|| {
+                let from = now_ns();
+                std::hint::black_box(spin_until(Instant::now() + SPIN));
+                (from, now_ns())
+            });
+            (control, calls, from..=to)
+        })
+        .unwrap();
+    ready_rx.recv().unwrap();
+    let sampler =
+        Sampler::start(SamplerConfig::default().frequency_hz(HZ)).expect("sampler starts");
+    go_tx.send(()).unwrap();
+
+    let mut samples: Vec<Sample> = Vec::new();
+    while !probe.is_finished() {
+        if let Some(s) = sampler.recv_timeout(Duration::from_millis(50)) {
+            samples.push(s);
+        }
+        samples.extend(sampler.try_iter());
+    }
+    let (control, calls, window) = probe.join().unwrap();
+    samples.extend(sampler.try_iter());
+    let stats = sampler.stop();
+
+    let captured = samples
+        .iter()
+        .filter(|s| {
+            &**s.thread_name() == NAME && !s.is_repeated() && window.contains(&s.timestamp_ns())
+        })
+        .count();
+    eprintln!(
+        "control allocator calls={control} probe allocator calls={calls} \
+         samples of the probe in its tracked window={captured} stats={stats:?}"
+    );
+    assert_eq!(
+        control, 2,
+        "the counting allocator missed a Box's allocation and free"
+    );
+    assert!(
+        captured >= 150,
+        "the handler ran only {captured} times on the probe thread while tracked (expected about 200)"
+    );
+    assert_eq!(
+        calls, 0,
+        "{calls} allocator calls on the probe thread while it was only sampled"
+    );
+}
