@@ -11,6 +11,27 @@ use sentry_core::protocol::Envelope;
 pub use sentry_profiling_examples::{EnvelopeItem, ParsedEnvelope, parse_envelope};
 use serde_json::Value;
 
+/// Sends `GET path` over a fresh HTTP/1.1 connection and returns the whole
+/// response (status line, headers, body).
+pub async fn http_get(addr: std::net::SocketAddr, path: impl AsRef<str>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!(
+        "GET {} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        path.as_ref()
+    );
+    stream
+        .write_all(req.as_bytes())
+        .await
+        .expect("write request");
+    let mut out = String::new();
+    stream
+        .read_to_string(&mut out)
+        .await
+        .expect("read response");
+    out
+}
+
 /// A transport that keeps every envelope's bytes.
 #[derive(Debug, Default, Clone)]
 pub struct CaptureTransport {

@@ -7,20 +7,9 @@ use std::time::Duration;
 
 use sentry_profiling_examples::{Settings, init_tracing, router, sentry_options};
 use sentry_profiling_tests::{
-    functions_in_window, link_problem, parse_envelope, relay_violations, split_items,
+    functions_in_window, http_get, link_problem, parse_envelope, relay_violations, split_items,
     transaction_window,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-async fn get(addr: std::net::SocketAddr, path: impl AsRef<str>) -> String {
-    let path = path.as_ref();
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream.write_all(req.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    stream.read_to_string(&mut out).await.unwrap();
-    out
-}
 
 fn read_dir_envelopes(dir: &PathBuf) -> (Vec<sentry_profiling_tests::ParsedEnvelope>, Vec<usize>) {
     let mut files: Vec<_> = std::fs::read_dir(dir)
@@ -69,11 +58,14 @@ fn example_service_writes_linked_accepted_profiles() {
         let mut tasks = Vec::new();
         for round in 0..3 {
             for i in 0..4 {
-                tasks.push(tokio::spawn(get(addr, "/work/80")));
-                tasks.push(tokio::spawn(get(addr, format!("/sleep/{}", 40 + 10 * i))));
+                tasks.push(tokio::spawn(http_get(addr, "/work/80")));
+                tasks.push(tokio::spawn(http_get(
+                    addr,
+                    format!("/sleep/{}", 40 + 10 * i),
+                )));
             }
             if round == 1 {
-                tasks.push(tokio::spawn(get(addr, "/")));
+                tasks.push(tokio::spawn(http_get(addr, "/")));
             }
             tokio::time::sleep(Duration::from_millis(150)).await;
         }
@@ -82,7 +74,7 @@ fn example_service_writes_linked_accepted_profiles() {
             responses.push(t.await.unwrap());
         }
         // A request in flight during shutdown must still complete.
-        let late = tokio::spawn(get(addr, "/sleep/200"));
+        let late = tokio::spawn(http_get(addr, "/sleep/200"));
         tokio::time::sleep(Duration::from_millis(50)).await;
         let _ = stop_tx.send(());
         responses.push(late.await.unwrap());

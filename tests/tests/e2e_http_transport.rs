@@ -13,20 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sentry_profiling_examples::{Settings, init_tracing, router, sentry_options};
-use sentry_profiling_tests::{link_problem, parse_envelope, relay_violations, split_items};
+use sentry_profiling_tests::{
+    http_get, link_problem, parse_envelope, relay_violations, split_items,
+};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-async fn get(addr: SocketAddr, path: impl AsRef<str>) -> String {
-    let path = path.as_ref();
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream.write_all(req.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    stream.read_to_string(&mut out).await.unwrap();
-    out
-}
 
 /// One request as the receiver saw it.
 #[derive(Debug, Clone)]
@@ -249,8 +241,8 @@ fn reqwest_transport_carries_profile_chunks_intact() {
         let mut tasks = Vec::new();
         for _round in 0..2 {
             for _ in 0..3 {
-                tasks.push(tokio::spawn(get(addr, "/work/60")));
-                tasks.push(tokio::spawn(get(addr, "/sleep/40")));
+                tasks.push(tokio::spawn(http_get(addr, "/work/60")));
+                tasks.push(tokio::spawn(http_get(addr, "/sleep/40")));
             }
             tokio::time::sleep(Duration::from_millis(120)).await;
         }
