@@ -32,6 +32,63 @@ pub async fn http_get(addr: std::net::SocketAddr, path: impl AsRef<str>) -> Stri
     out
 }
 
+/// Starts the example server's graceful shutdown (see
+/// [`run_example_service`]).
+#[derive(Debug, Clone, Default)]
+pub struct Shutdown(Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>);
+
+impl Shutdown {
+    /// Begins graceful shutdown: the server stops accepting and waits for
+    /// requests in flight. Later calls do nothing.
+    pub fn begin(&self) {
+        if let Some(tx) = self.0.lock().unwrap().take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Runs the example service as its binary does, on a loopback port and a
+/// two-worker Tokio runtime: initialises Sentry and tracing from `settings`,
+/// serves the example router, runs `drive` with the server's address (it may
+/// begin the shutdown itself), then shuts down gracefully, drops the runtime
+/// and closes the Sentry client (which sends the last profile chunk).
+/// Returns what `drive` returned.
+pub fn run_example_service<T, F, Fut>(settings: &sentry_profiling_examples::Settings, drive: F) -> T
+where
+    F: FnOnce(std::net::SocketAddr, Shutdown) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let guard = sentry::init(sentry_profiling_examples::sentry_options(settings).expect("options"));
+    sentry_profiling_examples::init_tracing();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let out = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = Shutdown(Arc::new(Mutex::new(Some(stop_tx))));
+        let server = tokio::spawn(async move {
+            axum::serve(listener, sentry_profiling_examples::router())
+                .with_graceful_shutdown(async {
+                    let _ = stop_rx.await;
+                })
+                .await
+        });
+        let out = drive(addr, shutdown.clone()).await;
+        shutdown.begin();
+        server.await.expect("server task").expect("server");
+        out
+    });
+    drop(runtime);
+    drop(guard);
+    out
+}
+
 /// A transport that keeps every envelope's bytes.
 #[derive(Debug, Default, Clone)]
 pub struct CaptureTransport {

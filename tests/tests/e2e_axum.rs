@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sentry_profiling_examples::{Settings, init_tracing, router, sentry_options};
+use sentry_profiling_examples::Settings;
 use sentry_profiling_tests::{
-    functions_in_window, http_get, link_problem, parse_envelope, relay_violations, split_items,
-    transaction_window,
+    functions_in_window, http_get, link_problem, parse_envelope, relay_violations,
+    run_example_service, split_items, transaction_window,
 };
 
 fn read_dir_envelopes(dir: &PathBuf) -> (Vec<sentry_profiling_tests::ParsedEnvelope>, Vec<usize>) {
@@ -36,25 +36,7 @@ fn example_service_writes_linked_accepted_profiles() {
         traces_sample_rate: 1.0,
         profile_session_sample_rate: 1.0,
     };
-    let guard = sentry::init(sentry_options(&settings).unwrap());
-    init_tracing();
-
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let responses = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(settings.addr).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, router())
-                .with_graceful_shutdown(async {
-                    let _ = stop_rx.await;
-                })
-                .await
-        });
+    let responses = run_example_service(&settings, |addr, shutdown| async move {
         let mut tasks = Vec::new();
         for round in 0..3 {
             for i in 0..4 {
@@ -73,17 +55,16 @@ fn example_service_writes_linked_accepted_profiles() {
         for t in tasks {
             responses.push(t.await.unwrap());
         }
-        // A request in flight during shutdown must still complete.
+        // A request in flight at shutdown must still complete: start it,
+        // and let shutdown begin while it sleeps.
         let late = tokio::spawn(http_get(addr, "/sleep/200"));
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let _ = stop_tx.send(());
+        shutdown.begin();
         responses.push(late.await.unwrap());
-        server.await.unwrap().unwrap();
         responses
     });
-    drop(runtime);
-    drop(guard);
 
+    eprintln!("profiler stats: {:?}", sentry_profiling::stats());
     assert_eq!(responses.len(), 26);
     assert!(
         responses.iter().all(|r| r.starts_with("HTTP/1.1 200")),

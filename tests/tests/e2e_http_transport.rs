@@ -12,9 +12,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sentry_profiling_examples::{Settings, init_tracing, router, sentry_options};
+use sentry_profiling_examples::Settings;
 use sentry_profiling_tests::{
-    http_get, link_problem, parse_envelope, relay_violations, split_items,
+    http_get, link_problem, parse_envelope, relay_violations, run_example_service, split_items,
 };
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -219,25 +219,8 @@ fn reqwest_transport_carries_profile_chunks_intact() {
         traces_sample_rate: 1.0,
         profile_session_sample_rate: 1.0,
     };
-    let guard = sentry::init(sentry_options(&settings).unwrap());
-    init_tracing();
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let responses = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(settings.addr).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, router())
-                .with_graceful_shutdown(async {
-                    let _ = stop_rx.await;
-                })
-                .await
-        });
+    let responses = run_example_service(&settings, |addr, _shutdown| async move {
         let mut tasks = Vec::new();
         for _round in 0..2 {
             for _ in 0..3 {
@@ -250,13 +233,10 @@ fn reqwest_transport_carries_profile_chunks_intact() {
         for t in tasks {
             responses.push(t.await.unwrap());
         }
-        let _ = stop_tx.send(());
-        server.await.unwrap().unwrap();
         responses
     });
-    drop(runtime);
-    // Closing the client sends the last chunk and flushes the transport.
-    drop(guard);
+    // `run_example_service` closed the client: the last chunk was sent and
+    // the transport flushed.
     let received = receiver.finish();
 
     assert_eq!(responses.len(), 12);
