@@ -1,4 +1,34 @@
 //! Links Sentry transactions to `sentry-profiling`'s continuous profiles.
+//!
+//! Two pieces:
+//!
+//! - [`layer()`], a `tracing_subscriber` layer. It drives the trace
+//!   lifecycle (the profiler runs while at least one root span whose Sentry
+//!   transaction is sampled is active), tags every Sentry transaction and
+//!   span with the `thread.id` / `thread.name` (and `profiler_id`) that
+//!   Sentry uses to find their samples, and keeps each thread's context word
+//!   (the entered span) up to date so every sample says which span was
+//!   running. Register it after `sentry-tracing`'s `SpanLayer` if you use
+//!   that, so it sees each span's Sentry span. The work per span entry and
+//!   exit is a thread-local store and a push or pop on a thread-local stack.
+//! - [`http_layer()`], tower middleware for axum (or any `http` service):
+//!   each request runs in a root span and a Sentry transaction named
+//!   `METHOD /matched/route`, continuing incoming `sentry-trace` and
+//!   `baggage` headers, with the response status recorded. An existing
+//!   transaction (from `sentry-tower`) is reused rather than duplicated.
+//!
+//! ```no_run
+//! use tracing_subscriber::prelude::*;
+//!
+//! # fn options() -> sentry_core::ClientOptions { sentry_core::ClientOptions::new() }
+//! // sentry::init(ProfilingIntegration::new()...apply(options)) first; then:
+//! tracing_subscriber::registry()
+//!     .with(sentry_profiling_tracing::layer())
+//!     .init();
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/", axum::routing::get(|| async { "hello" }))
+//!     .layer(sentry_profiling_tracing::http_layer());
+//! ```
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(unsafe_op_in_unsafe_fn)]
 

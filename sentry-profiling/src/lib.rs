@@ -1,4 +1,93 @@
 //! Continuous profiling for Tokio services, sent to Sentry.
+//!
+//! This crate samples every thread of the process at 101 Hz, unwinds the
+//! stacks with [framehop](https://docs.rs/framehop) using the modules' DWARF
+//! call-frame information, and sends the result to Sentry as continuous
+//! profiling chunks (`profile_chunk`, sample format v2), linked to your
+//! transactions so that a slow transaction in Sentry shows where its time
+//! went.
+//!
+//! # How it samples, and why that is safe
+//!
+//! A sampler thread wakes at absolute deadlines. For each thread (listed
+//! from `/proc/self/task`, so threads you did not register are sampled too)
+//! it reads the thread's CPU clock: a thread that has not run since its last
+//! sample is not disturbed and its previous stack is recorded again. The
+//! others receive a real-time signal (one nobody else handles; an
+//! application's handler is never replaced). The handler copies the
+//! interrupted registers and the live part of the thread's stack into a
+//! preallocated slot and returns. It allocates nothing, takes no lock, calls
+//! neither the dynamic loader nor the system unwinder, and never reads
+//! outside the thread's own stack mapping. Unwinding happens afterwards, on
+//! the sampler thread, over the copy. This is the part where earlier Rust
+//! profilers, which unwound inside the handler, deadlocked and crashed.
+//!
+//! # What you do
+//!
+//! With Sentry: build a [`ProfilingIntegration`], let it
+//! [`apply`](ProfilingIntegration::apply) itself to your `ClientOptions`,
+//! pass them to `sentry::init`, and add `sentry_profiling_tracing::layer()`
+//! to your `tracing` registry (and its `http_layer()` to an axum router).
+//! With [`ProfileLifecycle::Trace`] the profiler runs while sampled root
+//! spans are active; with [`ProfileLifecycle::Manual`], between
+//! [`start_profiler`] and [`stop_profiler`].
+//!
+//! Without Sentry: [`Sampler`] gives you the samples directly.
+//!
+//! # What it costs
+//!
+//! Measured on a 2-core x86_64 VM (`cargo bench -p sentry-profiling-benches
+//! --bench sampler`): 0.8 to 1.7 µs in the signal handler per sample (stack
+//! depth 10 to 200), 4 to 6 µs of unwinding per sample on the sampler
+//! thread, and 0.4 to 1 % of one core for the sampler with 1 to 64 threads.
+//! Threads that do not run cost nothing: they are not signalled.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicBool, Ordering};
+//! use std::time::Duration;
+//! use sentry_profiling::{Sampler, SamplerConfig, Symbolizer};
+//!
+//! #[inline(never)]
+//! fn busy_work(stop: &AtomicBool) -> u64 {
+//!     let mut x = 0u64;
+//!     while !stop.load(Ordering::Relaxed) {
+//!         x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+//!     }
+//!     x
+//! }
+//!
+//! let stop = Arc::new(AtomicBool::new(false));
+//! let flag = Arc::clone(&stop);
+//! let worker = std::thread::Builder::new()
+//!     .name("worker".into())
+//!     .spawn(move || busy_work(&flag))?;
+//! match Sampler::start(SamplerConfig::default()) {
+//!     Ok(sampler) => {
+//!         std::thread::sleep(Duration::from_millis(300));
+//!         let modules = sampler.modules();
+//!         let mut symbols = Symbolizer::new();
+//!         let hits = sampler
+//!             .try_iter()
+//!             .filter(|s| &**s.thread_name() == "worker")
+//!             .filter(|s| {
+//!                 s.frames().iter().any(|&addr| {
+//!                     symbols.function(&modules, addr).is_some_and(|f| f.ends_with("busy_work"))
+//!                 })
+//!             })
+//!             .count();
+//!         assert!(hits > 0, "busy_work shows up in the worker's stacks");
+//!         println!("{hits} samples in busy_work; {:?}", sampler.stop());
+//!     }
+//!     Err(sentry_profiling::Error::Unsupported) => {}
+//!     Err(e) => panic!("{e}"),
+//! }
+//! stop.store(true, Ordering::Relaxed);
+//! worker.join().unwrap();
+//! # Ok::<(), std::io::Error>(())
+//! ```
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
