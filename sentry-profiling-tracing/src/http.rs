@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response, StatusCode};
 use sentry_core::protocol::{self, SpanStatus, Value};
-use sentry_core::{Hub, Transaction, TransactionContext};
+use sentry_core::{Hub, Transaction, TransactionContext, TransactionOrSpan};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -101,7 +101,7 @@ where
             pending: Some(pending),
             hub: None,
             transaction: None,
-            tagged: false,
+            tag_target: None,
         }
     }
 }
@@ -115,7 +115,9 @@ pin_project_lite::pin_project! {
         pending: Option<Pending>,
         hub: Option<Arc<Hub>>,
         transaction: Option<Transaction>,
-        tagged: bool,
+        // The transaction to tag with the thread: ours, or one that was
+        // already on the scope (from `sentry-tower`).
+        tag_target: Option<TransactionOrSpan>,
     }
 
     impl<F> PinnedDrop for ProfilingHttpFuture<F> {
@@ -150,6 +152,9 @@ where
             let parent = Hub::current();
             let hub = Arc::new(Hub::new_from_top(&parent));
             let existing = parent.configure_scope(|s| s.get_span());
+            if let Some(TransactionOrSpan::Transaction(tx)) = &existing {
+                *this.tag_target = Some(TransactionOrSpan::Transaction(tx.clone()));
+            }
             if existing.is_none() {
                 let headers = [
                     ("sentry-trace", p.sentry_trace.as_deref()),
@@ -168,6 +173,7 @@ where
                     ..Default::default()
                 });
                 hub.configure_scope(|s| s.set_span(Some(tx.clone().into())));
+                *this.tag_target = Some(tx.clone().into());
                 *this.transaction = Some(tx);
             }
             // The root span is created under the request's hub, so that a
@@ -194,13 +200,11 @@ where
         });
         // Tag the transaction with the thread that first ran it, once the
         // root span has started the profiler (trace lifecycle).
-        if !*this.tagged {
-            if let (Some(tx), Some(profiler_id)) = (
-                this.transaction.as_ref(),
-                sentry_profiling::hooks::running_profiler_id(),
-            ) {
-                crate::layer::tag_with_thread(&tx.clone().into(), &profiler_id);
-                *this.tagged = true;
+        if this.tag_target.is_some() {
+            if let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() {
+                if let Some(target) = this.tag_target.take() {
+                    crate::layer::tag_with_thread(&target, &profiler_id);
+                }
             }
         }
         if let Poll::Ready(result) = &poll {

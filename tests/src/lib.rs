@@ -14,10 +14,23 @@ use serde_json::Value;
 /// Sends `GET path` over a fresh HTTP/1.1 connection and returns the whole
 /// response (status line, headers, body).
 pub async fn http_get(addr: std::net::SocketAddr, path: impl AsRef<str>) -> String {
+    http_get_with(addr, path, &[]).await
+}
+
+/// [`http_get`] with extra request headers.
+pub async fn http_get_with(
+    addr: std::net::SocketAddr,
+    path: impl AsRef<str>,
+    headers: &[(&str, &str)],
+) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     let req = format!(
-        "GET {} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        "GET {} HTTP/1.1\r\nHost: localhost\r\n{extra}Connection: close\r\n\r\n",
         path.as_ref()
     );
     stream
@@ -58,6 +71,19 @@ where
     F: FnOnce(std::net::SocketAddr, Shutdown) -> Fut,
     Fut: std::future::Future<Output = T>,
 {
+    run_service(settings, sentry_profiling_examples::router(), drive)
+}
+
+/// [`run_example_service`] with another router.
+pub fn run_service<T, F, Fut>(
+    settings: &sentry_profiling_examples::Settings,
+    app: axum::Router,
+    drive: F,
+) -> T
+where
+    F: FnOnce(std::net::SocketAddr, Shutdown) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
     let guard = sentry::init(sentry_profiling_examples::sentry_options(settings).expect("options"));
     sentry_profiling_examples::init_tracing();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -73,7 +99,7 @@ where
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let shutdown = Shutdown(Arc::new(Mutex::new(Some(stop_tx))));
         let server = tokio::spawn(async move {
-            axum::serve(listener, sentry_profiling_examples::router())
+            axum::serve(listener, app)
                 .with_graceful_shutdown(async {
                     let _ = stop_rx.await;
                 })

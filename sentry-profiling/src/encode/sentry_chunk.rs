@@ -137,8 +137,27 @@ pub fn encode_chunk(
     meta: &ChunkMeta,
     chunk: &Chunk,
     modules: &ModuleSet,
+    symbolizer: Option<&mut Symbolizer>,
+    thread_key: &ThreadKeyFn<'_>,
+) -> Vec<EncodedChunk> {
+    encode_chunk_limited(
+        meta,
+        chunk,
+        modules,
+        symbolizer,
+        thread_key,
+        MAX_CHUNK_BYTES,
+    )
+}
+
+/// [`encode_chunk`] with a size limit other than [`MAX_CHUNK_BYTES`].
+fn encode_chunk_limited(
+    meta: &ChunkMeta,
+    chunk: &Chunk,
+    modules: &ModuleSet,
     mut symbolizer: Option<&mut Symbolizer>,
     thread_key: &ThreadKeyFn<'_>,
+    limit: usize,
 ) -> Vec<EncodedChunk> {
     // Count samples per (displayed) thread and keep threads with two or more.
     let keyed: Vec<(u64, Option<Arc<str>>)> = chunk.samples().iter().map(thread_key).collect();
@@ -159,6 +178,7 @@ pub fn encode_chunk(
         &mut symbolizer,
         &keyed,
         &order,
+        limit,
         &mut out,
     );
     if let Some(first) = out.first_mut() {
@@ -174,21 +194,40 @@ fn encode_range(
     symbolizer: &mut Option<&mut Symbolizer>,
     keyed: &[(u64, Option<Arc<str>>)],
     order: &[usize],
+    limit: usize,
     out: &mut Vec<EncodedChunk>,
 ) {
     if order.is_empty() {
         return;
     }
     let piece = encode_one(meta, chunk, modules, symbolizer, keyed, order);
-    if piece.json.len() <= MAX_CHUNK_BYTES || order.len() < 4 {
+    if piece.json.len() <= limit || order.len() < 4 {
         out.push(piece);
         return;
     }
     // Too large: split by time. Each half still keeps every thread's samples
     // adjacent in time, so only threads at the cut can fall to one sample.
     let mid = order.len() / 2;
-    encode_range(meta, chunk, modules, symbolizer, keyed, &order[..mid], out);
-    encode_range(meta, chunk, modules, symbolizer, keyed, &order[mid..], out);
+    encode_range(
+        meta,
+        chunk,
+        modules,
+        symbolizer,
+        keyed,
+        &order[..mid],
+        limit,
+        out,
+    );
+    encode_range(
+        meta,
+        chunk,
+        modules,
+        symbolizer,
+        keyed,
+        &order[mid..],
+        limit,
+        out,
+    );
 }
 
 fn encode_one(
@@ -305,4 +344,84 @@ pub(crate) fn new_id() -> String {
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Sample;
+
+    fn chunk_with(samples: &[(u64, i32, Vec<u64>)]) -> Chunk {
+        let mut c = Chunk::new();
+        for (ts, tid, frames) in samples {
+            c.push(&Sample::new(
+                *ts,
+                *tid,
+                Arc::from("t"),
+                Arc::from(&frames[..]),
+                0,
+                false,
+            ));
+        }
+        c
+    }
+
+    fn meta() -> ChunkMeta {
+        ChunkMeta {
+            profiler_id: new_id(),
+            release: "r@1".into(),
+            environment: None,
+        }
+    }
+
+    fn by_tid(s: &ChunkSample) -> (u64, Option<Arc<str>>) {
+        (u64::from(s.thread_id), None)
+    }
+
+    #[test]
+    fn leaves_out_single_sample_threads_and_sorts_by_time() {
+        let c = chunk_with(&[
+            (3_000_000_000, 1, vec![0x10, 0x20]),
+            (1_000_000_000, 1, vec![0x10, 0x20]),
+            (2_000_000_000, 2, vec![0x30]),
+        ]);
+        let out = encode_chunk(&meta(), &c, &ModuleSet::default(), None, &by_tid);
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].samples, out[0].dropped_single), (2, 1));
+        let v: serde_json::Value = serde_json::from_slice(&out[0].json).unwrap();
+        let samples = v["profile"]["samples"].as_array().unwrap();
+        assert_eq!(samples[0]["timestamp"], 1.0);
+        assert_eq!(samples[0]["thread_id"], "1");
+        assert_eq!(v["profile"]["stacks"], serde_json::json!([[0, 1]]));
+        assert_eq!(v["profile"]["frames"][1]["instruction_addr"], "0x20");
+        assert!(v["profile"]["thread_metadata"].get("2").is_none());
+    }
+
+    #[test]
+    fn splits_oversize_chunks_by_time_without_losing_samples() {
+        let samples: Vec<_> = (0..400u64)
+            .map(|i| {
+                (
+                    i * 10_000_000,
+                    (i % 2) as i32 + 1,
+                    vec![0x1000 + i, 0x2000 + i, 0x3000],
+                )
+            })
+            .collect();
+        let c = chunk_with(&samples);
+        let m = meta();
+        let out = encode_chunk_limited(&m, &c, &ModuleSet::default(), None, &by_tid, 8 * 1024);
+        assert!(out.len() > 2, "split into {} pieces", out.len());
+        assert_eq!(out.iter().map(|p| p.samples).sum::<usize>(), 400);
+        let ids: std::collections::HashSet<_> = out.iter().map(|p| p.chunk_id.clone()).collect();
+        assert_eq!(ids.len(), out.len(), "each piece has its own chunk_id");
+        for w in out.windows(2) {
+            assert!(w[0].span_ns.1 <= w[1].span_ns.0, "pieces are in time order");
+        }
+        for p in &out {
+            assert!(p.json.len() <= 8 * 1024, "{} bytes", p.json.len());
+            let v: serde_json::Value = serde_json::from_slice(&p.json).unwrap();
+            assert_eq!(v["profiler_id"], m.profiler_id.as_str());
+        }
+    }
 }

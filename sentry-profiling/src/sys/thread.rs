@@ -102,7 +102,7 @@ mod tests {
 
     #[test]
     fn parses_names_with_parentheses_and_spaces() {
-        let stat = "4242 (tokio (w) 1) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 987654 19 20";
+        let stat = "4242 (tokio (w) 1) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 987654 20 21";
         let info = parse_stat(4242, stat).unwrap();
         assert_eq!(info.name, "tokio (w) 1");
         assert_eq!(info.start_time, 987654);
