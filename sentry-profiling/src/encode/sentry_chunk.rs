@@ -155,7 +155,7 @@ fn encode_chunk_limited(
     meta: &ChunkMeta,
     chunk: &Chunk,
     modules: &ModuleSet,
-    mut symbolizer: Option<&mut Symbolizer>,
+    symbolizer: Option<&mut Symbolizer>,
     thread_key: &ThreadKeyFn<'_>,
     limit: usize,
 ) -> Vec<EncodedChunk> {
@@ -171,63 +171,55 @@ fn encode_chunk_limited(
     let dropped_single = chunk.len() - order.len();
     order.sort_by_key(|&i| chunk.samples()[i].timestamp_ns);
     let mut out = Vec::new();
-    encode_range(
+    let mut encoder = Encoder {
         meta,
         chunk,
         modules,
-        &mut symbolizer,
-        &keyed,
-        &order,
-        limit,
-        &mut out,
-    );
+        symbolizer,
+        keyed: &keyed,
+    };
+    encoder.range(&order, limit, &mut out);
     if let Some(first) = out.first_mut() {
         first.dropped_single = dropped_single;
     }
     out
 }
 
-fn encode_range(
-    meta: &ChunkMeta,
-    chunk: &Chunk,
-    modules: &ModuleSet,
-    symbolizer: &mut Option<&mut Symbolizer>,
-    keyed: &[(u64, Option<Arc<str>>)],
-    order: &[usize],
-    limit: usize,
-    out: &mut Vec<EncodedChunk>,
-) {
-    if order.is_empty() {
-        return;
+/// What every piece of one chunk is encoded from.
+struct Encoder<'a, 's> {
+    meta: &'a ChunkMeta,
+    chunk: &'a Chunk,
+    modules: &'a ModuleSet,
+    symbolizer: Option<&'s mut Symbolizer>,
+    keyed: &'a [(u64, Option<Arc<str>>)],
+}
+
+impl Encoder<'_, '_> {
+    /// Encodes the samples `order` (indices, in time order) as one piece, or
+    /// as several when that piece would exceed `limit` bytes.
+    fn range(&mut self, order: &[usize], limit: usize, out: &mut Vec<EncodedChunk>) {
+        if order.is_empty() {
+            return;
+        }
+        let piece = encode_one(
+            self.meta,
+            self.chunk,
+            self.modules,
+            &mut self.symbolizer,
+            self.keyed,
+            order,
+        );
+        if piece.json.len() <= limit || order.len() < 4 {
+            out.push(piece);
+            return;
+        }
+        // Too large: split by time. Each half keeps every thread's samples
+        // adjacent in time, so only a thread at the cut can be left with a
+        // single sample in a piece.
+        let mid = order.len() / 2;
+        self.range(&order[..mid], limit, out);
+        self.range(&order[mid..], limit, out);
     }
-    let piece = encode_one(meta, chunk, modules, symbolizer, keyed, order);
-    if piece.json.len() <= limit || order.len() < 4 {
-        out.push(piece);
-        return;
-    }
-    // Too large: split by time. Each half still keeps every thread's samples
-    // adjacent in time, so only threads at the cut can fall to one sample.
-    let mid = order.len() / 2;
-    encode_range(
-        meta,
-        chunk,
-        modules,
-        symbolizer,
-        keyed,
-        &order[..mid],
-        limit,
-        out,
-    );
-    encode_range(
-        meta,
-        chunk,
-        modules,
-        symbolizer,
-        keyed,
-        &order[mid..],
-        limit,
-        out,
-    );
 }
 
 fn encode_one(
