@@ -228,7 +228,11 @@ fn thread_churn_at_1000_hz_keeps_samples_attributed_correctly() {
             *churn_threads_sampled.entry(name).or_default() += 1;
         } else if let Some(names) = names_by_tid.get(&tid) {
             // A churn thread's id under another name: only the name it
-            // inherited from its parent before setting its own is acceptable.
+            // inherited from its parent is accepted. The sampler reads a
+            // thread's name when it first lists it and again only at its
+            // 1 s refresh, so a thread listed between its creation and std
+            // naming it keeps the parent's name until then (printed below
+            // as `stale_named`).
             assert_eq!(
                 name, SPAWNER,
                 "a sample of tid {tid} (recorded by {names:?}) is named {name:?}"

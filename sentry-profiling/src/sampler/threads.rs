@@ -9,8 +9,14 @@ use std::time::{Duration, Instant};
 use super::stats::Counters;
 use crate::sys::{self, Slot, StackMappings, ThreadInfo};
 
-/// How often the thread list and names are re-read.
-const REFRESH_EVERY: Duration = Duration::from_secs(1);
+/// How often the thread list is re-read, to find new and exited threads.
+const LIST_EVERY: Duration = Duration::from_millis(100);
+/// How often every thread's name and identity are re-read.
+const NAMES_EVERY: Duration = Duration::from_secs(1);
+/// A thread first seen less than this long ago has its name re-read at
+/// every listing: std and Tokio name a thread just after creating it, so
+/// the first read may still show the parent's name.
+const YOUNG: Duration = Duration::from_secs(1);
 
 /// One thread being sampled.
 #[derive(Debug)]
@@ -27,6 +33,7 @@ pub(super) struct Tracked {
     pub(super) abandoned: Vec<&'static Slot>,
     pub(super) gone: bool,
     retried: bool,
+    first_seen: Instant,
 }
 
 impl Tracked {
@@ -42,6 +49,7 @@ impl Tracked {
             abandoned: Vec::new(),
             gone: false,
             retried: false,
+            first_seen: Instant::now(),
         }
     }
 
@@ -64,7 +72,8 @@ impl Tracked {
 pub(super) struct ThreadTable {
     entries: Vec<Tracked>,
     by_tid: HashMap<i32, usize>,
-    last_refresh: Option<Instant>,
+    last_list: Option<Instant>,
+    last_names: Option<Instant>,
     maps: StackMappings,
     maps_read: Option<Instant>,
     retries: Vec<usize>,
@@ -79,17 +88,19 @@ impl ThreadTable {
         &mut self.entries[idx]
     }
 
-    /// Re-reads the thread list when it is due.
+    /// Re-reads the thread list (every 100 ms) and names (every second, and
+    /// at every listing for threads seen in the last second) when due.
     pub(super) fn refresh_if_due(&mut self, own: &[i32], counters: &Counters) {
-        if self
-            .last_refresh
-            .is_some_and(|t| t.elapsed() < REFRESH_EVERY)
-        {
+        if self.last_list.is_some_and(|t| t.elapsed() < LIST_EVERY) {
             return;
         }
-        self.last_refresh = Some(Instant::now());
-        for t in &mut self.entries {
-            t.retried = false;
+        self.last_list = Some(Instant::now());
+        let all_names = self.last_names.is_none_or(|t| t.elapsed() >= NAMES_EVERY);
+        if all_names {
+            self.last_names = Some(Instant::now());
+            for t in &mut self.entries {
+                t.retried = false;
+            }
         }
         let Ok(tids) = sys::list_threads() else {
             return;
@@ -98,6 +109,9 @@ impl ThreadTable {
         for t in &mut self.entries {
             if !listed.contains(&t.info.tid) || own.contains(&t.info.tid) {
                 t.gone = true;
+                continue;
+            }
+            if !all_names && t.first_seen.elapsed() >= YOUNG {
                 continue;
             }
             match sys::read_thread_identity(t.info.tid) {
