@@ -6,7 +6,11 @@
 //! - `ci`: formatting, clippy with warnings denied, documentation with
 //!   warnings denied, `test`, a smoke run of the benchmarks, and the
 //!   unsupported-platform variant's unit tests.
-//! - `bench [--quick]`: the criterion benchmarks in `benches/`.
+//! - `bench [--quick]`: the sampler benchmarks in `benches/`.
+//! - `overhead [ROUNDS] [SECONDS]`: the example service under `wrk`, profiling
+//!   off and on in alternating rounds (needs `wrk`: `apt-get install wrk`).
+
+mod overhead;
 
 use std::process::{Command, ExitCode};
 
@@ -82,8 +86,15 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("ci") => ci(),
         Some("bench") => bench(args.iter().any(|a| a == "--quick")),
+        Some("overhead") => {
+            let rounds = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5);
+            let secs = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10);
+            overhead::run(rounds, secs, "/work/2")
+                .map_err(|e| eprintln!("xtask overhead: {e}"))
+                .is_ok()
+        }
         _ => {
-            eprintln!("usage: cargo xtask <test|ci|bench [--quick]>");
+            eprintln!("usage: cargo xtask <test|ci|bench [--quick]|overhead [ROUNDS] [SECONDS]>");
             false
         }
     };
