@@ -5,10 +5,12 @@
 //! last stack instead of signalling it, so a parked thread pays nothing and
 //! its blocking syscall is not interrupted.
 
-use std::sync::mpsc::{Receiver, channel};
-use std::time::{Duration, Instant};
+mod support;
 
-use sentry_profiling::{Sample, Sampler, SamplerConfig};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Duration;
+
+use sentry_profiling::{Sample, SamplerConfig};
 
 const HZ: u32 = 101;
 const RUN: Duration = Duration::from_secs(2);
@@ -35,19 +37,8 @@ fn parked_thread_is_sampled_at_tick_rate_without_being_signalled() {
     // Let the thread set its name before the sampler lists threads.
     std::thread::sleep(Duration::from_millis(50));
 
-    let sampler =
-        Sampler::start(SamplerConfig::default().frequency_hz(HZ)).expect("sampler starts");
-    let started = Instant::now();
-    let mut samples: Vec<Sample> = Vec::new();
-    while started.elapsed() < RUN {
-        if let Some(s) = sampler.recv_timeout(Duration::from_millis(50)) {
-            samples.push(s);
-        }
-        samples.extend(sampler.try_iter());
-    }
-    samples.extend(sampler.try_iter());
-    let elapsed = started.elapsed();
-    let stats = sampler.stop();
+    let (samples, elapsed, stats) =
+        support::sample_for(SamplerConfig::default().frequency_hz(HZ), RUN);
     drop(hang_up);
     let wakeups = parked.join().unwrap();
 

@@ -3,12 +3,14 @@
 //! must each get about 303 samples (within 10%), with strictly increasing
 //! timestamps and a median gap close to the 9.9 ms period.
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sentry_profiling::{Sample, Sampler, SamplerConfig};
+use sentry_profiling::{Sample, SamplerConfig};
 
 const HZ: u32 = 101;
 const RUN: Duration = Duration::from_secs(3);
@@ -50,19 +52,8 @@ fn busy_threads_get_the_configured_rate_evenly_spaced() {
     // Let the workers set their names before the sampler lists threads.
     std::thread::sleep(Duration::from_millis(50));
 
-    let sampler =
-        Sampler::start(SamplerConfig::default().frequency_hz(HZ)).expect("sampler starts");
-    let started = Instant::now();
-    let mut samples: Vec<Sample> = Vec::new();
-    while started.elapsed() < RUN {
-        if let Some(s) = sampler.recv_timeout(Duration::from_millis(50)) {
-            samples.push(s);
-        }
-        samples.extend(sampler.try_iter());
-    }
-    samples.extend(sampler.try_iter());
-    let elapsed = started.elapsed();
-    let stats = sampler.stop();
+    let (samples, elapsed, stats) =
+        support::sample_for(SamplerConfig::default().frequency_hz(HZ), RUN);
     stop.store(true, Ordering::Relaxed);
     let longest_stalls: Vec<Duration> = workers.into_iter().map(|w| w.join().unwrap()).collect();
 

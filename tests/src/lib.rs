@@ -45,6 +45,34 @@ pub async fn http_get_with(
     out
 }
 
+/// Example-service settings for a test: loopback on any port, no DSN (so
+/// envelopes go to a fresh temporary directory named after `tag` and this
+/// process), traces and profiling sessions always sampled.
+pub fn local_settings(tag: &str) -> sentry_profiling_examples::Settings {
+    let dir = std::env::temp_dir().join(format!("sentry-profiling-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    sentry_profiling_examples::Settings {
+        addr: "127.0.0.1:0".parse().expect("loopback address"),
+        dsn: None,
+        envelope_dir: dir,
+        traces_sample_rate: 1.0,
+        profile_session_sample_rate: 1.0,
+    }
+}
+
+/// Every envelope file in `dir`, in write order, parsed.
+pub fn read_envelope_dir(dir: &std::path::Path) -> Vec<ParsedEnvelope> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+        .iter()
+        .filter_map(|f| std::fs::read(f).ok())
+        .map(|b| parse_envelope(&b))
+        .collect()
+}
+
 /// Starts the example server's graceful shutdown (see
 /// [`run_example_service`]).
 #[derive(Debug, Clone, Default)]
@@ -159,6 +187,8 @@ pub struct ChunkItem {
     pub header: Value,
     /// The payload.
     pub payload: Value,
+    /// The payload's size in bytes, as sent.
+    pub payload_len: usize,
 }
 
 /// A `transaction` item, parsed.
@@ -174,6 +204,7 @@ pub fn split_items(envelopes: &[ParsedEnvelope]) -> (Vec<ChunkItem>, Vec<Transac
                 Some("profile_chunk") => chunks.push(ChunkItem {
                     header: item.header.clone(),
                     payload: serde_json::from_slice(&item.payload).expect("chunk payload is JSON"),
+                    payload_len: item.payload.len(),
                 }),
                 Some("transaction") => transactions.push(
                     serde_json::from_slice(&item.payload).expect("transaction payload is JSON"),
@@ -210,7 +241,7 @@ fn is_hex_addr(v: Option<&Value>) -> bool {
 /// non-empty-stack sample are removed, and the chunk is rejected if no
 /// sample remains, if an index is out of range, or if the samples span more
 /// than 66 s. Size: at most 50 MiB.
-pub fn relay_violations(chunk: &ChunkItem, raw_len: usize) -> Vec<String> {
+pub fn relay_violations(chunk: &ChunkItem) -> Vec<String> {
     let mut v = Vec::new();
     let p = &chunk.payload;
     let mut check = |ok: bool, what: &str| {
@@ -218,7 +249,10 @@ pub fn relay_violations(chunk: &ChunkItem, raw_len: usize) -> Vec<String> {
             v.push(what.to_owned());
         }
     };
-    check(raw_len <= 50 * 1024 * 1024, "chunk larger than 50 MiB");
+    check(
+        chunk.payload_len <= 50 * 1024 * 1024,
+        "chunk larger than 50 MiB",
+    );
     check(
         p.get("version").and_then(Value::as_str) == Some("2"),
         "version is not \"2\"",

@@ -2,40 +2,17 @@
 //! `/work` and `/sleep` requests, graceful shutdown, then the envelopes the
 //! SDK wrote are checked the way Sentry would use them.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use sentry_profiling_examples::Settings;
 use sentry_profiling_tests::{
-    functions_in_window, http_get, link_problem, parse_envelope, relay_violations,
-    run_example_service, split_items, transaction_window,
+    functions_in_window, http_get, link_problem, local_settings, read_envelope_dir,
+    relay_violations, run_example_service, split_items, transaction_window,
 };
-
-fn read_dir_envelopes(dir: &PathBuf) -> (Vec<sentry_profiling_tests::ParsedEnvelope>, Vec<usize>) {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    files.sort();
-    let bytes: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
-    (
-        bytes.iter().map(|b| parse_envelope(b)).collect(),
-        bytes.iter().map(Vec::len).collect(),
-    )
-}
 
 #[test]
 fn example_service_writes_linked_accepted_profiles() {
-    let dir = std::env::temp_dir().join(format!("sentry-profiling-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let settings = Settings {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        dsn: None,
-        envelope_dir: dir.clone(),
-        traces_sample_rate: 1.0,
-        profile_session_sample_rate: 1.0,
-    };
+    let settings = local_settings("e2e");
+    let dir = settings.envelope_dir.clone();
     let responses = run_example_service(&settings, |addr, shutdown| async move {
         let mut tasks = Vec::new();
         for round in 0..3 {
@@ -71,11 +48,11 @@ fn example_service_writes_linked_accepted_profiles() {
         "every request succeeded"
     );
 
-    let (envelopes, sizes) = read_dir_envelopes(&dir);
+    let envelopes = read_envelope_dir(&dir);
     let (chunks, transactions) = split_items(&envelopes);
     assert!(!chunks.is_empty(), "at least one profile chunk was written");
-    for (chunk, size) in chunks.iter().zip(sizes.iter()) {
-        let v = relay_violations(chunk, *size);
+    for chunk in &chunks {
+        let v = relay_violations(chunk);
         assert!(v.is_empty(), "Relay would reject a chunk: {v:?}");
     }
     assert_eq!(

@@ -12,9 +12,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sentry_profiling_examples::Settings;
 use sentry_profiling_tests::{
-    http_get, link_problem, parse_envelope, relay_violations, run_example_service, split_items,
+    http_get, link_problem, local_settings, parse_envelope, relay_violations, run_example_service,
+    split_items,
 };
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -209,16 +209,9 @@ async fn serve_connection(mut stream: TcpStream, store: Store) -> Option<()> {
 fn reqwest_transport_carries_profile_chunks_intact() {
     let receiver = EnvelopeReceiver::start();
     let port = receiver.addr.port();
-    let dir =
-        std::env::temp_dir().join(format!("sentry-profiling-e2e-http-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let settings = Settings {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        dsn: Some(format!("http://public@127.0.0.1:{port}/42")),
-        envelope_dir: dir.clone(),
-        traces_sample_rate: 1.0,
-        profile_session_sample_rate: 1.0,
-    };
+    let mut settings = local_settings("e2e-http");
+    settings.dsn = Some(format!("http://public@127.0.0.1:{port}/42"));
+    let dir = settings.envelope_dir.clone();
 
     let responses = run_example_service(&settings, |addr, _shutdown| async move {
         let mut tasks = Vec::new();
@@ -301,7 +294,7 @@ fn reqwest_transport_carries_profile_chunks_intact() {
                 "the whole declared payload arrived"
             );
             let chunk = &chunks[checked_chunks];
-            let v = relay_violations(chunk, item.payload.len());
+            let v = relay_violations(chunk);
             assert!(v.is_empty(), "Relay would reject a chunk: {v:?}");
             assert_eq!(
                 env.header.get("event_id").and_then(Value::as_str),

@@ -5,22 +5,18 @@
 
 use std::time::Duration;
 
-use sentry_profiling_examples::Settings;
-use sentry_profiling_tests::{http_get_with, link_problem, run_example_service, split_items};
+use sentry_profiling_tests::{
+    http_get_with, link_problem, local_settings, read_envelope_dir, run_example_service,
+    split_items,
+};
 
 const TRACE: &str = "771a43a4192642f0b136d5159a501700";
 
 #[test]
 fn incoming_sampling_decisions_are_respected() {
-    let dir = std::env::temp_dir().join(format!("sentry-profiling-inherit-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let settings = Settings {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        dsn: None,
-        envelope_dir: dir.clone(),
-        traces_sample_rate: 0.0,
-        profile_session_sample_rate: 1.0,
-    };
+    let mut settings = local_settings("inherit");
+    settings.traces_sample_rate = 0.0;
+    let dir = settings.envelope_dir.clone();
     let (ticks_unsampled, ticks_sampled) = run_example_service(&settings, |addr, _| async move {
         // Let the profiler thread create its paused sampler.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -44,12 +40,7 @@ fn incoming_sampling_decisions_are_respected() {
         "an inherited 'sampled' decision starts it ({ticks_sampled} ticks)"
     );
 
-    let mut envelopes = Vec::new();
-    for f in std::fs::read_dir(&dir).unwrap().flatten() {
-        envelopes.push(sentry_profiling_tests::parse_envelope(
-            &std::fs::read(f.path()).unwrap(),
-        ));
-    }
+    let envelopes = read_envelope_dir(&dir);
     let (chunks, transactions) = split_items(&envelopes);
     assert_eq!(
         transactions.len(),

@@ -117,8 +117,7 @@ fn roots_start_and_stop_the_profiler() {
             profiler_id.as_str(),
             "one profiler_id per session"
         );
-        let size = serde_json::to_vec(&c.payload).unwrap().len();
-        let v = relay_violations(c, size);
+        let v = relay_violations(c);
         assert!(v.is_empty(), "{v:?}");
     }
     let names: Vec<&str> = transactions
