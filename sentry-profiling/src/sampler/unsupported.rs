@@ -74,19 +74,23 @@ impl Sampler {
     }
 
     /// No-op.
-    pub fn pause(&self) {}
+    pub fn pause(&self) {
+        self.control().pause();
+    }
 
     /// No-op.
-    pub fn resume(&self) {}
+    pub fn resume(&self) {
+        self.control().resume();
+    }
 
     /// Never active.
     pub fn is_active(&self) -> bool {
-        false
+        self.control().is_active()
     }
 
     /// Zero counters.
     pub fn stats(&self) -> SamplerStats {
-        SamplerStats::default()
+        self.control().stats()
     }
 
     /// Zero counters.

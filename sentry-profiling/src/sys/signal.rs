@@ -23,6 +23,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use super::thread::clock_ns;
+
 /// How many slots can ever exist in the process.
 pub(crate) const MAX_SLOTS: usize = 4096;
 
@@ -545,10 +547,10 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
         Err(_) => return,
     }
 
-    let started_ns = clock_ns(libc::CLOCK_MONOTONIC);
+    let started_ns = clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0);
     // SAFETY: `ucontext` is the kernel's ucontext_t for this delivery.
     let regs = unsafe { read_regs(ucontext.cast()) };
-    let timestamp_ns = clock_ns(libc::CLOCK_REALTIME);
+    let timestamp_ns = clock_ns(libc::CLOCK_REALTIME).unwrap_or(0);
 
     let lo = slot.stack_lo.load(Ordering::Relaxed);
     let hi = slot.stack_hi.load(Ordering::Relaxed);
@@ -573,26 +575,13 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
             context: thread_context(),
             stack_len,
             flags,
-            handler_ns: clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(started_ns),
+            handler_ns: clock_ns(libc::CLOCK_MONOTONIC)
+                .unwrap_or(0)
+                .saturating_sub(started_ns),
         };
     }
     slot.state.store(SlotState::Done as u32, Ordering::Release);
     notify_completion();
-}
-
-/// Reads a clock in nanoseconds; `clock_gettime` is async-signal-safe (and
-/// served by the vDSO for these clocks).
-#[inline(always)]
-fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes to a local timespec.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// Reads PC, SP, FP (and LR) from the interrupted context.

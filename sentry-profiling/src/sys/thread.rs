@@ -57,43 +57,43 @@ fn parse_stat(tid: i32, stat: &str) -> Option<ThreadInfo> {
     })
 }
 
-/// CPU time consumed so far by thread `tid` of this process, in nanoseconds;
-/// `None` once the thread has exited.
-pub(crate) fn thread_cpu_time_ns(tid: i32) -> Option<u64> {
-    // The kernel encodes a per-thread CPU clock as `(!tid << 3) | 6`
-    // (CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED), see `clock_getcpuclockid(3)`.
-    let clock = ((!tid) << 3) | 6;
+/// Reads a clock in nanoseconds; `None` if the clock is invalid (a thread
+/// CPU clock of an exited thread). `clock_gettime` is async-signal-safe (and
+/// served by the vDSO for the real-time and monotonic clocks), so the signal
+/// handler uses this too.
+#[inline(always)]
+pub(crate) fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes to a local timespec; an invalid clock id
-    // (thread gone) is reported as an error, not undefined behaviour.
-    let rc = unsafe { libc::clock_gettime(clock as libc::clockid_t, &mut ts) };
-    (rc == 0).then(|| (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64)
+    // is reported as an error, not undefined behaviour.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    (rc == 0).then(|| {
+        (ts.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(ts.tv_nsec as u64)
+    })
+}
+
+/// CPU time consumed so far by thread `tid` of this process, in nanoseconds;
+/// `None` once the thread has exited.
+pub(crate) fn thread_cpu_time_ns(tid: i32) -> Option<u64> {
+    // The kernel encodes a per-thread CPU clock as `(!tid << 3) | 6`
+    // (CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED), see `clock_getcpuclockid(3)`.
+    clock_ns((((!tid) << 3) | 6) as libc::clockid_t)
 }
 
 /// CPU time consumed so far by the calling thread, in nanoseconds.
 pub(crate) fn own_cpu_time_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes to a local timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or(0)
 }
 
 /// `CLOCK_REALTIME` in nanoseconds since the Unix epoch, the same clock the
 /// signal handler stamps samples with.
 pub(crate) fn realtime_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes to a local timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+    clock_ns(libc::CLOCK_REALTIME).unwrap_or(0)
 }
 
 #[cfg(test)]
