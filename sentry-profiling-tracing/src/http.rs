@@ -97,6 +97,7 @@ where
         };
         ProfilingHttpFuture {
             inner: self.inner.call(req),
+            name: pending.name.clone(),
             span: tracing::Span::none(),
             pending: Some(pending),
             hub: None,
@@ -115,6 +116,8 @@ pin_project_lite::pin_project! {
         pending: Option<Pending>,
         hub: Option<Arc<Hub>>,
         transaction: Option<Transaction>,
+        // The transaction's name, which also names its lane.
+        name: String,
         // The transaction to tag with the thread: ours, or one that was
         // already on the scope (from `sentry-tower`).
         tag_target: Option<TransactionOrSpan>,
@@ -194,16 +197,24 @@ where
         let hub = this.hub.clone().unwrap_or_else(Hub::current);
         let inner = this.inner;
         let span = this.span;
-        let poll = Hub::run(hub, || {
+        let (poll, lane) = Hub::run(hub, || {
             let _entered = span.enter();
-            inner.poll(cx)
+            // The root span's lane, which the layer has just made this
+            // thread's context word.
+            let lane = sentry_profiling::thread_context();
+            (inner.poll(cx), lane)
         });
-        // Tag the transaction with the thread that first ran it, once the
-        // root span has started the profiler (trace lifecycle).
+        // Tag the transaction with its lane (or the thread that first ran
+        // it), once the root span has started the profiler.
         if this.tag_target.is_some() {
             if let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() {
                 if let Some(target) = this.tag_target.take() {
-                    crate::layer::tag_with_thread(&target, &profiler_id);
+                    crate::layer::tag_with_thread(
+                        &target,
+                        &profiler_id,
+                        lane,
+                        Some(this.name.as_str()),
+                    );
                 }
             }
         }

@@ -1,13 +1,16 @@
-//! The `tracing` layer: root-span tracking for the trace lifecycle, thread
-//! tagging of Sentry transactions and spans, and the per-thread context word
-//! that tells each sample which span was running.
+//! The `tracing` layer: root-span tracking for the trace lifecycle, lanes
+//! for async attribution, thread tagging of Sentry transactions and spans,
+//! and the per-thread context word that tells each sample which request was
+//! running.
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
 
 use sentry_core::protocol::Value;
 use sentry_core::{Hub, TransactionOrSpan};
+use sentry_profiling::attribution::{ThreadAttribution, is_lane, new_lane};
 use tracing::Subscriber;
+use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
@@ -42,12 +45,24 @@ impl<S> std::fmt::Debug for ProfilingLayer<S> {
     }
 }
 
-/// What the layer remembers about a span (in its extensions).
+/// The lane a span belongs to: its root span's (see
+/// `sentry_profiling::attribution`), set when the span is created.
+#[derive(Debug)]
+struct SpanLane {
+    lane: u64,
+    /// The root span's display name (its `otel.name` field, else its name);
+    /// only on root spans.
+    name: Option<Box<str>>,
+}
+
+/// What the layer decided at a span's first entry.
 #[derive(Debug, Clone, Copy)]
 struct SpanState {
-    /// This root span started the profiler (trace lifecycle) and must stop
+    /// This root span started the profiler (trace lifecycle); it must stop
     /// it when it closes.
     holds_profiler: bool,
+    /// This root span registered its lane; it must end it when it closes.
+    holds_lane: bool,
 }
 
 thread_local! {
@@ -72,16 +87,56 @@ fn thread_name() -> String {
     })
 }
 
-/// Tags a Sentry transaction or span with the current thread, as Sentry's
-/// spec asks, so its UI finds the samples taken on this thread.
-pub(crate) fn tag_with_thread(span: &TransactionOrSpan, profiler_id: &str) {
-    span.set_data(
-        "thread.id",
-        Value::String(sentry_profiling::current_thread_id().to_string()),
-    );
-    span.set_data("thread.name", Value::String(thread_name()));
+/// Tags a Sentry transaction or span with the thread its samples are filed
+/// under, as Sentry's spec asks, so its UI finds them: the request's lane
+/// when lanes are on and `lane` is one, otherwise the current OS thread.
+pub(crate) fn tag_with_thread(
+    span: &TransactionOrSpan,
+    profiler_id: &str,
+    lane: u64,
+    lane_name: Option<&str>,
+) {
+    let lanes = sentry_profiling::hooks::attribution() == Some(ThreadAttribution::Lanes);
+    let (id, name) = if lanes && is_lane(lane) {
+        (lane, lane_name.map(str::to_owned))
+    } else {
+        (sentry_profiling::current_thread_id(), Some(thread_name()))
+    };
+    span.set_data("thread.id", Value::String(id.to_string()));
+    if let Some(name) = name {
+        span.set_data("thread.name", Value::String(name));
+    }
+    if lanes && is_lane(lane) {
+        // For the transport: a request too short for its lane to get two
+        // samples is linked by this OS thread instead.
+        span.set_data(
+            sentry_profiling::OS_THREAD_ID,
+            Value::String(sentry_profiling::current_thread_id().to_string()),
+        );
+        span.set_data(
+            sentry_profiling::OS_THREAD_NAME,
+            Value::String(thread_name()),
+        );
+    }
     if matches!(span, TransactionOrSpan::Span(_)) {
         span.set_data("profiler_id", Value::String(profiler_id.to_owned()));
+    }
+}
+
+/// Finds a span's `otel.name` field.
+struct OtelName(Option<String>);
+
+impl Visit for OtelName {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "otel.name" {
+            self.0 = Some(value.to_owned());
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "otel.name" {
+            self.0 = Some(format!("{value:?}"));
+        }
     }
 }
 
@@ -89,35 +144,63 @@ impl<S> Layer<S> for ProfilingLayer<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    fn on_new_span(&self, _attrs: &Attributes<'_>, _id: &Id, _ctx: Context<'_, S>) {}
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let lane = match span.parent() {
+            Some(parent) => parent.extensions().get::<SpanLane>().map_or(0, |l| l.lane),
+            None => {
+                let mut name = OtelName(None);
+                attrs.record(&mut name);
+                let name = name.0.unwrap_or_else(|| attrs.metadata().name().to_owned());
+                span.extensions_mut().insert(SpanLane {
+                    lane: new_lane(),
+                    name: Some(name.into_boxed_str()),
+                });
+                return;
+            }
+        };
+        span.extensions_mut().insert(SpanLane { lane, name: None });
+    }
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
-        let prev = sentry_profiling::set_thread_context(id.into_u64());
+        let Some(span) = ctx.span(id) else { return };
+        let lane = span.extensions().get::<SpanLane>().map_or(0, |l| l.lane);
+        let prev = sentry_profiling::set_thread_context(lane);
         CONTEXT_STACK.with(|s| s.borrow_mut().push(prev));
 
-        let Some(span) = ctx.span(id) else { return };
         if span.extensions().get::<SpanState>().is_some() {
             return;
         }
         // First entry: decide once per span.
         let sentry_span = Hub::current().configure_scope(|scope| scope.get_span());
-        let mut holds_profiler = false;
+        let mut state = SpanState {
+            holds_profiler: false,
+            holds_lane: false,
+        };
+        let ext = span.extensions();
+        let lane_name = ext.get::<SpanLane>().and_then(|l| l.name.as_deref());
+        let running = sentry_profiling::hooks::running_profiler_id();
         if span.parent().is_none() {
             #[expect(
                 deprecated,
                 reason = "`true` reliably means the transaction will be sent, which is what the trace lifecycle needs"
             )]
             let sampled = sentry_span.as_ref().is_some_and(|s| s.is_sampled());
-            if sampled {
-                holds_profiler = sentry_profiling::hooks::root_span_started().is_some();
+            state.holds_profiler =
+                sampled && sentry_profiling::hooks::root_span_started().is_some();
+            // Either lifecycle: a sampled root span seen while the profiler
+            // runs gets its lane.
+            if sampled && (state.holds_profiler || running.is_some()) {
+                state.holds_lane = true;
+                sentry_profiling::hooks::lane_started(lane, lane_name.unwrap_or_default());
             }
         }
-        if let (Some(s), Some(profiler_id)) =
-            (&sentry_span, sentry_profiling::hooks::running_profiler_id())
-        {
-            tag_with_thread(s, &profiler_id);
+        let running = running.or_else(sentry_profiling::hooks::running_profiler_id);
+        if let (Some(s), Some(profiler_id)) = (&sentry_span, running) {
+            tag_with_thread(s, &profiler_id, lane, lane_name);
         }
-        span.extensions_mut().insert(SpanState { holds_profiler });
+        drop(ext);
+        span.extensions_mut().insert(state);
     }
 
     fn on_exit(&self, _id: &Id, _ctx: Context<'_, S>) {
@@ -128,11 +211,16 @@ where
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(&id) else { return };
-        let holds = span
-            .extensions()
-            .get::<SpanState>()
-            .is_some_and(|s| s.holds_profiler);
-        if holds {
+        let ext = span.extensions();
+        let Some(state) = ext.get::<SpanState>() else {
+            return;
+        };
+        if state.holds_lane {
+            if let Some(l) = ext.get::<SpanLane>() {
+                sentry_profiling::hooks::lane_finished(l.lane);
+            }
+        }
+        if state.holds_profiler {
             sentry_profiling::hooks::root_span_finished();
         }
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use sentry_core::{ClientOptions, Integration};
 
+use crate::attribution::ThreadAttribution;
 use crate::chunk::MAX_CHUNK_DURATION;
 use crate::options::{
     DEFAULT_CHUNK_DURATION, DEFAULT_PROFILE_SESSION_SAMPLE_RATE, ProfileLifecycle, SamplerConfig,
@@ -38,6 +39,7 @@ pub struct ProfilingIntegration {
     sampler: SamplerConfig,
     chunk_duration: Duration,
     symbolize: bool,
+    attribution: ThreadAttribution,
     runtime: Arc<OnceLock<Arc<Runtime>>>,
 }
 
@@ -57,6 +59,7 @@ impl ProfilingIntegration {
             sampler: SamplerConfig::default(),
             chunk_duration: DEFAULT_CHUNK_DURATION,
             symbolize: true,
+            attribution: ThreadAttribution::default(),
             runtime: Arc::new(OnceLock::new()),
         }
     }
@@ -111,6 +114,16 @@ impl ProfilingIntegration {
     #[must_use]
     pub fn symbolize(mut self, on: bool) -> Self {
         self.symbolize = on;
+        self
+    }
+
+    /// How samples and transactions are tied to threads. Default
+    /// [`ThreadAttribution::Lanes`]: each request's samples follow it across
+    /// `.await` hops between workers. [`ThreadAttribution::OsThreads`] is the
+    /// behaviour Sentry's spec describes.
+    #[must_use]
+    pub fn thread_attribution(mut self, attribution: ThreadAttribution) -> Self {
+        self.attribution = attribution;
         self
     }
 
@@ -175,6 +188,7 @@ impl ProfilingIntegration {
             release: options.release.as_deref().unwrap_or("unknown").to_owned(),
             environment: options.environment.as_deref().map(str::to_owned),
             debug: options.debug,
+            attribution: self.attribution,
         })
     }
 }

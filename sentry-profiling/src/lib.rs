@@ -91,6 +91,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod attribution;
 mod chunk;
 mod encode;
 mod error;
@@ -119,7 +120,7 @@ pub use options::{
 pub use runtime::ProfilerStats;
 pub use sampler::{Sample, Sampler, SamplerControl, SamplerStats};
 pub use symbolize::{Symbol, Symbolizer};
-pub use transport::EnvelopeDirTransport;
+pub use transport::{EnvelopeDirTransport, OS_THREAD_ID, OS_THREAD_NAME};
 pub use unwind::{ModuleInfo, ModuleSet, debug_id_from_build_id};
 
 /// Starts the profiler (manual lifecycle). A no-op, logged in debug mode,
@@ -157,6 +158,19 @@ pub fn set_thread_context(value: u64) -> u64 {
     #[cfg(not(profiling_supported))]
     {
         let _ = value;
+        0
+    }
+}
+
+/// The calling thread's context word (see [`set_thread_context`]).
+#[inline]
+pub fn thread_context() -> u64 {
+    #[cfg(profiling_supported)]
+    {
+        sys::thread_context()
+    }
+    #[cfg(not(profiling_supported))]
+    {
         0
     }
 }
@@ -207,5 +221,39 @@ pub mod hooks {
     /// The configured lifecycle of the current session.
     pub fn lifecycle() -> Option<crate::ProfileLifecycle> {
         crate::runtime::current().map(|rt| rt.lifecycle())
+    }
+
+    /// The configured thread attribution of the current session.
+    pub fn attribution() -> Option<crate::attribution::ThreadAttribution> {
+        crate::runtime::current().map(|rt| rt.attribution())
+    }
+
+    /// A sampled root span holding `lane` (from
+    /// [`crate::attribution::new_lane`]) was entered for the first time; its
+    /// samples are filed under the lane, named `name`. Never blocks.
+    pub fn lane_started(lane: u64, name: &str) {
+        if let Some(rt) = crate::runtime::current() {
+            rt.lane_event(crate::attribution::LaneEvent::Started {
+                lane,
+                name: std::sync::Arc::from(name),
+                start_ns: now_ns(),
+            });
+        }
+    }
+
+    /// The root span holding `lane` closed. Never blocks.
+    pub fn lane_finished(lane: u64) {
+        if let Some(rt) = crate::runtime::current() {
+            rt.lane_event(crate::attribution::LaneEvent::Finished {
+                lane,
+                end_ns: now_ns(),
+            });
+        }
+    }
+
+    fn now_ns() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
     }
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use sentry_core::Transport;
 
+use crate::attribution::{LaneEvent, Lanes, ThreadAttribution};
 use crate::chunk::Chunk;
 use crate::encode::sentry_chunk::{ChunkMeta, encode_chunk};
 use crate::options::{ProfileLifecycle, SamplerConfig};
@@ -46,7 +47,11 @@ pub(crate) struct RuntimeConfig {
     pub(crate) release: String,
     pub(crate) environment: Option<String>,
     pub(crate) debug: bool,
+    pub(crate) attribution: ThreadAttribution,
 }
+
+/// Lane events waiting for the profiler thread, at most.
+const LANE_QUEUE: usize = 4096;
 
 enum Request {
     Flush(Sender<()>),
@@ -60,6 +65,7 @@ struct Counters {
     samples_sent: AtomicU64,
     samples_single_thread: AtomicU64,
     chunks_without_transport: AtomicU64,
+    lane_events_dropped: AtomicU64,
 }
 
 /// What a profiling session has done so far.
@@ -77,6 +83,9 @@ pub struct ProfilerStats {
     pub samples_single_thread: u64,
     /// Chunks that could not be sent because no client transport existed.
     pub chunks_without_transport: u64,
+    /// Lane start/finish events dropped because the profiler thread's queue
+    /// was full (those requests' samples stay on their OS threads).
+    pub lane_events_dropped: u64,
     /// The sampler's counters.
     pub sampler: SamplerStats,
 }
@@ -89,6 +98,7 @@ pub(crate) struct Runtime {
     transport: Mutex<Option<Arc<dyn Transport>>>,
     control: OnceLock<SamplerControl>,
     requests: Mutex<Option<Sender<Request>>>,
+    lane_events: OnceLock<std::sync::mpsc::SyncSender<LaneEvent>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     active_roots: AtomicUsize,
     manual_running: AtomicBool,
@@ -115,6 +125,7 @@ impl Runtime {
             transport: Mutex::new(None),
             control: OnceLock::new(),
             requests: Mutex::new(None),
+            lane_events: OnceLock::new(),
             thread: Mutex::new(None),
             active_roots: AtomicUsize::new(0),
             manual_running: AtomicBool::new(false),
@@ -142,10 +153,12 @@ impl Runtime {
         }
         let (tx, rx) = std::sync::mpsc::channel();
         *self.requests.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        let (lane_tx, lane_rx) = std::sync::mpsc::sync_channel(LANE_QUEUE);
+        let _ = self.lane_events.set(lane_tx);
         let this = Arc::clone(self);
         let spawned = std::thread::Builder::new()
             .name("sentry-profiler-chunks".into())
-            .spawn(move || this.run(rx));
+            .spawn(move || this.run(rx, lane_rx));
         match spawned {
             Ok(handle) => {
                 *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
@@ -265,6 +278,33 @@ impl Runtime {
         self.set_sampling(false);
     }
 
+    /// The shortest transaction whose lane is sure to get two samples (one
+    /// sampling period); shorter ones are linked by OS thread.
+    pub(crate) fn min_lane_duration(&self) -> Duration {
+        let hz = self
+            .config()
+            .map_or(crate::DEFAULT_FREQUENCY_HZ, |c| c.sampler.frequency_hz);
+        Duration::from_nanos(1_000_000_000 / u64::from(hz.max(1)))
+    }
+
+    /// The configured attribution.
+    pub(crate) fn attribution(&self) -> ThreadAttribution {
+        self.config()
+            .map_or_else(ThreadAttribution::default, |c| c.attribution)
+    }
+
+    /// Reports a lane's start or end to the profiler thread; never blocks
+    /// (a full queue drops the event and counts it).
+    pub(crate) fn lane_event(&self, event: LaneEvent) {
+        if let Some(tx) = self.lane_events.get() {
+            if tx.try_send(event).is_err() {
+                self.counters
+                    .lane_events_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Sends the chunk in progress now, waiting up to `timeout`.
     pub(crate) fn flush(&self, timeout: Duration) -> bool {
         self.request(Request::Flush, timeout)
@@ -319,6 +359,7 @@ impl Runtime {
             samples_sent: c.samples_sent.load(Ordering::Relaxed),
             samples_single_thread: c.samples_single_thread.load(Ordering::Relaxed),
             chunks_without_transport: c.chunks_without_transport.load(Ordering::Relaxed),
+            lane_events_dropped: c.lane_events_dropped.load(Ordering::Relaxed),
             sampler: self
                 .control
                 .get()
@@ -333,7 +374,7 @@ impl Runtime {
     }
 
     /// The profiler thread.
-    fn run(self: Arc<Self>, requests: Receiver<Request>) {
+    fn run(self: Arc<Self>, requests: Receiver<Request>, lane_events: Receiver<LaneEvent>) {
         let _own = register_own_thread();
         let Some(config) = self.config().cloned() else {
             return;
@@ -364,6 +405,10 @@ impl Runtime {
             chunk: Chunk::new(),
             symbolizer: config.symbolize.then(Symbolizer::new),
             chunk_duration: config.chunk_duration,
+            lanes: Lanes::default(),
+            lane_events,
+            attribution: config.attribution,
+            period_ns: 1_000_000_000 / u64::from(config.sampler.frequency_hz.max(1)),
         };
         loop {
             match requests.try_recv() {
@@ -426,6 +471,10 @@ struct ChunkWriter<'a> {
     chunk: Chunk,
     symbolizer: Option<Symbolizer>,
     chunk_duration: Duration,
+    lanes: Lanes,
+    lane_events: Receiver<LaneEvent>,
+    attribution: ThreadAttribution,
+    period_ns: u64,
 }
 
 impl ChunkWriter<'_> {
@@ -450,9 +499,7 @@ impl ChunkWriter<'_> {
         let Some(first) = self.chunk.first_timestamp_ns() else {
             return;
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+        let now = now_ns();
         if now.saturating_sub(first) >= self.chunk_duration.as_nanos() as u64 {
             self.drain(sampler);
             self.finish(sampler);
@@ -465,20 +512,29 @@ impl ChunkWriter<'_> {
     }
 
     fn finish_with(&mut self, modules: &crate::ModuleSet) {
+        for event in self.lane_events.try_iter() {
+            self.lanes.apply(event);
+        }
         if self.chunk.is_empty() {
             return;
         }
-        let chunk = self.chunk.take();
+        let mut chunk = self.chunk.take();
+        let now = now_ns();
+        if self.attribution == ThreadAttribution::Lanes {
+            self.lanes.fill_suspended(&mut chunk, self.period_ns, now);
+        }
+        let keys = self.lanes.thread_keys(&chunk, self.attribution);
         let pieces = encode_chunk(
             &self.meta,
             &chunk,
             modules,
             self.symbolizer.as_mut(),
-            &|s| (u64::from(s.thread_id), None),
+            &|i, _| keys[i].clone(),
         );
+        self.lanes.prune(now);
         let c = &self.runtime.counters;
         c.samples_single_thread.fetch_add(
-            (chunk.len() - pieces.iter().map(|p| p.samples).sum::<usize>()) as u64,
+            pieces.iter().map(|p| p.dropped_single).sum::<usize>() as u64,
             Ordering::Relaxed,
         );
         for piece in pieces {
@@ -491,4 +547,11 @@ impl ChunkWriter<'_> {
             }
         }
     }
+}
+
+/// Wall-clock time in nanoseconds since the Unix epoch (the samples' clock).
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }

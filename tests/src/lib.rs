@@ -337,9 +337,14 @@ pub fn relay_violations(chunk: &ChunkItem) -> Vec<String> {
         return v;
     };
     for f in frames {
+        let addr = f.get("instruction_addr");
         check(
-            is_hex_addr(f.get("instruction_addr")),
+            addr.is_none() || is_hex_addr(addr),
             "frame instruction_addr is not a hex string",
+        );
+        check(
+            addr.is_some() || f.get("function").and_then(Value::as_str).is_some(),
+            "frame has neither instruction_addr nor function",
         );
     }
     for s in stacks {
@@ -425,9 +430,15 @@ pub fn chunk_thread_ids(chunk: &ChunkItem) -> HashSet<String> {
         .collect()
 }
 
+/// Transactions at least this long (two periods at 101 Hz) must have
+/// samples inside their own time window.
+pub const MIN_WINDOWED_SECS: f64 = 0.02;
+
 /// Checks that a transaction links to one of `chunks` as Sentry's UI does:
-/// same `profiler_id`, and its `thread.id` has samples in a chunk whose time
-/// range overlaps the transaction's. Returns the reason when it does not.
+/// a `profile` context with the chunks' `profiler_id`, a `thread.id` that has
+/// samples in a chunk of that profiler, and, for transactions of at least
+/// [`MIN_WINDOWED_SECS`], samples of that thread inside the transaction's
+/// `[start, end]` (what the UI shows). Returns the reason when it does not.
 pub fn link_problem(tx: &Value, chunks: &[ChunkItem]) -> Option<String> {
     let name = tx.get("transaction").and_then(Value::as_str).unwrap_or("?");
     let Some(profiler_id) = tx
@@ -450,21 +461,31 @@ pub fn link_problem(tx: &Value, chunks: &[ChunkItem]) -> Option<String> {
             "{name}: start_timestamp/timestamp missing or unreadable"
         ));
     };
-    let linked = chunks.iter().any(|c| {
-        c.payload.get("profiler_id").and_then(Value::as_str) == Some(profiler_id)
-            && c.payload
+    let times: Vec<f64> = chunks
+        .iter()
+        .filter(|c| c.payload.get("profiler_id").and_then(Value::as_str) == Some(profiler_id))
+        .flat_map(|c| {
+            c.payload
                 .pointer("/profile/samples")
                 .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .any(|s| {
-                    s.get("thread_id").and_then(Value::as_str) == Some(thread_id)
-                        && s.get("timestamp")
-                            .and_then(Value::as_f64)
-                            .is_some_and(|t| t >= start - 0.05 && t <= end + 0.05)
-                })
-    });
-    (!linked).then(|| format!("{name}: no chunk of profiler {profiler_id} has samples of thread {thread_id} in [{start}, {end}]"))
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|s| s.get("thread_id").and_then(Value::as_str) == Some(thread_id))
+        .filter_map(|s| s.get("timestamp").and_then(Value::as_f64))
+        .collect();
+    if times.is_empty() {
+        return Some(format!(
+            "{name}: no chunk of profiler {profiler_id} has samples of thread {thread_id}"
+        ));
+    }
+    let in_window = times.iter().any(|&t| t >= start && t <= end);
+    (end - start >= MIN_WINDOWED_SECS && !in_window).then(|| {
+        format!(
+            "{name}: no sample of thread {thread_id} in [{start}, {end}] ({} elsewhere)",
+            times.len()
+        )
+    })
 }
 
 /// Symbolised function names of every sample in `chunk` whose thread is

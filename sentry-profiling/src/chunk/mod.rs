@@ -45,15 +45,7 @@ impl Chunk {
 
     /// Adds a sample.
     pub fn push(&mut self, sample: &Sample) {
-        let stack = match self.stack_index.get(sample.frames()) {
-            Some(&i) => i,
-            None => {
-                let i = self.stacks.len() as u32;
-                self.stacks.push(sample.frames().clone());
-                self.stack_index.insert(sample.frames().clone(), i);
-                i
-            }
-        };
+        let stack = self.intern(sample.frames());
         if self.thread_names.get(&sample.thread_id()) != Some(sample.thread_name()) {
             self.thread_names
                 .insert(sample.thread_id(), sample.thread_name().clone());
@@ -66,6 +58,30 @@ impl Chunk {
             stack,
             context: sample.context(),
         });
+    }
+
+    /// Adds a sample that no thread took: a lane's fill-in at a tick when it
+    /// was suspended (see [`crate::attribution`]). Its thread id is 0.
+    pub(crate) fn push_synthetic(&mut self, timestamp_ns: u64, context: u64, frames: &Arc<[u64]>) {
+        let stack = self.intern(frames);
+        self.samples.push(ChunkSample {
+            timestamp_ns,
+            thread_id: 0,
+            stack,
+            context,
+        });
+    }
+
+    fn intern(&mut self, frames: &Arc<[u64]>) -> u32 {
+        match self.stack_index.get(frames) {
+            Some(&i) => i,
+            None => {
+                let i = self.stacks.len() as u32;
+                self.stacks.push(frames.clone());
+                self.stack_index.insert(frames.clone(), i);
+                i
+            }
+        }
     }
 
     /// Whether `sample` can join this chunk without stretching it past

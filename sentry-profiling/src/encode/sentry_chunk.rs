@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::attribution::{SUSPENDED_FRAME, SUSPENDED_FUNCTION};
 use crate::chunk::{Chunk, ChunkSample};
 use crate::symbolize::Symbolizer;
 use crate::unwind::{ModuleInfo, ModuleSet};
@@ -37,7 +38,8 @@ pub struct ChunkMeta {
 }
 
 /// How a sample's thread appears in the chunk (see attribution).
-pub(crate) type ThreadKeyFn<'a> = dyn Fn(&ChunkSample) -> (u64, Option<Arc<str>>) + 'a;
+pub(crate) type ThreadKeyFn<'a> =
+    dyn Fn(usize, &ChunkSample) -> Option<(u64, Option<Arc<str>>)> + 'a;
 
 /// One encoded chunk.
 #[derive(Debug)]
@@ -46,9 +48,12 @@ pub struct EncodedChunk {
     pub chunk_id: String,
     /// The JSON payload.
     pub json: Vec<u8>,
-    /// Samples included.
+    /// Samples the sampler took that this piece includes.
     pub samples: usize,
-    /// Samples left out because their thread had a single sample.
+    /// Fill-in samples of suspended lanes this piece includes.
+    pub fill_ins: usize,
+    /// Samples the sampler took that were left out because their thread had
+    /// a single sample in the chunk.
     pub dropped_single: usize,
     /// Thread ids present in `profile.samples`.
     pub thread_ids: Vec<u64>,
@@ -113,7 +118,8 @@ struct OutSample {
 
 #[derive(Serialize)]
 struct Frame {
-    instruction_addr: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instruction_addr: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     function: Option<Arc<str>>,
 }
@@ -160,15 +166,26 @@ fn encode_chunk_limited(
     limit: usize,
 ) -> Vec<EncodedChunk> {
     // Count samples per (displayed) thread and keep threads with two or more.
-    let keyed: Vec<(u64, Option<Arc<str>>)> = chunk.samples().iter().map(thread_key).collect();
+    let keyed: Vec<(u64, Option<Arc<str>>)> = chunk
+        .samples()
+        .iter()
+        .enumerate()
+        .map(|(i, s)| thread_key(i, s).unwrap_or((0, None)))
+        .collect();
     let mut per_thread: HashMap<u64, usize> = HashMap::new();
     for (k, _) in &keyed {
         *per_thread.entry(*k).or_default() += 1;
     }
+    // Thread id 0 means "not filed" (see the thread key).
     let mut order: Vec<usize> = (0..chunk.len())
-        .filter(|&i| per_thread[&keyed[i].0] >= 2)
+        .filter(|&i| keyed[i].0 != 0 && per_thread[&keyed[i].0] >= 2)
         .collect();
-    let dropped_single = chunk.len() - order.len();
+    let real = chunk.samples().iter().filter(|s| s.thread_id != 0).count();
+    let kept_real = order
+        .iter()
+        .filter(|&&i| chunk.samples()[i].thread_id != 0)
+        .count();
+    let dropped_single = real - kept_real;
     order.sort_by_key(|&i| chunk.samples()[i].timestamp_ns);
     let mut out = Vec::new();
     let mut encoder = Encoder {
@@ -253,11 +270,18 @@ fn encode_one(
                                 images.push(Arc::clone(m));
                             }
                         }
+                        if addr == SUSPENDED_FRAME {
+                            frames.push(Frame {
+                                instruction_addr: None,
+                                function: Some(Arc::from(SUSPENDED_FUNCTION)),
+                            });
+                            return (frames.len() - 1) as u32;
+                        }
                         let function = symbolizer
                             .as_mut()
                             .and_then(|sym| sym.function(modules, addr));
                         frames.push(Frame {
-                            instruction_addr: format!("{addr:#x}"),
+                            instruction_addr: Some(format!("{addr:#x}")),
                             function,
                         });
                         (frames.len() - 1) as u32
@@ -319,10 +343,15 @@ fn encode_one(
         },
     };
     let json = serde_json::to_vec(&payload).unwrap_or_default();
+    let fill_ins = order
+        .iter()
+        .filter(|&&i| chunk.samples()[i].thread_id == 0)
+        .count();
     EncodedChunk {
         chunk_id,
         json,
-        samples: order.len(),
+        samples: order.len() - fill_ins,
+        fill_ins,
         dropped_single: 0,
         thread_ids,
         span_ns,
@@ -366,8 +395,8 @@ mod tests {
         }
     }
 
-    fn by_tid(s: &ChunkSample) -> (u64, Option<Arc<str>>) {
-        (u64::from(s.thread_id), None)
+    fn by_tid(_: usize, s: &ChunkSample) -> Option<(u64, Option<Arc<str>>)> {
+        Some((u64::from(s.thread_id), None))
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub(crate) use maps::{StackMappings, stack_mappings};
 #[cfg(profiling_supported)]
 pub(crate) use signal::{
     FLAG_OFF_STACK, Regs, SendError, Slot, SlotState, completion_seq, install_handler,
-    send_sample_signal, set_thread_context, wait_completion,
+    send_sample_signal, set_thread_context, thread_context, wait_completion,
 };
 #[cfg(profiling_supported)]
 pub(crate) use thread::{

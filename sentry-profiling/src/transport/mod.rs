@@ -70,7 +70,7 @@ struct ProfilingTransport {
 impl Transport for ProfilingTransport {
     fn send_envelope(&self, envelope: Envelope) {
         let envelope = match self.runtime.profiler_id() {
-            Some(id) => link_transactions(envelope, id),
+            Some(id) => link_transactions(envelope, id, self.runtime.min_lane_duration()),
             None => envelope,
         };
         self.inner.send_envelope(envelope);
@@ -91,6 +91,47 @@ impl Transport for ProfilingTransport {
     }
 }
 
+/// Span and transaction data key under which the tracing layer records the
+/// OS thread next to a lane's `thread.id`; removed before sending.
+pub const OS_THREAD_ID: &str = "sentry_profiling.os_thread.id";
+/// Like [`OS_THREAD_ID`], for the thread's name.
+pub const OS_THREAD_NAME: &str = "sentry_profiling.os_thread.name";
+
+/// Points a short transaction's lane tags at its OS thread, and removes the
+/// OS-thread keys from every transaction and span.
+fn settle_lane(tx: &mut sentry_core::protocol::Transaction<'_>, min_lane: Duration) {
+    let duration = tx
+        .timestamp
+        .and_then(|end| end.duration_since(tx.start_timestamp).ok())
+        .unwrap_or_default();
+    let short = duration < min_lane;
+    let mut lane = None;
+    if let Some(Context::Trace(tc)) = tx.contexts.get_mut("trace") {
+        lane = rewrite(&mut tc.data, short, None);
+    }
+    for span in &mut tx.spans {
+        rewrite(&mut span.data, short, lane.as_ref());
+    }
+}
+
+/// Removes the OS-thread keys from `data`; when `short` (and the span's
+/// `thread.id` is the transaction's lane, if given), moves them into
+/// `thread.id`/`thread.name`. Returns the lane id that was replaced.
+fn rewrite(data: &mut Map<String, Value>, short: bool, lane: Option<&Value>) -> Option<Value> {
+    let os_id = data.remove(OS_THREAD_ID)?;
+    let os_name = data.remove(OS_THREAD_NAME);
+    let current = data.get("thread.id").cloned();
+    if !short || lane.is_some_and(|l| current.as_ref() != Some(l)) {
+        return None;
+    }
+    data.insert("thread.id".into(), os_id);
+    match os_name {
+        Some(name) => data.insert("thread.name".into(), name),
+        None => data.remove("thread.name"),
+    };
+    current
+}
+
 /// Whether the profiler tagged this transaction (see the tracing layer).
 fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
     matches!(tx.contexts.get("trace"), Some(Context::Trace(t)) if t.data.contains_key("thread.id"))
@@ -103,7 +144,17 @@ fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
 /// envelope is therefore written out here with the profile context's type
 /// set right, and sent raw; the bytes are the ones the transport would have
 /// written, so this costs one serialisation that the transport then skips.
-pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelope {
+///
+/// A transaction shorter than `min_lane` (one sampling period) cannot have
+/// two samples in its lane, and Sentry drops single-sample threads; the
+/// encoder then files its sample under the OS thread, and here the
+/// transaction and its spans are pointed at that thread too (see
+/// [`OS_THREAD_ID`]).
+pub(crate) fn link_transactions(
+    envelope: Envelope,
+    profiler_id: &str,
+    min_lane: Duration,
+) -> Envelope {
     let profiled = envelope
         .items()
         .any(|i| matches!(i, EnvelopeItem::Transaction(t) if is_profiled(t)));
@@ -123,6 +174,7 @@ pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelo
         return rest;
     }
     for mut tx in transactions {
+        settle_lane(&mut tx, min_lane);
         let mut ctx = Map::new();
         ctx.insert("profiler_id".into(), Value::String(profiler_id.into()));
         tx.contexts.insert("profile".into(), Context::Other(ctx));

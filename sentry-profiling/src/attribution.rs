@@ -1,0 +1,267 @@
+//! Async attribution: which request a sample belongs to, across `.await`
+//! hops between Tokio workers.
+//!
+//! Sentry's UI shows a transaction's profile as the samples of one
+//! `thread.id` inside the transaction's time window. A Tokio request runs on
+//! whichever worker is free after each `.await`, and that worker interleaves
+//! other requests, so with OS thread ids the window shows other requests'
+//! work and misses the request's own work on other workers.
+//!
+//! Lanes fix that. Each root span gets a *lane*: a numeric id of its own,
+//! above any kernel thread id. While any span of the request is entered on a
+//! thread, the tracing layer keeps the lane in that thread's context word,
+//! which the signal handler copies into every sample. The encoder then files
+//! such samples under the lane's id instead of the OS thread's, and the
+//! transaction and its spans carry the lane as their `thread.id`: Sentry
+//! shows exactly the request's samples, whichever workers took them. Samples
+//! taken outside any sampled root span stay on their OS thread. Each sample
+//! is filed once.
+//!
+//! A lane that is not running on any thread at a tick (suspended at an
+//! `.await`, or queued for a worker) gets a sample with a single
+//! `(suspended: awaiting or queued)` frame, so its flame graph shows wall
+//! time like a thread's does, and a request that mostly awaits still has
+//! samples to link to. These fill-in samples are added when the chunk is
+//! encoded, never by the signal handler.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::chunk::{Chunk, ChunkSample};
+
+/// Lane ids start here: above Linux's largest possible thread id (2^22), so
+/// they can never be mistaken for one, and still small decimal numbers as
+/// parts of Sentry's pipeline expect thread ids to be.
+pub const LANE_BASE: u64 = 1_000_000_000;
+
+/// The code address standing for "suspended" in fill-in samples' stacks.
+pub(crate) const SUSPENDED_FRAME: u64 = u64::MAX;
+
+/// The function name shown for [`SUSPENDED_FRAME`].
+pub(crate) const SUSPENDED_FUNCTION: &str = "(suspended: awaiting or queued)";
+
+static NEXT_LANE: AtomicU64 = AtomicU64::new(LANE_BASE);
+
+/// Allocates a new lane id.
+pub fn new_lane() -> u64 {
+    NEXT_LANE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Whether a context word names a lane.
+pub fn is_lane(context: u64) -> bool {
+    context >= LANE_BASE
+}
+
+/// How samples and transactions are tied to threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ThreadAttribution {
+    /// Each sampled root span gets a lane of its own (see the module docs):
+    /// a transaction's profile is its own work, across `.await` hops.
+    #[default]
+    Lanes,
+    /// Samples and transactions use OS thread ids, as Sentry's spec
+    /// describes: a transaction shows the samples of the thread it started
+    /// on, including other requests' work there and missing its own
+    /// elsewhere.
+    OsThreads,
+}
+
+/// A lane's life, as the tracing layer reports it.
+#[derive(Debug, Clone)]
+pub(crate) enum LaneEvent {
+    /// A sampled root span was entered for the first time.
+    Started {
+        lane: u64,
+        name: Arc<str>,
+        start_ns: u64,
+    },
+    /// That root span closed.
+    Finished { lane: u64, end_ns: u64 },
+}
+
+#[derive(Debug, Clone)]
+struct Lane {
+    name: Arc<str>,
+    start_ns: u64,
+    end_ns: Option<u64>,
+}
+
+/// The lanes the profiler thread knows about.
+#[derive(Debug, Default)]
+pub(crate) struct Lanes {
+    lanes: HashMap<u64, Lane>,
+}
+
+impl Lanes {
+    pub(crate) fn apply(&mut self, event: LaneEvent) {
+        match event {
+            LaneEvent::Started {
+                lane,
+                name,
+                start_ns,
+            } => {
+                self.lanes.insert(
+                    lane,
+                    Lane {
+                        name,
+                        start_ns,
+                        end_ns: None,
+                    },
+                );
+            }
+            LaneEvent::Finished { lane, end_ns } => {
+                if let Some(l) = self.lanes.get_mut(&lane) {
+                    l.end_ns = Some(end_ns);
+                }
+            }
+        }
+    }
+
+    /// Adds a fill-in sample for every tick (`period_ns` grid from the
+    /// lane's start) at which a lane active during the chunk has no sample of
+    /// its own within half a period. `until_ns` bounds lanes still open.
+    pub(crate) fn fill_suspended(&self, chunk: &mut Chunk, period_ns: u64, until_ns: u64) {
+        let Some(chunk_start) = chunk.first_timestamp_ns() else {
+            return;
+        };
+        let period_ns = period_ns.max(1);
+        let mut own: HashMap<u64, Vec<u64>> = HashMap::new();
+        for s in chunk.samples() {
+            if self.lanes.contains_key(&s.context) {
+                own.entry(s.context).or_default().push(s.timestamp_ns);
+            }
+        }
+        for v in own.values_mut() {
+            v.sort_unstable();
+        }
+        let stack: Arc<[u64]> = Arc::from(&[SUSPENDED_FRAME][..]);
+        for (&lane, info) in &self.lanes {
+            let end = info.end_ns.unwrap_or(until_ns).min(until_ns);
+            let times = own.get(&lane).map(Vec::as_slice).unwrap_or(&[]);
+            // First grid point at or after the chunk's start.
+            let skip = chunk_start
+                .saturating_sub(info.start_ns)
+                .div_ceil(period_ns);
+            let mut t = info.start_ns + skip * period_ns;
+            while t <= end {
+                let i = times.partition_point(|&x| x < t.saturating_sub(period_ns / 2));
+                let covered = times.get(i).is_some_and(|&x| x <= t + period_ns / 2);
+                if !covered {
+                    chunk.push_synthetic(t, lane, &stack);
+                }
+                t += period_ns;
+            }
+        }
+    }
+
+    /// Forgets lanes that ended before `ns`.
+    pub(crate) fn prune(&mut self, ns: u64) {
+        self.lanes.retain(|_, l| l.end_ns.is_none_or(|e| e >= ns));
+    }
+
+    /// How each sample of `chunk` is filed: under its lane (lane mode, known
+    /// lane, at least two samples in the chunk), or under its OS thread; a
+    /// fill-in sample of a lane that is not filed is left out.
+    pub(crate) fn thread_keys(
+        &self,
+        chunk: &Chunk,
+        mode: ThreadAttribution,
+    ) -> Vec<Option<(u64, Option<Arc<str>>)>> {
+        let mut per_lane: HashMap<u64, usize> = HashMap::new();
+        if mode == ThreadAttribution::Lanes {
+            for s in chunk.samples() {
+                if self.lanes.contains_key(&s.context) {
+                    *per_lane.entry(s.context).or_default() += 1;
+                }
+            }
+        }
+        chunk
+            .samples()
+            .iter()
+            .map(|s: &ChunkSample| {
+                if per_lane.get(&s.context).is_some_and(|&n| n >= 2) {
+                    let name = self.lanes.get(&s.context).map(|l| l.name.clone());
+                    Some((s.context, name))
+                } else if s.thread_id == 0 {
+                    None
+                } else {
+                    Some((u64::from(s.thread_id), None))
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Sample;
+
+    fn sample(ts: u64, tid: i32, context: u64) -> Sample {
+        Sample::new(
+            ts,
+            tid,
+            Arc::from("w"),
+            Arc::from(&[1u64, 2][..]),
+            context,
+            false,
+        )
+    }
+
+    #[test]
+    fn files_lane_samples_under_the_lane_and_fills_suspended_ticks() {
+        let lane = new_lane();
+        assert!(is_lane(lane) && !is_lane(4_194_304));
+        let mut lanes = Lanes::default();
+        lanes.apply(LaneEvent::Started {
+            lane,
+            name: Arc::from("GET /x"),
+            start_ns: 1_000,
+        });
+        let mut chunk = Chunk::new();
+        // Running at ticks 0 and 1 on two different workers, then suspended
+        // for ticks 2..=4, and a sample of another thread outside any lane.
+        chunk.push(&sample(1_000, 7, lane));
+        chunk.push(&sample(1_000 + 10_000, 8, lane));
+        chunk.push(&sample(1_000 + 10_000, 9, 0));
+        chunk.push(&sample(1_000 + 20_000, 9, 0));
+        lanes.apply(LaneEvent::Finished {
+            lane,
+            end_ns: 1_000 + 45_000,
+        });
+        lanes.fill_suspended(&mut chunk, 10_000, 1_000_000);
+        assert_eq!(chunk.len(), 4 + 3, "ticks 2, 3 and 4 were filled in");
+        let keys = lanes.thread_keys(&chunk, ThreadAttribution::Lanes);
+        let lane_samples = keys.iter().flatten().filter(|(k, _)| *k == lane).count();
+        assert_eq!(lane_samples, 5);
+        assert_eq!(keys[2], Some((9, None)), "outside a lane: its OS thread");
+        let os = lanes.thread_keys(&chunk, ThreadAttribution::OsThreads);
+        assert_eq!(os[0], Some((7, None)));
+        assert_eq!(
+            os.iter().filter(|k| k.is_none()).count(),
+            3,
+            "fill-ins need lanes"
+        );
+    }
+
+    #[test]
+    fn a_lane_with_one_sample_falls_back_to_its_thread() {
+        let lane = new_lane();
+        let mut lanes = Lanes::default();
+        lanes.apply(LaneEvent::Started {
+            lane,
+            name: Arc::from("GET /"),
+            start_ns: 5,
+        });
+        let mut chunk = Chunk::new();
+        chunk.push(&sample(5, 7, lane));
+        lanes.apply(LaneEvent::Finished { lane, end_ns: 6 });
+        lanes.fill_suspended(&mut chunk, 10_000, 100);
+        assert_eq!(
+            lanes.thread_keys(&chunk, ThreadAttribution::Lanes),
+            vec![Some((7, None))]
+        );
+    }
+}
