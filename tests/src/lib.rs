@@ -3,6 +3,8 @@
 //! Relay's `relay-profiling` (sample v2 parsing and normalisation, debug
 //! image types) so a test fails where ingestion would reject a chunk.
 
+pub mod attribution;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
