@@ -93,6 +93,15 @@ fn print_summary(settings: &Settings, stats: Option<sentry_profiling::ProfilerSt
                 summary.chunks,
                 summary.transactions
             );
+            for file in [
+                sentry_profiling_examples::PPROF_FILE,
+                sentry_profiling_examples::OTLP_FILE,
+            ] {
+                let path = settings.envelope_dir.join(file);
+                if path.exists() {
+                    println!("  {}", path.display());
+                }
+            }
         }
     }
 }

@@ -72,6 +72,9 @@ pub struct Settings {
     pub traces_sample_rate: f32,
     /// `SENTRY_PROFILE_SESSION_SAMPLE_RATE`, default 1.0.
     pub profile_session_sample_rate: f64,
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (`http://host:port`): also post
+    /// profiles to this OpenTelemetry collector.
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Settings {
@@ -91,9 +94,17 @@ impl Settings {
             envelope_dir: var("SENTRY_ENVELOPE_DIR", PathBuf::from("sentry-envelopes"))?,
             traces_sample_rate: var("SENTRY_TRACES_SAMPLE_RATE", 1.0)?,
             profile_session_sample_rate: var("SENTRY_PROFILE_SESSION_SAMPLE_RATE", 1.0)?,
+            otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
+                .ok()
+                .filter(|s| !s.is_empty()),
         })
     }
 }
+
+/// The pprof file written beside the envelopes when there is no DSN.
+pub const PPROF_FILE: &str = "profile.pb.gz";
+/// The OTLP profiles file written beside the envelopes when there is no DSN.
+pub const OTLP_FILE: &str = "profile.otlp.pb";
 
 /// The DSN used with the local envelope directory: the client needs one to
 /// send anything, and nothing ever connects to it.
@@ -103,6 +114,12 @@ pub const LOCAL_DSN: &str = "https://public@sentry.invalid/1";
 pub fn sentry_options(settings: &Settings) -> Result<sentry::ClientOptions, String> {
     let mut options = sentry::ClientOptions::new().traces_sample_rate(settings.traces_sample_rate);
     options.release = sentry::release_name!();
+    let mut profiling = ProfilingIntegration::new()
+        .profile_session_sample_rate(settings.profile_session_sample_rate)
+        .profile_lifecycle(ProfileLifecycle::Trace);
+    if let Some(endpoint) = &settings.otlp_endpoint {
+        profiling = profiling.otlp_endpoint(endpoint.trim_end_matches('/'));
+    }
     match &settings.dsn {
         Some(dsn) => options.dsn = Some(dsn.parse().map_err(|e| format!("SENTRY_DSN: {e}"))?),
         None => {
@@ -111,12 +128,13 @@ pub fn sentry_options(settings: &Settings) -> Result<sentry::ClientOptions, Stri
                 EnvelopeDirTransport::factory(&settings.envelope_dir)
                     .map_err(|e| format!("{}: {e}", settings.envelope_dir.display()))?,
             );
+            // The whole run as pprof and OTLP files beside the envelopes.
+            profiling = profiling
+                .pprof_file(settings.envelope_dir.join(PPROF_FILE))
+                .otlp_file(settings.envelope_dir.join(OTLP_FILE));
         }
     }
-    Ok(ProfilingIntegration::new()
-        .profile_session_sample_rate(settings.profile_session_sample_rate)
-        .profile_lifecycle(ProfileLifecycle::Trace)
-        .apply(options))
+    Ok(profiling.apply(options))
 }
 
 /// Installs the tracing subscriber: logs to stderr, Sentry spans, and the

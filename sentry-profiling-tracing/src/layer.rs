@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 
 use sentry_core::protocol::Value;
 use sentry_core::{Hub, TransactionOrSpan};
-use sentry_profiling::attribution::{ThreadAttribution, is_lane, new_lane};
+use sentry_profiling::attribution::{LaneLink, ThreadAttribution, is_lane, new_lane};
 use tracing::Subscriber;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -192,7 +192,19 @@ where
             // runs gets its lane.
             if sampled && (state.holds_profiler || running.is_some()) {
                 state.holds_lane = true;
-                sentry_profiling::hooks::lane_started(lane, lane_name.unwrap_or_default());
+                if let Some(s) = &sentry_span {
+                    // A child span's trace context is its transaction's: the
+                    // link names the transaction, the request's root span.
+                    let ctx = s.get_trace_context();
+                    sentry_profiling::hooks::lane_started(
+                        lane,
+                        LaneLink {
+                            name: lane_name.unwrap_or_default().into(),
+                            trace_id: ctx.trace_id.to_string(),
+                            span_id: ctx.span_id.to_string(),
+                        },
+                    );
+                }
             }
         }
         let running = running.or_else(sentry_profiling::hooks::running_profiler_id);

@@ -74,16 +74,28 @@ pub(crate) enum LaneEvent {
     /// A sampled root span was entered for the first time.
     Started {
         lane: u64,
-        name: Arc<str>,
+        link: Arc<LaneLink>,
         start_ns: u64,
     },
     /// That root span closed.
     Finished { lane: u64, end_ns: u64 },
 }
 
+/// What a lane stands for: its root span, by name and Sentry ids.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LaneLink {
+    /// The root span's display name (the transaction's name).
+    pub name: Arc<str>,
+    /// The trace id, 32 lowercase hex digits.
+    pub trace_id: String,
+    /// The root span's id (the transaction's span id), 16 lowercase hex
+    /// digits.
+    pub span_id: String,
+}
+
 #[derive(Debug, Clone)]
 struct Lane {
-    name: Arc<str>,
+    link: Arc<LaneLink>,
     start_ns: u64,
     end_ns: Option<u64>,
 }
@@ -99,13 +111,13 @@ impl Lanes {
         match event {
             LaneEvent::Started {
                 lane,
-                name,
+                link,
                 start_ns,
             } => {
                 self.lanes.insert(
                     lane,
                     Lane {
-                        name,
+                        link,
                         start_ns,
                         end_ns: None,
                     },
@@ -156,6 +168,11 @@ impl Lanes {
         }
     }
 
+    /// The root span a lane stands for, if known.
+    pub(crate) fn link(&self, lane: u64) -> Option<&Arc<LaneLink>> {
+        self.lanes.get(&lane).map(|l| &l.link)
+    }
+
     /// Forgets lanes that ended before `ns`.
     pub(crate) fn prune(&mut self, ns: u64) {
         self.lanes.retain(|_, l| l.end_ns.is_none_or(|e| e >= ns));
@@ -182,7 +199,7 @@ impl Lanes {
             .iter()
             .map(|s: &ChunkSample| {
                 if per_lane.get(&s.context).is_some_and(|&n| n >= 2) {
-                    let name = self.lanes.get(&s.context).map(|l| l.name.clone());
+                    let name = self.lanes.get(&s.context).map(|l| l.link.name.clone());
                     Some((s.context, name))
                 } else if s.thread_id == 0 {
                     None
@@ -217,7 +234,10 @@ mod tests {
         let mut lanes = Lanes::default();
         lanes.apply(LaneEvent::Started {
             lane,
-            name: Arc::from("GET /x"),
+            link: Arc::new(LaneLink {
+                name: Arc::from("GET /x"),
+                ..Default::default()
+            }),
             start_ns: 1_000,
         });
         let mut chunk = Chunk::new();
@@ -252,7 +272,10 @@ mod tests {
         let mut lanes = Lanes::default();
         lanes.apply(LaneEvent::Started {
             lane,
-            name: Arc::from("GET /"),
+            link: Arc::new(LaneLink {
+                name: Arc::from("GET /"),
+                ..Default::default()
+            }),
             start_ns: 5,
         });
         let mut chunk = Chunk::new();

@@ -13,6 +13,7 @@ use crate::options::{
 };
 use crate::runtime::{Runtime, RuntimeConfig};
 use crate::transport::ProfilingTransportFactory;
+use crate::transport::exporters::ExportTarget;
 
 /// Continuous profiling for Sentry.
 ///
@@ -40,6 +41,7 @@ pub struct ProfilingIntegration {
     chunk_duration: Duration,
     symbolize: bool,
     attribution: ThreadAttribution,
+    exports: Vec<ExportTarget>,
     runtime: Arc<OnceLock<Arc<Runtime>>>,
 }
 
@@ -60,6 +62,7 @@ impl ProfilingIntegration {
             chunk_duration: DEFAULT_CHUNK_DURATION,
             symbolize: true,
             attribution: ThreadAttribution::default(),
+            exports: Vec::new(),
             runtime: Arc::new(OnceLock::new()),
         }
     }
@@ -127,6 +130,31 @@ impl ProfilingIntegration {
         self
     }
 
+    /// Also writes the session's profile as a gzipped pprof file at
+    /// shutdown (readable by `go tool pprof`, Pyroscope, Grafana), with
+    /// `span_id`/`span_name`/`trace_id` labels.
+    #[must_use]
+    pub fn pprof_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.exports.push(ExportTarget::PprofFile(path.into()));
+        self
+    }
+
+    /// Also writes the session's profile as an OTLP profiles export request
+    /// (protobuf) at shutdown.
+    #[must_use]
+    pub fn otlp_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.exports.push(ExportTarget::OtlpFile(path.into()));
+        self
+    }
+
+    /// Also posts every chunk to an OTLP/HTTP collector (`http://host:port`,
+    /// path `/v1development/profiles` unless given), protobuf-encoded.
+    #[must_use]
+    pub fn otlp_endpoint(mut self, url: impl Into<String>) -> Self {
+        self.exports.push(ExportTarget::OtlpHttp(url.into()));
+        self
+    }
+
     /// Adds this integration to `options` and wraps their transport, so that
     /// chunks travel through the client's own transport, transactions carry
     /// the profile context, and the last chunk is sent at shutdown. Applies
@@ -189,6 +217,11 @@ impl ProfilingIntegration {
             environment: options.environment.as_deref().map(str::to_owned),
             debug: options.debug,
             attribution: self.attribution,
+            exports: self.exports.clone(),
+            service_name: std::env::current_exe()
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| "unknown_service".into()),
         })
     }
 }

@@ -109,7 +109,10 @@ mod transport;
 mod unwind;
 
 pub use chunk::{Chunk, ChunkSample, MAX_CHUNK_DURATION};
+pub use encode::otlp::export_request as otlp_export_request;
+pub use encode::pprof::{MAX_PPROF_SAMPLES, PprofBuilder};
 pub use encode::sentry_chunk::{ChunkMeta, EncodedChunk, MAX_CHUNK_BYTES, PLATFORM, encode_chunk};
+pub use encode::view::{ProfileView, ViewFrame, ViewSample};
 pub use error::Error;
 pub use integration::ProfilingIntegration;
 pub use options::{
@@ -120,7 +123,15 @@ pub use options::{
 pub use runtime::ProfilerStats;
 pub use sampler::{Sample, Sampler, SamplerControl, SamplerStats};
 pub use symbolize::{Symbol, Symbolizer};
+pub use transport::exporters::ExportTarget;
 pub use transport::{EnvelopeDirTransport, OS_THREAD_ID, OS_THREAD_NAME};
+
+/// pprof's `profile.proto` message types (as written by [`PprofBuilder`]).
+pub mod pprof_proto {
+    pub use crate::encode::pprof::{
+        Function, Label, Line, Location, Mapping, Profile, Sample, ValueType,
+    };
+}
 pub use unwind::{ModuleInfo, ModuleSet, debug_id_from_build_id};
 
 /// Starts the profiler (manual lifecycle). A no-op, logged in debug mode,
@@ -230,12 +241,13 @@ pub mod hooks {
 
     /// A sampled root span holding `lane` (from
     /// [`crate::attribution::new_lane`]) was entered for the first time; its
-    /// samples are filed under the lane, named `name`. Never blocks.
-    pub fn lane_started(lane: u64, name: &str) {
+    /// samples are filed under the lane, named and linked as `link` says.
+    /// Never blocks.
+    pub fn lane_started(lane: u64, link: crate::attribution::LaneLink) {
         if let Some(rt) = crate::runtime::current() {
             rt.lane_event(crate::attribution::LaneEvent::Started {
                 lane,
-                name: std::sync::Arc::from(name),
+                link: std::sync::Arc::new(link),
                 start_ns: now_ns(),
             });
         }

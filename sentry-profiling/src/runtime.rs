@@ -16,10 +16,12 @@ use sentry_core::Transport;
 use crate::attribution::{LaneEvent, Lanes, ThreadAttribution};
 use crate::chunk::Chunk;
 use crate::encode::sentry_chunk::{ChunkMeta, encode_chunk};
+use crate::encode::view::ProfileView;
 use crate::options::{ProfileLifecycle, SamplerConfig};
 use crate::sampler::{Sampler, SamplerControl, SamplerStats, register_own_thread};
 use crate::symbolize::Symbolizer;
 use crate::transport::chunk_envelope;
+use crate::transport::exporters::{ExportCounts, ExportTarget, Exporter};
 
 /// The session currently running in this process, for the tracing layer.
 static CURRENT: ArcSwapOption<Runtime> = ArcSwapOption::const_empty();
@@ -48,6 +50,8 @@ pub(crate) struct RuntimeConfig {
     pub(crate) environment: Option<String>,
     pub(crate) debug: bool,
     pub(crate) attribution: ThreadAttribution,
+    pub(crate) exports: Vec<ExportTarget>,
+    pub(crate) service_name: String,
 }
 
 /// Lane events waiting for the profiler thread, at most.
@@ -66,6 +70,9 @@ struct Counters {
     samples_single_thread: AtomicU64,
     chunks_without_transport: AtomicU64,
     lane_events_dropped: AtomicU64,
+    export_sent: AtomicU64,
+    export_failed: AtomicU64,
+    export_dropped: AtomicU64,
 }
 
 /// What a profiling session has done so far.
@@ -86,6 +93,12 @@ pub struct ProfilerStats {
     /// Lane start/finish events dropped because the profiler thread's queue
     /// was full (those requests' samples stay on their OS threads).
     pub lane_events_dropped: u64,
+    /// Exports (OTLP requests, files) that succeeded.
+    pub exports_sent: u64,
+    /// Exports that failed (endpoint down, file not writable).
+    pub exports_failed: u64,
+    /// Samples left out of exports that reached their size bound.
+    pub export_samples_dropped: u64,
     /// The sampler's counters.
     pub sampler: SamplerStats,
 }
@@ -360,6 +373,9 @@ impl Runtime {
             samples_single_thread: c.samples_single_thread.load(Ordering::Relaxed),
             chunks_without_transport: c.chunks_without_transport.load(Ordering::Relaxed),
             lane_events_dropped: c.lane_events_dropped.load(Ordering::Relaxed),
+            exports_sent: c.export_sent.load(Ordering::Relaxed),
+            exports_failed: c.export_failed.load(Ordering::Relaxed),
+            export_samples_dropped: c.export_dropped.load(Ordering::Relaxed),
             sampler: self
                 .control
                 .get()
@@ -409,6 +425,16 @@ impl Runtime {
             lane_events,
             attribution: config.attribution,
             period_ns: 1_000_000_000 / u64::from(config.sampler.frequency_hz.max(1)),
+            exporters: config
+                .exports
+                .iter()
+                .filter_map(|t| {
+                    Exporter::new(t)
+                        .map_err(|e| eprintln!("sentry-profiling: {e}"))
+                        .ok()
+                })
+                .collect(),
+            service_name: config.service_name.clone(),
         };
         loop {
             match requests.try_recv() {
@@ -424,6 +450,7 @@ impl Runtime {
                         builder.push(s, &modules);
                     }
                     builder.finish_with(&modules);
+                    builder.finish_exports();
                     *self
                         .last_sampler_stats
                         .lock()
@@ -475,6 +502,8 @@ struct ChunkWriter<'a> {
     lane_events: Receiver<LaneEvent>,
     attribution: ThreadAttribution,
     period_ns: u64,
+    exporters: Vec<Exporter>,
+    service_name: String,
 }
 
 impl ChunkWriter<'_> {
@@ -511,6 +540,23 @@ impl ChunkWriter<'_> {
         self.finish_with(&modules);
     }
 
+    fn record_exports(&self, counts: ExportCounts) {
+        let c = &self.runtime.counters;
+        c.export_sent.fetch_add(counts.sent, Ordering::Relaxed);
+        c.export_failed.fetch_add(counts.failed, Ordering::Relaxed);
+        c.export_dropped
+            .fetch_add(counts.dropped, Ordering::Relaxed);
+    }
+
+    /// Writes the file exporters' accumulated profiles (at shutdown).
+    fn finish_exports(&mut self) {
+        let mut counts = ExportCounts::default();
+        for e in &mut self.exporters {
+            e.finish(&self.service_name, &mut counts);
+        }
+        self.record_exports(counts);
+    }
+
     fn finish_with(&mut self, modules: &crate::ModuleSet) {
         for event in self.lane_events.try_iter() {
             self.lanes.apply(event);
@@ -522,6 +568,20 @@ impl ChunkWriter<'_> {
         let now = now_ns();
         if self.attribution == ThreadAttribution::Lanes {
             self.lanes.fill_suspended(&mut chunk, self.period_ns, now);
+        }
+        if !self.exporters.is_empty() {
+            let view = ProfileView::build(
+                &chunk,
+                &self.lanes,
+                modules,
+                self.symbolizer.as_mut(),
+                self.period_ns,
+            );
+            let mut counts = ExportCounts::default();
+            for e in &mut self.exporters {
+                e.export(&view, &self.service_name, &mut counts);
+            }
+            self.record_exports(counts);
         }
         let keys = self.lanes.thread_keys(&chunk, self.attribution);
         let pieces = encode_chunk(

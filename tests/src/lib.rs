@@ -59,6 +59,7 @@ pub fn local_settings(tag: &str) -> sentry_profiling_examples::Settings {
         envelope_dir: dir,
         traces_sample_rate: 1.0,
         profile_session_sample_rate: 1.0,
+        otlp_endpoint: None,
     }
 }
 

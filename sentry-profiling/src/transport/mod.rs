@@ -3,6 +3,7 @@
 //! chunk before the transport stops, and a local envelope-directory sink.
 
 mod envelope_dir;
+pub(crate) mod exporters;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
