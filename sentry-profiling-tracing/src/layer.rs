@@ -118,8 +118,18 @@ pub(crate) fn tag_with_thread(
             Value::String(thread_name()),
         );
     }
-    if matches!(span, TransactionOrSpan::Span(_)) {
-        span.set_data("profiler_id", Value::String(profiler_id.to_owned()));
+    match span {
+        TransactionOrSpan::Span(_) => {
+            span.set_data("profiler_id", Value::String(profiler_id.to_owned()));
+        }
+        TransactionOrSpan::Transaction(_) => {
+            if sentry_profiling::hooks::transaction_profiled(lane, lane_name.unwrap_or_default()) {
+                span.set_data(
+                    sentry_profiling::hooks::TRANSACTION_PROFILE_MARKER,
+                    Value::Bool(true),
+                );
+            }
+        }
     }
 }
 
@@ -186,8 +196,9 @@ where
                 reason = "`true` reliably means the transaction will be sent, which is what the trace lifecycle needs"
             )]
             let sampled = sentry_span.as_ref().is_some_and(|s| s.is_sampled());
-            state.holds_profiler =
-                sampled && sentry_profiling::hooks::root_span_started().is_some();
+            state.holds_profiler = sampled
+                && sentry_profiling::hooks::root_span_started(lane, lane_name.unwrap_or_default())
+                    .is_some();
             // Either lifecycle: a sampled root span seen while the profiler
             // runs gets its lane.
             if sampled && (state.holds_profiler || running.is_some()) {

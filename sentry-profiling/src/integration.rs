@@ -12,6 +12,7 @@ use crate::options::{
     DEFAULT_CHUNK_DURATION, DEFAULT_PROFILE_SESSION_SAMPLE_RATE, ProfileLifecycle, SamplerConfig,
 };
 use crate::runtime::{Runtime, RuntimeConfig};
+use crate::transaction_profile::{ProfilesSampler, V1Config};
 use crate::transport::ProfilingTransportFactory;
 use crate::transport::exporters::ExportTarget;
 
@@ -33,7 +34,7 @@ use crate::transport::exporters::ExportTarget;
 ///         .apply(options),
 /// );
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ProfilingIntegration {
     session_sample_rate: f64,
     lifecycle: ProfileLifecycle,
@@ -42,7 +43,25 @@ pub struct ProfilingIntegration {
     symbolize: bool,
     attribution: ThreadAttribution,
     exports: Vec<ExportTarget>,
+    profiles_sample_rate: Option<f64>,
+    profiles_sampler: Option<ProfilesSampler>,
     runtime: Arc<OnceLock<Arc<Runtime>>>,
+}
+
+impl std::fmt::Debug for ProfilingIntegration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProfilingIntegration")
+            .field("profile_session_sample_rate", &self.session_sample_rate)
+            .field("profile_lifecycle", &self.lifecycle)
+            .field("sampler", &self.sampler)
+            .field("chunk_duration", &self.chunk_duration)
+            .field("symbolize", &self.symbolize)
+            .field("thread_attribution", &self.attribution)
+            .field("exports", &self.exports)
+            .field("profiles_sample_rate", &self.profiles_sample_rate)
+            .field("profiles_sampler", &self.profiles_sampler.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for ProfilingIntegration {
@@ -63,6 +82,8 @@ impl ProfilingIntegration {
             symbolize: true,
             attribution: ThreadAttribution::default(),
             exports: Vec::new(),
+            profiles_sample_rate: None,
+            profiles_sampler: None,
             runtime: Arc::new(OnceLock::new()),
         }
     }
@@ -155,6 +176,28 @@ impl ProfilingIntegration {
         self
     }
 
+    /// Transaction-based profiling (sample format V1, deprecated by Sentry
+    /// but the only kind older self-hosted Sentry accepts): the share of
+    /// sampled transactions that get a profile, sent with the transaction.
+    /// Setting it switches continuous profiling off
+    /// (`profile_session_sample_rate` then has no effect).
+    #[must_use]
+    pub fn profiles_sample_rate(mut self, rate: f64) -> Self {
+        self.profiles_sample_rate = Some(rate);
+        self
+    }
+
+    /// Like [`ProfilingIntegration::profiles_sample_rate`], decided per
+    /// transaction name by `sampler` (returning 0.0 to 1.0).
+    #[must_use]
+    pub fn profiles_sampler(
+        mut self,
+        sampler: impl Fn(&str) -> f64 + Send + Sync + 'static,
+    ) -> Self {
+        self.profiles_sampler = Some(Arc::new(sampler));
+        self
+    }
+
     /// Adds this integration to `options` and wraps their transport, so that
     /// chunks travel through the client's own transport, transactions carry
     /// the profile context, and the last chunk is sent at shutdown. Applies
@@ -174,7 +217,13 @@ impl ProfilingIntegration {
     }
 
     fn settle(&self, options: &ClientOptions) -> Option<RuntimeConfig> {
-        let rate = self.session_sample_rate;
+        let rate = if self.profiles_sample_rate.is_some() || self.profiles_sampler.is_some() {
+            // Transaction-based: every process runs the profiler; each
+            // transaction is sampled on its own.
+            0.0
+        } else {
+            self.session_sample_rate
+        };
         if !(0.0..=1.0).contains(&rate) {
             eprintln!(
                 "sentry-profiling: profiling disabled: `profile_session_sample_rate` is {rate}, it must be between 0.0 and 1.0"
@@ -218,11 +267,43 @@ impl ProfilingIntegration {
             debug: options.debug,
             attribution: self.attribution,
             exports: self.exports.clone(),
+            v1: self.v1_config()?,
             service_name: std::env::current_exe()
                 .ok()
                 .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
                 .unwrap_or_else(|| "unknown_service".into()),
         })
+    }
+}
+
+impl ProfilingIntegration {
+    /// Transaction-based settings: `Ok(None)` in continuous mode, `Err` when
+    /// they are invalid (profiling is then off).
+    fn v1_config_checked(&self) -> Result<Option<V1Config>, ()> {
+        if self.profiles_sample_rate.is_none() && self.profiles_sampler.is_none() {
+            return Ok(None);
+        }
+        if let Some(rate) = self.profiles_sample_rate {
+            if !(0.0..=1.0).contains(&rate) {
+                eprintln!(
+                    "sentry-profiling: profiling disabled: `profiles_sample_rate` is {rate}, it must be between 0.0 and 1.0"
+                );
+                return Err(());
+            }
+        }
+        if self.session_sample_rate > 0.0 {
+            eprintln!(
+                "sentry-profiling: `profile_session_sample_rate` has no effect: `profiles_sample_rate`/`profiles_sampler` select transaction-based profiling"
+            );
+        }
+        Ok(Some(V1Config {
+            rate: self.profiles_sample_rate,
+            sampler: self.profiles_sampler.clone(),
+        }))
+    }
+
+    fn v1_config(&self) -> Option<Option<V1Config>> {
+        self.v1_config_checked().ok()
     }
 }
 
@@ -240,7 +321,8 @@ impl Integration for ProfilingIntegration {
             // The client sends nothing without a DSN; neither do we.
             return;
         }
-        let sampled = self.session_sample_rate >= 1.0
+        let sampled = config.v1.is_some()
+            || self.session_sample_rate >= 1.0
             || (self.session_sample_rate > 0.0 && rand::random::<f64>() < self.session_sample_rate);
         if config.debug {
             eprintln!(

@@ -105,6 +105,7 @@ mod sampler;
 mod sampler;
 mod symbolize;
 mod sys;
+mod transaction_profile;
 mod transport;
 mod unwind;
 
@@ -123,6 +124,7 @@ pub use options::{
 pub use runtime::ProfilerStats;
 pub use sampler::{Sample, Sampler, SamplerControl, SamplerStats};
 pub use symbolize::{Symbol, Symbolizer};
+pub use transaction_profile::ProfilesSampler;
 pub use transport::exporters::ExportTarget;
 pub use transport::{EnvelopeDirTransport, OS_THREAD_ID, OS_THREAD_NAME};
 
@@ -186,6 +188,18 @@ pub fn thread_context() -> u64 {
     }
 }
 
+/// The kernel's release string, for profiles' `os.version`.
+fn kernel_release() -> String {
+    #[cfg(profiling_supported)]
+    {
+        sys::kernel_release()
+    }
+    #[cfg(not(profiling_supported))]
+    {
+        "unknown".into()
+    }
+}
+
 /// The kernel id of the calling thread (the `thread.id` Sentry links by).
 pub fn current_thread_id() -> u64 {
     #[cfg(profiling_supported)]
@@ -204,9 +218,12 @@ pub mod hooks {
     /// A sampled root span (transaction) became active. Returns the session's
     /// `profiler_id` when the profiler runs for it (trace lifecycle, session
     /// sampled); the caller must then call [`root_span_finished`] once.
-    pub fn root_span_started() -> Option<String> {
+    ///
+    /// `lane` and `name` identify the root span; with transaction-based
+    /// profiling they decide (deterministically) whether it is profiled.
+    pub fn root_span_started(lane: u64, name: &str) -> Option<String> {
         let rt = crate::runtime::current()?;
-        rt.root_started()
+        rt.root_started(lane, name)
             .then(|| rt.profiler_id().map(str::to_owned))
             .flatten()
     }
@@ -233,6 +250,20 @@ pub mod hooks {
     pub fn lifecycle() -> Option<crate::ProfileLifecycle> {
         crate::runtime::current().map(|rt| rt.lifecycle())
     }
+
+    /// With transaction-based (V1) profiling: whether the transaction of
+    /// root span `lane` named `name` gets a profile (the same decision
+    /// [`root_span_started`] made). Always false in continuous mode.
+    pub fn transaction_profiled(lane: u64, name: &str) -> bool {
+        crate::runtime::current()
+            .and_then(|rt| rt.v1().map(|v1| v1.sampled(lane, name)))
+            .unwrap_or(false)
+    }
+
+    /// The transaction data key that asks the transport to attach a V1
+    /// profile (set by the tracing layer and middleware; removed before
+    /// sending).
+    pub const TRANSACTION_PROFILE_MARKER: &str = crate::transaction_profile::V1_MARKER;
 
     /// The configured thread attribution of the current session.
     pub fn attribution() -> Option<crate::attribution::ThreadAttribution> {

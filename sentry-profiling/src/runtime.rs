@@ -20,6 +20,7 @@ use crate::encode::view::ProfileView;
 use crate::options::{ProfileLifecycle, SamplerConfig};
 use crate::sampler::{Sampler, SamplerControl, SamplerStats, register_own_thread};
 use crate::symbolize::Symbolizer;
+use crate::transaction_profile::{Intercepted, V1Config, V1Context, V1Drop, V1Pending, intercept};
 use crate::transport::chunk_envelope;
 use crate::transport::exporters::{ExportCounts, ExportTarget, Exporter};
 
@@ -52,7 +53,14 @@ pub(crate) struct RuntimeConfig {
     pub(crate) attribution: ThreadAttribution,
     pub(crate) exports: Vec<ExportTarget>,
     pub(crate) service_name: String,
+    /// Transaction-based (V1) profiling instead of continuous chunks.
+    pub(crate) v1: Option<V1Config>,
 }
+
+/// Transactions waiting for their V1 profile, at most.
+const V1_QUEUE: usize = 256;
+/// How much sample history V1 mode keeps (the longest profile, and slack).
+const V1_HISTORY: Duration = Duration::from_secs(35);
 
 /// Lane events waiting for the profiler thread, at most.
 const LANE_QUEUE: usize = 4096;
@@ -73,6 +81,8 @@ struct Counters {
     export_sent: AtomicU64,
     export_failed: AtomicU64,
     export_dropped: AtomicU64,
+    v1_sent: AtomicU64,
+    v1_dropped: [AtomicU64; 5],
 }
 
 /// What a profiling session has done so far.
@@ -99,6 +109,11 @@ pub struct ProfilerStats {
     pub exports_failed: u64,
     /// Samples left out of exports that reached their size bound.
     pub export_samples_dropped: u64,
+    /// Transaction-based (V1) profiles sent with their transaction.
+    pub transaction_profiles_sent: u64,
+    /// V1 profiles not sent, by reason: fewer than 2 samples, longer than
+    /// 30 s, larger than 50 MiB, missing metadata, queue full.
+    pub transaction_profiles_dropped: [u64; 5],
     /// The sampler's counters.
     pub sampler: SamplerStats,
 }
@@ -112,6 +127,7 @@ pub(crate) struct Runtime {
     control: OnceLock<SamplerControl>,
     requests: Mutex<Option<Sender<Request>>>,
     lane_events: OnceLock<std::sync::mpsc::SyncSender<LaneEvent>>,
+    v1_queue: OnceLock<std::sync::mpsc::SyncSender<V1Pending>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     active_roots: AtomicUsize,
     manual_running: AtomicBool,
@@ -139,6 +155,7 @@ impl Runtime {
             control: OnceLock::new(),
             requests: Mutex::new(None),
             lane_events: OnceLock::new(),
+            v1_queue: OnceLock::new(),
             thread: Mutex::new(None),
             active_roots: AtomicUsize::new(0),
             manual_running: AtomicBool::new(false),
@@ -168,10 +185,12 @@ impl Runtime {
         *self.requests.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
         let (lane_tx, lane_rx) = std::sync::mpsc::sync_channel(LANE_QUEUE);
         let _ = self.lane_events.set(lane_tx);
+        let (v1_tx, v1_rx) = std::sync::mpsc::sync_channel(V1_QUEUE);
+        let _ = self.v1_queue.set(v1_tx);
         let this = Arc::clone(self);
         let spawned = std::thread::Builder::new()
             .name("sentry-profiler-chunks".into())
-            .spawn(move || this.run(rx, lane_rx));
+            .spawn(move || this.run(rx, lane_rx, v1_rx));
         match spawned {
             Ok(handle) => {
                 *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
@@ -232,11 +251,15 @@ impl Runtime {
 
     /// Trace lifecycle: a sampled root span became active. Returns whether
     /// the profiler runs for it.
-    pub(crate) fn root_started(&self) -> bool {
-        if self.lifecycle() != ProfileLifecycle::Trace
-            || self.profiler_id().is_none()
-            || self.shut_down.load(Ordering::Acquire)
-        {
+    pub(crate) fn root_started(&self, lane: u64, name: &str) -> bool {
+        if self.profiler_id().is_none() || self.shut_down.load(Ordering::Acquire) {
+            return false;
+        }
+        let wanted = match self.v1() {
+            Some(v1) => v1.sampled(lane, name),
+            None => self.lifecycle() == ProfileLifecycle::Trace,
+        };
+        if !wanted {
             return false;
         }
         if self.active_roots.fetch_add(1, Ordering::AcqRel) == 0 {
@@ -298,6 +321,37 @@ impl Runtime {
             .config()
             .map_or(crate::DEFAULT_FREQUENCY_HZ, |c| c.sampler.frequency_hz);
         Duration::from_nanos(1_000_000_000 / u64::from(hz.max(1)))
+    }
+
+    /// Transaction-based profiling settings, when that mode is on.
+    pub(crate) fn v1(&self) -> Option<&V1Config> {
+        self.config().and_then(|c| c.v1.as_ref())
+    }
+
+    /// V1 mode: hands a transaction envelope to be profiled to the profiler
+    /// thread, or gives it back (not one to profile, or queue full).
+    pub(crate) fn v1_submit(
+        &self,
+        envelope: sentry_core::protocol::Envelope,
+    ) -> Option<sentry_core::protocol::Envelope> {
+        let pending = match intercept(envelope) {
+            Intercepted::Profile(p) => p,
+            Intercepted::Pass(envelope) => return Some(envelope),
+        };
+        let Some(tx) = self.v1_queue.get() else {
+            return Some(pending.without_profile());
+        };
+        match tx.try_send(pending) {
+            Ok(()) => None,
+            Err(e) => {
+                self.counters.v1_dropped[4].fetch_add(1, Ordering::Relaxed);
+                let pending = match e {
+                    std::sync::mpsc::TrySendError::Full(p)
+                    | std::sync::mpsc::TrySendError::Disconnected(p) => p,
+                };
+                Some(pending.without_profile())
+            }
+        }
     }
 
     /// The configured attribution.
@@ -376,6 +430,10 @@ impl Runtime {
             exports_sent: c.export_sent.load(Ordering::Relaxed),
             exports_failed: c.export_failed.load(Ordering::Relaxed),
             export_samples_dropped: c.export_dropped.load(Ordering::Relaxed),
+            transaction_profiles_sent: c.v1_sent.load(Ordering::Relaxed),
+            transaction_profiles_dropped: std::array::from_fn(|i| {
+                c.v1_dropped[i].load(Ordering::Relaxed)
+            }),
             sampler: self
                 .control
                 .get()
@@ -390,7 +448,12 @@ impl Runtime {
     }
 
     /// The profiler thread.
-    fn run(self: Arc<Self>, requests: Receiver<Request>, lane_events: Receiver<LaneEvent>) {
+    fn run(
+        self: Arc<Self>,
+        requests: Receiver<Request>,
+        lane_events: Receiver<LaneEvent>,
+        v1_requests: Receiver<V1Pending>,
+    ) {
         let _own = register_own_thread();
         let Some(config) = self.config().cloned() else {
             return;
@@ -435,6 +498,11 @@ impl Runtime {
                 })
                 .collect(),
             service_name: config.service_name.clone(),
+            v1: config.v1.is_some().then(|| V1State {
+                requests: v1_requests,
+                pending: Vec::new(),
+                os_version: crate::kernel_release(),
+            }),
         };
         loop {
             match requests.try_recv() {
@@ -504,6 +572,14 @@ struct ChunkWriter<'a> {
     period_ns: u64,
     exporters: Vec<Exporter>,
     service_name: String,
+    v1: Option<V1State>,
+}
+
+/// The profiler thread's transaction-based (V1) work.
+struct V1State {
+    requests: Receiver<V1Pending>,
+    pending: Vec<V1Pending>,
+    os_version: String,
 }
 
 impl ChunkWriter<'_> {
@@ -524,7 +600,69 @@ impl ChunkWriter<'_> {
         }
     }
 
+    /// V1 mode: builds and sends the profiles of transactions whose samples
+    /// have arrived (all of them with `force`).
+    fn process_v1(&mut self, modules: &crate::ModuleSet, force: bool) {
+        let Some(v1) = self.v1.as_mut() else { return };
+        v1.pending.extend(v1.requests.try_iter());
+        if v1.pending.is_empty() {
+            return;
+        }
+        for event in self.lane_events.try_iter() {
+            self.lanes.apply(event);
+        }
+        let newest = self.chunk.last_timestamp_ns().unwrap_or(0);
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut v1.pending)
+            .into_iter()
+            .partition(|p| force || p.ready(newest));
+        v1.pending = waiting;
+        let release = self.meta.release.clone();
+        let environment = self.meta.environment.clone();
+        let ctx = V1Context {
+            lanes: &self.lanes,
+            attribution: self.attribution,
+            modules,
+            period_ns: self.period_ns,
+            release: &release,
+            environment: environment.as_deref(),
+            os_version: &v1.os_version,
+        };
+        let c = &self.runtime.counters;
+        let mut symbolizer = self.symbolizer.as_mut();
+        for p in ready {
+            let (envelope, dropped) = p.finish(&self.chunk, &ctx, &mut symbolizer);
+            match dropped {
+                None => c.v1_sent.fetch_add(1, Ordering::Relaxed),
+                Some(reason) => {
+                    let i = match reason {
+                        V1Drop::TooFewSamples => 0,
+                        V1Drop::TooLong => 1,
+                        V1Drop::TooLarge => 2,
+                        V1Drop::MissingMetadata => 3,
+                    };
+                    c.v1_dropped[i].fetch_add(1, Ordering::Relaxed)
+                }
+            };
+            self.runtime.send_chunk_envelope(envelope);
+        }
+    }
+
     fn rotate_if_due(&mut self, sampler: &Sampler) {
+        if let Some(v1) = &self.v1 {
+            // V1 mode sends no chunks: keep enough history for the longest
+            // transaction still waiting, and the longest profile.
+            let keep_from = now_ns().saturating_sub(V1_HISTORY.as_nanos() as u64);
+            let oldest = v1
+                .pending
+                .iter()
+                .map(V1Pending::start_ns)
+                .min()
+                .unwrap_or(u64::MAX);
+            self.chunk.retain_since(keep_from.min(oldest));
+            let modules = sampler.modules();
+            self.process_v1(&modules, false);
+            return;
+        }
         let Some(first) = self.chunk.first_timestamp_ns() else {
             return;
         };
@@ -558,6 +696,10 @@ impl ChunkWriter<'_> {
     }
 
     fn finish_with(&mut self, modules: &crate::ModuleSet) {
+        if self.v1.is_some() {
+            self.process_v1(modules, true);
+            return;
+        }
         for event in self.lane_events.try_iter() {
             self.lanes.apply(event);
         }

@@ -115,7 +115,17 @@ where
     F: FnOnce(std::net::SocketAddr, Shutdown) -> Fut,
     Fut: std::future::Future<Output = T>,
 {
-    let guard = sentry::init(sentry_profiling_examples::sentry_options(settings).expect("options"));
+    let options = sentry_profiling_examples::sentry_options(settings).expect("options");
+    run_service_with(options, app, drive)
+}
+
+/// [`run_service`] with client options of the caller's own.
+pub fn run_service_with<T, F, Fut>(options: sentry::ClientOptions, app: axum::Router, drive: F) -> T
+where
+    F: FnOnce(std::net::SocketAddr, Shutdown) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let guard = sentry::init(options);
     sentry_profiling_examples::init_tracing();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

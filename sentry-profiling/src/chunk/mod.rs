@@ -128,6 +128,41 @@ impl Chunk {
         self.thread_names.get(&thread_id)
     }
 
+    /// A copy of the samples with timestamps in `[start_ns, end_ns]`.
+    pub(crate) fn window(&self, start_ns: u64, end_ns: u64) -> Chunk {
+        self.filtered(|s| s.timestamp_ns >= start_ns && s.timestamp_ns <= end_ns)
+    }
+
+    /// Drops samples older than `ns` (and the stacks only they used).
+    pub(crate) fn retain_since(&mut self, ns: u64) {
+        if self.first_ns.is_some_and(|f| f < ns) {
+            *self = self.filtered(|s| s.timestamp_ns >= ns);
+        }
+    }
+
+    fn filtered(&self, keep: impl Fn(&ChunkSample) -> bool) -> Chunk {
+        let mut out = Chunk::new();
+        for s in self.samples.iter().filter(|s| keep(s)) {
+            let stack = out.intern(&self.stacks[s.stack as usize]);
+            if let Some(name) = self.thread_names.get(&s.thread_id) {
+                out.thread_names
+                    .entry(s.thread_id)
+                    .or_insert_with(|| name.clone());
+            }
+            out.first_ns = Some(
+                out.first_ns
+                    .map_or(s.timestamp_ns, |f| f.min(s.timestamp_ns)),
+            );
+            out.samples.push(ChunkSample { stack, ..*s });
+        }
+        out
+    }
+
+    /// Timestamp of the newest sample.
+    pub(crate) fn last_timestamp_ns(&self) -> Option<u64> {
+        self.samples.iter().map(|s| s.timestamp_ns).max()
+    }
+
     /// Takes the chunk's content, leaving it empty.
     pub fn take(&mut self) -> Chunk {
         std::mem::take(self)

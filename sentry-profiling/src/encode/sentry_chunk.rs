@@ -111,7 +111,10 @@ struct Profile<'a> {
 
 #[derive(Serialize)]
 struct OutSample {
-    timestamp: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timestamp: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    elapsed_since_start_ns: Option<String>,
     stack_id: u32,
     thread_id: String,
 }
@@ -239,15 +242,34 @@ impl Encoder<'_, '_> {
     }
 }
 
-fn encode_one(
-    meta: &ChunkMeta,
-    chunk: &Chunk,
+/// How sample times are written: V2 chunks use Unix seconds, V1 profiles
+/// nanoseconds since the profile's start, as a string.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SampleTime {
+    /// `timestamp`: Unix seconds (format V2).
+    Unix,
+    /// `elapsed_since_start_ns` from this start (format V1).
+    SinceNs(u64),
+}
+
+/// The `profile` object and `debug_meta.images` shared by both formats.
+pub(crate) struct ProfileBody<'a> {
+    profile: Profile<'a>,
+    images: Vec<DebugImage>,
+    pub(crate) thread_ids: Vec<u64>,
+    pub(crate) span_ns: (u64, u64),
+}
+
+/// Builds the profile body of the samples `order` (indices into `chunk`,
+/// in time order, non-empty), filed under `keyed` thread ids.
+pub(crate) fn build_body<'a>(
+    chunk: &'a Chunk,
     modules: &ModuleSet,
     symbolizer: &mut Option<&mut Symbolizer>,
-    keyed: &[(u64, Option<Arc<str>>)],
+    keyed: &'a [(u64, Option<Arc<str>>)],
     order: &[usize],
-) -> EncodedChunk {
-    let chunk_id = new_id();
+    time: SampleTime,
+) -> ProfileBody<'a> {
     let mut stack_map: HashMap<u32, u32> = HashMap::new();
     let mut frame_map: HashMap<u64, u32> = HashMap::new();
     let mut stacks: Vec<Vec<u32>> = Vec::new();
@@ -265,17 +287,17 @@ fn encode_one(
                 .iter()
                 .map(|&addr| {
                     *frame_map.entry(addr).or_insert_with(|| {
-                        if let Some(m) = modules.find(addr) {
-                            if !images.iter().any(|x| Arc::ptr_eq(x, m)) {
-                                images.push(Arc::clone(m));
-                            }
-                        }
                         if addr == SUSPENDED_FRAME {
                             frames.push(Frame {
                                 instruction_addr: None,
                                 function: Some(Arc::from(SUSPENDED_FUNCTION)),
                             });
                             return (frames.len() - 1) as u32;
+                        }
+                        if let Some(m) = modules.find(addr) {
+                            if !images.iter().any(|x| Arc::ptr_eq(x, m)) {
+                                images.push(Arc::clone(m));
+                            }
                         }
                         let function = symbolizer
                             .as_mut()
@@ -300,8 +322,15 @@ fn encode_one(
                 .or_else(|| chunk.thread_name(s.thread_id).map(|n| &**n));
             thread_metadata.insert(thread_id.clone(), ThreadMeta { name });
         }
+        let (timestamp, elapsed_since_start_ns) = match time {
+            SampleTime::Unix => (Some(s.timestamp_ns as f64 / 1e9), None),
+            SampleTime::SinceNs(start) => {
+                (None, Some(s.timestamp_ns.saturating_sub(start).to_string()))
+            }
+        };
         samples.push(OutSample {
-            timestamp: s.timestamp_ns as f64 / 1e9,
+            timestamp,
+            elapsed_since_start_ns,
             stack_id,
             thread_id,
         });
@@ -323,6 +352,29 @@ fn encode_one(
             arch: ARCH,
         })
         .collect();
+    ProfileBody {
+        profile: Profile {
+            samples,
+            stacks,
+            frames,
+            thread_metadata,
+        },
+        images,
+        thread_ids,
+        span_ns,
+    }
+}
+
+fn encode_one(
+    meta: &ChunkMeta,
+    chunk: &Chunk,
+    modules: &ModuleSet,
+    symbolizer: &mut Option<&mut Symbolizer>,
+    keyed: &[(u64, Option<Arc<str>>)],
+    order: &[usize],
+) -> EncodedChunk {
+    let chunk_id = new_id();
+    let body = build_body(chunk, modules, symbolizer, keyed, order, SampleTime::Unix);
     let payload = Payload {
         version: "2",
         profiler_id: &meta.profiler_id,
@@ -334,13 +386,10 @@ fn encode_one(
             name: "sentry.rust",
             version: env!("CARGO_PKG_VERSION"),
         },
-        debug_meta: DebugMeta { images },
-        profile: Profile {
-            samples,
-            stacks,
-            frames,
-            thread_metadata,
+        debug_meta: DebugMeta {
+            images: body.images,
         },
+        profile: body.profile,
     };
     let json = serde_json::to_vec(&payload).unwrap_or_default();
     let fill_ins = order
@@ -353,9 +402,106 @@ fn encode_one(
         samples: order.len() - fill_ins,
         fill_ins,
         dropped_single: 0,
-        thread_ids,
-        span_ns,
+        thread_ids: body.thread_ids,
+        span_ns: body.span_ns,
     }
+}
+
+/// A V1 (transaction-based) profile's metadata.
+#[derive(Debug, Clone)]
+pub(crate) struct V1Meta {
+    pub(crate) release: String,
+    pub(crate) environment: Option<String>,
+    pub(crate) transaction_id: String,
+    pub(crate) transaction_name: String,
+    pub(crate) trace_id: String,
+    pub(crate) active_thread_id: String,
+    /// The transaction's start (RFC 3339), also the profile's time origin.
+    pub(crate) start_rfc3339: String,
+    pub(crate) start_ns: u64,
+    pub(crate) os_version: String,
+}
+
+#[derive(Serialize)]
+struct V1Payload<'a> {
+    version: &'static str,
+    event_id: &'a str,
+    platform: &'static str,
+    release: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    environment: Option<&'a str>,
+    timestamp: &'a str,
+    device: V1Device,
+    os: V1Os<'a>,
+    debug_meta: DebugMeta,
+    transaction: V1Transaction<'a>,
+    profile: Profile<'a>,
+}
+
+#[derive(Serialize)]
+struct V1Device {
+    architecture: &'static str,
+}
+
+#[derive(Serialize)]
+struct V1Os<'a> {
+    name: &'static str,
+    version: &'a str,
+}
+
+#[derive(Serialize)]
+struct V1Transaction<'a> {
+    id: &'a str,
+    name: &'a str,
+    trace_id: &'a str,
+    active_thread_id: &'a str,
+}
+
+/// Encodes a V1 profile of the samples `order` of `chunk`; returns its
+/// `event_id` and JSON.
+pub(crate) fn encode_v1(
+    meta: &V1Meta,
+    chunk: &Chunk,
+    modules: &ModuleSet,
+    symbolizer: &mut Option<&mut Symbolizer>,
+    keyed: &[(u64, Option<Arc<str>>)],
+    order: &[usize],
+) -> (String, Vec<u8>) {
+    let event_id = new_id();
+    let body = build_body(
+        chunk,
+        modules,
+        symbolizer,
+        keyed,
+        order,
+        SampleTime::SinceNs(meta.start_ns),
+    );
+    let payload = V1Payload {
+        version: "1",
+        event_id: &event_id,
+        platform: PLATFORM,
+        release: &meta.release,
+        environment: meta.environment.as_deref(),
+        timestamp: &meta.start_rfc3339,
+        device: V1Device { architecture: ARCH },
+        os: V1Os {
+            name: "Linux",
+            version: &meta.os_version,
+        },
+        debug_meta: DebugMeta {
+            images: body.images,
+        },
+        transaction: V1Transaction {
+            id: &meta.transaction_id,
+            name: &meta.transaction_name,
+            trace_id: &meta.trace_id,
+            active_thread_id: &meta.active_thread_id,
+        },
+        profile: body.profile,
+    };
+    let json = serde_json::to_vec(&payload).unwrap_or_default();
+    drop(payload);
+    (event_id, json)
 }
 
 /// A random UUID v4 as 32 lowercase hex digits.

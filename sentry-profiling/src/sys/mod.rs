@@ -26,6 +26,6 @@ pub(crate) use signal::{
 };
 #[cfg(profiling_supported)]
 pub(crate) use thread::{
-    ThreadInfo, current_tid, list_threads, own_cpu_time_ns, read_thread_identity, realtime_ns,
-    thread_cpu_time_ns,
+    ThreadInfo, current_tid, kernel_release, list_threads, own_cpu_time_ns, read_thread_identity,
+    realtime_ns, thread_cpu_time_ns,
 };

@@ -85,6 +85,21 @@ pub(crate) fn thread_cpu_time_ns(tid: i32) -> Option<u64> {
     clock_ns((((!tid) << 3) | 6) as libc::clockid_t)
 }
 
+/// The kernel's release string (`uname -r`), for profiles' `os.version`.
+pub(crate) fn kernel_release() -> String {
+    // SAFETY: uname fills a zeroed utsname owned by this frame; `release` is
+    // NUL-terminated by the kernel.
+    unsafe {
+        let mut u: libc::utsname = std::mem::zeroed();
+        if libc::uname(&mut u) != 0 {
+            return "unknown".into();
+        }
+        std::ffi::CStr::from_ptr(u.release.as_ptr())
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
 /// CPU time consumed so far by the calling thread, in nanoseconds.
 pub(crate) fn own_cpu_time_ns() -> u64 {
     clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or(0)

@@ -70,6 +70,14 @@ struct ProfilingTransport {
 
 impl Transport for ProfilingTransport {
     fn send_envelope(&self, envelope: Envelope) {
+        if self.runtime.v1().is_some() {
+            // Transaction-based profiling: the profiler thread attaches the
+            // profile and sends the envelope on.
+            if let Some(envelope) = self.runtime.v1_submit(envelope) {
+                self.inner.send_envelope(envelope);
+            }
+            return;
+        }
         let envelope = match self.runtime.profiler_id() {
             Some(id) => link_transactions(envelope, id, self.runtime.min_lane_duration()),
             None => envelope,
@@ -100,7 +108,7 @@ pub const OS_THREAD_NAME: &str = "sentry_profiling.os_thread.name";
 
 /// Points a short transaction's lane tags at its OS thread, and removes the
 /// OS-thread keys from every transaction and span.
-fn settle_lane(tx: &mut sentry_core::protocol::Transaction<'_>, min_lane: Duration) {
+pub(crate) fn settle_lane(tx: &mut sentry_core::protocol::Transaction<'_>, min_lane: Duration) {
     let duration = tx
         .timestamp
         .and_then(|end| end.duration_since(tx.start_timestamp).ok())
@@ -131,6 +139,26 @@ fn rewrite(data: &mut Map<String, Value>, short: bool, lane: Option<&Value>) -> 
         None => data.remove("thread.name"),
     };
     current
+}
+
+/// Appends a transaction item to raw envelope bytes. A `profile` context
+/// added as `Context::Other` is written with `"type":"profile"` instead of
+/// the SDK's `"type":"unknown"`, which Relay would not read as a profile
+/// context.
+pub(crate) fn write_transaction(bytes: &mut Vec<u8>, tx: &sentry_core::protocol::Transaction<'_>) {
+    let Ok(mut json) = serde_json::to_vec(tx) else {
+        return;
+    };
+    const FROM: &[u8] = br#""profile":{"type":"unknown","#;
+    const TO: &[u8] = br#""profile":{"type":"profile","#;
+    if let Some(pos) = json.windows(FROM.len()).position(|w| w == FROM) {
+        json[pos..pos + FROM.len()].copy_from_slice(TO);
+    }
+    bytes.extend_from_slice(
+        format!("{{\"type\":\"transaction\",\"length\":{}}}\n", json.len()).as_bytes(),
+    );
+    bytes.extend_from_slice(&json);
+    bytes.push(b'\n');
 }
 
 /// Whether the profiler tagged this transaction (see the tracing layer).
@@ -179,19 +207,7 @@ pub(crate) fn link_transactions(
         let mut ctx = Map::new();
         ctx.insert("profiler_id".into(), Value::String(profiler_id.into()));
         tx.contexts.insert("profile".into(), Context::Other(ctx));
-        let Ok(mut json) = serde_json::to_vec(&tx) else {
-            continue;
-        };
-        const FROM: &[u8] = br#""profile":{"type":"unknown","#;
-        const TO: &[u8] = br#""profile":{"type":"profile","#;
-        if let Some(pos) = json.windows(FROM.len()).position(|w| w == FROM) {
-            json[pos..pos + FROM.len()].copy_from_slice(TO);
-        }
-        bytes.extend_from_slice(
-            format!("{{\"type\":\"transaction\",\"length\":{}}}\n", json.len()).as_bytes(),
-        );
-        bytes.extend_from_slice(&json);
-        bytes.push(b'\n');
+        write_transaction(&mut bytes, &tx);
     }
     Envelope::from_bytes_raw(bytes).unwrap_or_default()
 }
