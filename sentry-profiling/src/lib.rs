@@ -93,6 +93,8 @@
 
 pub mod attribution;
 mod chunk;
+#[cfg(profiling_supported)]
+mod context;
 mod encode;
 mod error;
 mod integration;
@@ -166,6 +168,7 @@ pub fn stats() -> Option<ProfilerStats> {
 pub fn set_thread_context(value: u64) -> u64 {
     #[cfg(profiling_supported)]
     {
+        context::publish(value, || sys::current_tid() as u32);
         sys::set_thread_context(value)
     }
     #[cfg(not(profiling_supported))]

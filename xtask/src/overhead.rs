@@ -14,23 +14,42 @@ struct Round {
     p99_ms: f64,
 }
 
-/// A profiling mode of the service.
+/// A profiling mode of the service twin (`benches/src/bin/service_twin.rs`).
 #[derive(Debug, Clone, Copy)]
 struct Mode {
     name: &'static str,
-    session_rate: &'static str,
+    /// The twin's mode argument.
+    arg: &'static str,
+    /// Which build of the twin: the default one, or pprof-rs with its
+    /// framehop unwinder.
+    framehop_build: bool,
 }
 
-const MODES: [Mode; 2] = [
+const MODES: [Mode; 4] = [
     Mode {
         name: "off",
-        session_rate: "0",
+        arg: "off",
+        framehop_build: false,
     },
     Mode {
         name: "sentry-profiling 101 Hz",
-        session_rate: "1",
+        arg: "sentry-profiling",
+        framehop_build: false,
+    },
+    Mode {
+        name: "pprof-rs 100 Hz (backtrace-rs)",
+        arg: "pprof-rs",
+        framehop_build: false,
+    },
+    Mode {
+        name: "pprof-rs 100 Hz (framehop)",
+        arg: "pprof-rs",
+        framehop_build: true,
     },
 ];
+
+const TWIN: &str = "target/release/service_twin";
+const TWIN_FRAMEHOP: &str = "target/pprof-framehop/release/service_twin";
 
 fn clock_ticks_per_sec() -> f64 {
     Command::new("getconf")
@@ -62,13 +81,18 @@ fn parse_duration_ms(s: &str) -> Option<f64> {
     })
 }
 
-fn run_round(bin: &str, mode: Mode, port: u16, secs: u32, path: &str) -> Result<Round, String> {
+fn run_round(mode: Mode, port: u16, secs: u32, path: &str) -> Result<Round, String> {
     let dir = std::env::temp_dir().join(format!("sp-overhead-{}-{port}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    let bin = if mode.framehop_build {
+        TWIN_FRAMEHOP
+    } else {
+        TWIN
+    };
     let mut child = Command::new(bin)
+        .arg(mode.arg)
         .env("ADDR", format!("127.0.0.1:{port}"))
         .env("SENTRY_ENVELOPE_DIR", &dir)
-        .env("SENTRY_PROFILE_SESSION_SAMPLE_RATE", mode.session_rate)
         .env_remove("SENTRY_DSN")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -121,18 +145,47 @@ fn stats(values: &mut [f64]) -> (f64, f64, f64) {
 
 /// Runs the comparison and prints a Markdown table.
 pub(crate) fn run(rounds: usize, secs: u32, path: &str) -> Result<(), String> {
-    let bin = "target/release/examples/axum_service";
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "--release", "--example", "axum_service"])
-        .status()
-        .map_err(|e| e.to_string())?;
-    if !status.success() {
-        return Err("building the example failed".into());
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let build = |extra: &[&str]| {
+        Command::new(&cargo)
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "sentry-profiling-benches",
+                "--bin",
+                "service_twin",
+            ])
+            .args(extra)
+            .status()
+            .map_err(|e| e.to_string())
+            .and_then(|s| {
+                if s.success() {
+                    Ok(())
+                } else {
+                    Err("building the service twin failed".into())
+                }
+            })
+    };
+    build(&[])?;
+    let framehop = build(&[
+        "--features",
+        "pprof-framehop",
+        "--target-dir",
+        "target/pprof-framehop",
+    ]);
+    if let Err(e) = &framehop {
+        eprintln!(
+            "xtask overhead: pprof-rs with framehop does not build here ({e}); skipping that mode"
+        );
     }
     let mut results: Vec<Vec<Round>> = vec![Vec::new(); MODES.len()];
     for round in 0..rounds {
         for (i, mode) in MODES.iter().enumerate() {
-            let r = run_round(bin, *mode, 3300 + i as u16, secs, path)?;
+            if mode.framehop_build && framehop.is_err() {
+                continue;
+            }
+            let r = run_round(*mode, 3300 + i as u16, secs, path)?;
             eprintln!(
                 "round {} {:<26} {:>8.1} µs CPU/request {:>9.0} req/s p99 {:>6.2} ms",
                 round + 1,
@@ -148,6 +201,9 @@ pub(crate) fn run(rounds: usize, secs: u32, path: &str) -> Result<(), String> {
     println!("|---|---|---|---|");
     let off = &results[0];
     for (mode, rs) in MODES.iter().zip(&results) {
+        if rs.is_empty() {
+            continue;
+        }
         let ratio = |f: fn(&Round) -> f64| {
             let mut v: Vec<f64> = rs.iter().zip(off).map(|(r, o)| f(r) / f(o)).collect();
             stats(&mut v)

@@ -359,12 +359,15 @@ impl Worker {
             }
             match &t.last_stack {
                 Some(stack) if cpu.saturating_sub(t.last_cpu_ns) <= IDLE_CPU_SLACK_NS => {
+                    // The thread's context word now, not at its last capture:
+                    // it may have left a request's span before parking.
+                    let context = t.context_slot.map_or(0, crate::context::read);
                     let sample = Sample::new(
                         tick_ts,
                         t.info.tid,
                         t.name.clone(),
                         stack.clone(),
-                        t.last_context,
+                        context,
                         true,
                     );
                     c.samples_idle.add(1);
@@ -491,7 +494,6 @@ impl Worker {
                 _ => Arc::from(&self.frames[..]),
             };
             t.last_stack = Some(stack.clone());
-            t.last_context = cap.context;
             // Measure idleness from after the handler ran (see IDLE_CPU_SLACK_NS).
             if let Some(cpu) = sys::thread_cpu_time_ns(t.info.tid) {
                 t.last_cpu_ns = cpu;

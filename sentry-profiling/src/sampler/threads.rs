@@ -25,7 +25,8 @@ pub(super) struct Tracked {
     pub(super) name: Arc<str>,
     pub(super) last_cpu_ns: u64,
     pub(super) last_stack: Option<Arc<[u64]>>,
-    pub(super) last_context: u64,
+    /// Where the thread publishes its context word (see `crate::context`).
+    pub(super) context_slot: Option<u32>,
     pub(super) stack_bounds: Option<(usize, usize)>,
     /// The slot of the signal in flight, and when it was sent.
     pub(super) outstanding: Option<(&'static Slot, Instant)>,
@@ -43,7 +44,7 @@ impl Tracked {
             info,
             last_cpu_ns: 0,
             last_stack: None,
-            last_context: 0,
+            context_slot: None,
             stack_bounds: None,
             outstanding: None,
             abandoned: Vec::new(),
@@ -61,7 +62,6 @@ impl Tracked {
         }
         self.last_cpu_ns = 0;
         self.last_stack = None;
-        self.last_context = 0;
         self.stack_bounds = None;
         self.retried = false;
     }
@@ -105,12 +105,14 @@ impl ThreadTable {
         let Ok(tids) = sys::list_threads() else {
             return;
         };
+        let slots = crate::context::slots_by_tid();
         let listed: std::collections::HashSet<i32> = tids.iter().copied().collect();
         for t in &mut self.entries {
             if !listed.contains(&t.info.tid) || own.contains(&t.info.tid) {
                 t.gone = true;
                 continue;
             }
+            t.context_slot = slots.get(&(t.info.tid as u32)).copied();
             if !all_names && t.first_seen.elapsed() >= YOUNG {
                 continue;
             }

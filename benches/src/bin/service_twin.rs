@@ -1,0 +1,76 @@
+//! The example service for overhead comparisons: one binary, the profiler
+//! chosen at start (`off`, `sentry-profiling`, `pprof-rs`), the same router,
+//! tracing and Sentry set-up (transactions to an envelope directory).
+//!
+//! `service_twin <mode>`; `ADDR` and `SENTRY_ENVELOPE_DIR` as for the
+//! example. Runs until SIGINT/SIGTERM.
+
+use sentry_profiling_examples::{Settings, init_tracing, router, sentry_options};
+
+fn main() -> std::process::ExitCode {
+    let mode = std::env::args().nth(1).unwrap_or_else(|| "off".into());
+    let mut settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("service_twin: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    settings.dsn = None;
+    settings.profile_session_sample_rate = if mode == "sentry-profiling" { 1.0 } else { 0.0 };
+    let guard = match sentry_options(&settings) {
+        Ok(o) => sentry::init(o),
+        Err(e) => {
+            eprintln!("service_twin: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    init_tracing();
+    let pprof = match mode.as_str() {
+        "pprof-rs" => match pprof::ProfilerGuardBuilder::default()
+            .frequency(100)
+            .blocklist(&["libc", "libgcc", "pthread", "vdso"])
+            .build()
+        {
+            Ok(g) => Some(g),
+            Err(e) => {
+                eprintln!("service_twin: pprof-rs: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        },
+        "off" | "sentry-profiling" => None,
+        other => {
+            eprintln!("service_twin: unknown mode {other:?} (off, sentry-profiling, pprof-rs)");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let served = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(settings.addr).await?;
+        axum::serve(listener, router())
+            .with_graceful_shutdown(async {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("SIGTERM handler");
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {},
+                    _ = term.recv() => {},
+                }
+            })
+            .await
+    });
+    drop(runtime);
+    if let Some(g) = pprof {
+        // Build the report as a user would; its cost is after the load.
+        let _ = g.report().build();
+    }
+    drop(guard);
+    if let Err(e) = served {
+        eprintln!("service_twin: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    std::process::ExitCode::SUCCESS
+}
