@@ -13,6 +13,9 @@
 //!   everything the profiler does elsewhere (sampler thread, unwinding,
 //!   chunk building; for pprof-rs, building its report at the end).
 //!
+//! Both subtract a baseline run of the same worker with no profiler (timer
+//! interrupts and VM exits stall a thread too).
+//!
 //! `cargo bench -p sentry-profiling-benches --bench per_sample`
 //! (`-- --test` for a short smoke run). Nothing here asserts on a timing.
 
@@ -72,24 +75,53 @@ fn worker(depth: usize, stop: Arc<AtomicBool>, meter: Arc<Meter>) -> std::thread
 /// One measurement: (samples on the worker, interruption µs/sample, total CPU µs/sample).
 type Row = (u64, f64, f64);
 
-fn finish(samples: u64, process_cpu: u64, meter: &Meter) -> Row {
+/// Stall time per second of a worker with no profiler at all (timer
+/// interrupts, VM exits), and the process CPU beyond the worker's own work
+/// per second: subtracted from the profiled runs.
+#[derive(Debug, Clone, Copy, Default)]
+struct Baseline {
+    stall_per_s: f64,
+    extra_cpu_per_s: f64,
+}
+
+fn baseline(depth: usize, run: Duration) -> Baseline {
+    let stop = Arc::new(AtomicBool::new(false));
+    let meter = Arc::new(Meter::default());
+    let cpu0 = cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID);
+    let started = Instant::now();
+    let w = worker(depth, Arc::clone(&stop), Arc::clone(&meter));
+    std::thread::sleep(run);
+    stop.store(true, Ordering::Relaxed);
+    w.join().expect("worker");
+    let secs = started.elapsed().as_secs_f64();
+    let stall = meter.stall_ns.load(Ordering::Relaxed);
+    let own = meter.cpu_ns.load(Ordering::Relaxed).saturating_sub(stall);
+    let extra = (cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - cpu0).saturating_sub(own);
+    Baseline {
+        stall_per_s: stall as f64 / secs,
+        extra_cpu_per_s: extra as f64 / secs,
+    }
+}
+
+fn finish(samples: u64, process_cpu: u64, meter: &Meter, base: Baseline, secs: f64) -> Row {
     let stall = meter.stall_ns.load(Ordering::Relaxed);
     let own_work = meter.cpu_ns.load(Ordering::Relaxed).saturating_sub(stall);
-    let per = |ns: u64| {
+    let per = |ns: f64| {
         if samples == 0 {
             f64::NAN
         } else {
-            ns as f64 / samples as f64 / 1000.0
+            ns.max(0.0) / samples as f64 / 1000.0
         }
     };
     (
         samples,
-        per(stall),
-        per(process_cpu.saturating_sub(own_work)),
+        per(stall as f64 - base.stall_per_s * secs),
+        per(process_cpu.saturating_sub(own_work) as f64 - base.extra_cpu_per_s * secs),
     )
 }
 
-fn ours(depth: usize, run: Duration) -> Row {
+fn ours(depth: usize, run: Duration, base: Baseline) -> Row {
+    let t0 = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let meter = Arc::new(Meter::default());
     let cpu0 = cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID);
@@ -121,14 +153,18 @@ fn ours(depth: usize, run: Duration) -> Row {
     stop.store(true, Ordering::Relaxed);
     let _ = sampler.stop();
     w.join().expect("worker");
+    let secs = t0.elapsed().as_secs_f64();
     finish(
         on_worker,
         cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - cpu0,
         &meter,
+        base,
+        secs,
     )
 }
 
-fn pprof_rs(depth: usize, run: Duration) -> Row {
+fn pprof_rs(depth: usize, run: Duration, base: Baseline) -> Row {
+    let t0 = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let meter = Arc::new(Meter::default());
     let cpu0 = cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID);
@@ -149,10 +185,13 @@ fn pprof_rs(depth: usize, run: Duration) -> Row {
         .filter(|(frames, _)| frames.thread_name == "worker")
         .map(|(_, n)| *n)
         .sum();
+    let secs = t0.elapsed().as_secs_f64();
     finish(
         on_worker.max(0) as u64,
         cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - cpu0,
         &meter,
+        base,
+        secs,
     )
 }
 
@@ -164,11 +203,19 @@ fn main() {
     // pprof-rs installs its SIGPROF handler for good once started, so all
     // of our runs come first.
     let mut rows = Vec::new();
-    for depth in [10, 50, 200] {
-        rows.push((depth, "sentry-profiling 101 Hz", ours(depth, run)));
+    let bases: Vec<Baseline> = [10, 50, 200].iter().map(|&d| baseline(d, run)).collect();
+    for (i, depth) in [10, 50, 200].into_iter().enumerate() {
+        rows.push((depth, "sentry-profiling 101 Hz", ours(depth, run, bases[i])));
     }
-    for depth in [10, 50, 200] {
-        rows.push((depth, "pprof-rs 100 Hz", pprof_rs(depth, run)));
+    for (i, depth) in [10, 50, 200].into_iter().enumerate() {
+        rows.push((depth, "pprof-rs 100 Hz", pprof_rs(depth, run, bases[i])));
+    }
+    for (depth, b) in [10, 50, 200].iter().zip(&bases) {
+        eprintln!(
+            "baseline at depth {depth}: {:.0} µs/s stalled, {:.0} µs/s other CPU",
+            b.stall_per_s / 1e3,
+            b.extra_cpu_per_s / 1e3
+        );
     }
     rows.sort_by_key(|r| r.0);
     for (depth, name, (n, stall, total)) in rows {

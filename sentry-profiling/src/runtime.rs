@@ -528,11 +528,11 @@ impl Runtime {
                 }
                 Err(_) => {}
             }
-            if let Some(sample) = sampler.recv_timeout(Duration::from_millis(50)) {
-                let modules = sampler.modules();
-                builder.push(&sample, &modules);
-                builder.drain(&sampler);
-            }
+            // Take samples in batches: sleeping instead of blocking on the
+            // queue spares the sampler a wake-up per sample. Flush and
+            // shutdown requests unpark the thread.
+            std::thread::park_timeout(Duration::from_millis(100));
+            builder.drain(&sampler);
             builder.rotate_if_due(&sampler);
         }
     }

@@ -33,11 +33,10 @@ const ABANDON_AFTER: Duration = Duration::from_millis(500);
 
 /// CPU time a thread may gain between samples and still count as idle.
 ///
-/// Running the signal handler itself costs the interrupted thread a few
-/// microseconds of CPU, partly after the sampler has read its clock (the
-/// return from the handler and the restarted syscall). Without this margin a
-/// parked thread would look busy at every tick because it was sampled at the
-/// previous one. A timer wake-up that goes straight back to sleep costs
+/// The thread's clock is read at the tick that signals it, so the signal
+/// delivery, the handler and the return from it (a few microseconds) are
+/// counted against the next tick. Without this margin a parked thread would
+/// look busy at every tick because it was sampled at the previous one. A timer wake-up that goes straight back to sleep costs
 /// about 30 µs here, and also stays below it: such a thread is back where
 /// its last stack was taken. 50 µs is 0.5 % of a 101 Hz period.
 const IDLE_CPU_SLACK_NS: u64 = 50_000;
@@ -334,7 +333,9 @@ impl Worker {
         let c = &shared.counters;
         c.ticks.add(1);
         let tick_ts = sys::realtime_ns();
-        self.threads.refresh_if_due(&own_threads(), c);
+        if self.threads.refresh_due() {
+            self.threads.refresh(&own_threads(), c);
+        }
         self.unwinder.refresh_modules();
         self.harvest(false);
 
@@ -494,10 +495,6 @@ impl Worker {
                 _ => Arc::from(&self.frames[..]),
             };
             t.last_stack = Some(stack.clone());
-            // Measure idleness from after the handler ran (see IDLE_CPU_SLACK_NS).
-            if let Some(cpu) = sys::thread_cpu_time_ns(t.info.tid) {
-                t.last_cpu_ns = cpu;
-            }
             c.samples_captured.add(1);
             c.handler_ns.add(cap.handler_ns);
             let sample = Sample::new(

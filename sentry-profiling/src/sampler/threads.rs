@@ -88,12 +88,14 @@ impl ThreadTable {
         &mut self.entries[idx]
     }
 
-    /// Re-reads the thread list (every 100 ms) and names (every second, and
-    /// at every listing for threads seen in the last second) when due.
-    pub(super) fn refresh_if_due(&mut self, own: &[i32], counters: &Counters) {
-        if self.last_list.is_some_and(|t| t.elapsed() < LIST_EVERY) {
-            return;
-        }
+    /// Whether the thread list (every 100 ms) and names (every second, and
+    /// at every listing for threads seen in the last second) are due.
+    pub(super) fn refresh_due(&self) -> bool {
+        self.last_list.is_none_or(|t| t.elapsed() >= LIST_EVERY)
+    }
+
+    /// Re-reads the thread list (see [`ThreadTable::refresh_due`]).
+    pub(super) fn refresh(&mut self, own: &[i32], counters: &Counters) {
         self.last_list = Some(Instant::now());
         let all_names = self.last_names.is_none_or(|t| t.elapsed() >= NAMES_EVERY);
         if all_names {
