@@ -37,10 +37,10 @@
 //! # What it costs
 //!
 //! Measured on a 2-core x86_64 VM (`cargo bench -p sentry-profiling-benches
-//! --bench sampler`): 0.8 to 1.7 µs in the signal handler per sample (stack
-//! depth 10 to 200), 4 to 6 µs of unwinding per sample on the sampler
-//! thread, and 0.4 to 1 % of one core for the sampler with 1 to 64 threads.
-//! Threads that do not run cost nothing: they are not signalled.
+//! --bench sampler`): 1.2 to 2.3 µs in the signal handler per sample (stack
+//! depth 10 to 200), 1 to 3.5 µs of unwinding per sample on the sampler
+//! thread, and 0.2 to 0.9 % of one core for the sampler with 1 to 64
+//! threads. Threads that do not run cost nothing: they are not signalled.
 //!
 //! # Example
 //!
