@@ -63,10 +63,23 @@ fn ci() -> bool {
             &[("RUSTDOCFLAGS", "-D warnings")],
         )
         && test()
-        && cargo(
-            &["bench", "-p", "sentry-profiling-benches", "--", "--test"],
-            &[],
-        )
+        && bench(true)
+        && unsupported()
+}
+
+/// Builds and unit-tests the variant for platforms without a sampler.
+fn unsupported() -> bool {
+    cargo(
+        &[
+            "test",
+            "-p",
+            "sentry-profiling",
+            "--lib",
+            "--target-dir",
+            "target/unsupported",
+        ],
+        &[("SENTRY_PROFILING_FORCE_UNSUPPORTED", "1")],
+    )
 }
 
 fn bench(quick: bool) -> bool {
