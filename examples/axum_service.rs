@@ -7,7 +7,7 @@
 //! a summary.
 
 use sentry_profiling_examples::{
-    Settings, init_tracing, router, sentry_options, summarize_envelopes,
+    Settings, init_tracing, sentry_options, serve_until_signal, summarize_envelopes,
 };
 
 fn main() -> std::process::ExitCode {
@@ -28,24 +28,13 @@ fn main() -> std::process::ExitCode {
     let guard = sentry::init(options);
     init_tracing();
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let served = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(settings.addr).await?;
-        eprintln!(
-            "axum_service: listening on http://{}",
-            listener.local_addr()?
-        );
-        axum::serve(listener, router())
-            .with_graceful_shutdown(shutdown_signal())
-            .await
+    let served = serve_until_signal(settings.addr, |addr| {
+        eprintln!("axum_service: listening on http://{addr}");
     });
+    eprintln!("axum_service: stopped; in-flight requests have finished");
     // In-flight requests have finished; their transactions are sent. Take
     // the counters before the client closes, then close it: that sends the
     // last profile chunk and waits for the transport.
-    drop(runtime);
     let stats_before_close = sentry_profiling::stats();
     drop(guard);
     let stats = sentry_profiling::stats().or(stats_before_close);
@@ -56,17 +45,6 @@ fn main() -> std::process::ExitCode {
     }
     print_summary(&settings, stats);
     std::process::ExitCode::SUCCESS
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term.recv() => {},
-    }
-    eprintln!("axum_service: shutting down; waiting for in-flight requests");
 }
 
 fn print_summary(settings: &Settings, stats: Option<sentry_profiling::ProfilerStats>) {

@@ -59,6 +59,42 @@ pub fn router() -> Router {
         .layer(sentry_profiling_tracing::http_layer())
 }
 
+/// Serves the example router on `addr` until Ctrl-C or SIGTERM, then shuts
+/// down gracefully: in-flight requests finish before this returns (and the
+/// runtime, with its worker threads, is gone). `on_listening` is told the
+/// bound address.
+pub fn serve_until_signal(
+    addr: SocketAddr,
+    on_listening: impl FnOnce(SocketAddr),
+) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        on_listening(listener.local_addr()?);
+        axum::serve(listener, router())
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+    })
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        () = term => {},
+    }
+}
+
 /// Settings read from the environment.
 #[derive(Debug, Clone)]
 pub struct Settings {

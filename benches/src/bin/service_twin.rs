@@ -5,7 +5,7 @@
 //! `service_twin <mode>`; `ADDR` and `SENTRY_ENVELOPE_DIR` as for the
 //! example. Runs until SIGINT/SIGTERM.
 
-use sentry_profiling_examples::{Settings, init_tracing, router, sentry_options};
+use sentry_profiling_examples::{Settings, init_tracing, sentry_options, serve_until_signal};
 
 fn main() -> std::process::ExitCode {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "off".into());
@@ -44,25 +44,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let served = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(settings.addr).await?;
-        axum::serve(listener, router())
-            .with_graceful_shutdown(async {
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                        .expect("SIGTERM handler");
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {},
-                    _ = term.recv() => {},
-                }
-            })
-            .await
-    });
-    drop(runtime);
+    let served = serve_until_signal(settings.addr, |_| {});
     if let Some(g) = pprof {
         // Build the report as a user would; its cost is after the load.
         let _ = g.report().build();
