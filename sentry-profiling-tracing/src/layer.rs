@@ -174,11 +174,18 @@ where
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
-        let lane = span.extensions().get::<SpanLane>().map_or(0, |l| l.lane);
+        // One look at the extensions on the path every entry takes.
+        let (lane, decided) = {
+            let ext = span.extensions();
+            (
+                ext.get::<SpanLane>().map_or(0, |l| l.lane),
+                ext.get::<SpanState>().is_some(),
+            )
+        };
         let prev = sentry_profiling::set_thread_context(lane);
         CONTEXT_STACK.with(|s| s.borrow_mut().push(prev));
 
-        if span.extensions().get::<SpanState>().is_some() {
+        if decided {
             return;
         }
         // First entry: decide once per span.
