@@ -333,11 +333,16 @@ impl Worker {
         let c = &shared.counters;
         c.ticks.add(1);
         let tick_ts = sys::realtime_ns();
-        if self.threads.refresh_due() {
-            self.threads.refresh(&own_threads(), c);
-        }
+        // Last tick's captures first: their threads' table entries still name
+        // the threads that took them, even if a listing below finds an id
+        // reused since.
         self.unwinder.refresh_modules();
         self.harvest(false);
+        if self.threads.refresh_due() {
+            let mut salvaged = Vec::new();
+            self.threads.refresh(&own_threads(), c, &mut salvaged);
+            self.free_slots.append(&mut salvaged);
+        }
 
         self.pending.clear();
         for idx in 0..self.threads.len() {
@@ -380,19 +385,13 @@ impl Worker {
                 }
             }
         }
-        // Signal everyone first, then collect: the handler round trip is
-        // much longer than the handler itself, so this overlaps them.
+        // Signal and go back to sleep: handlers are collected at the next
+        // tick. Waiting for them here would cost a wake-up per tick, and on a
+        // host with more runnable threads than cores each wake-up waits for a
+        // CPU; the handlers themselves then skip the futex wake as well.
         let pending = std::mem::take(&mut self.pending);
         self.signal_all(&pending);
         self.pending = pending;
-        self.collect_until(Instant::now() + self.period.min(Duration::from_millis(4)) / 2);
-        // Threads whose bounds were learned from this tick's first signal get
-        // a second one right away, so their first sample has a stack.
-        let retry: Vec<usize> = self.threads.take_retries();
-        if !retry.is_empty() {
-            self.signal_all(&retry);
-            self.collect_until(Instant::now() + Duration::from_millis(2));
-        }
     }
 
     fn signal_all(&mut self, which: &[usize]) {

@@ -54,6 +54,26 @@ impl Tracked {
         }
     }
 
+    /// Frees the slots of a thread that has exited and whose id `next`
+    /// now tracks: a capture it completed is discarded, and a signal still
+    /// pending on it died with it. A slot in any other state stays
+    /// abandoned, on `next`, until it settles.
+    fn salvage_slots(self, next: &mut Tracked, salvaged: &mut Vec<&'static Slot>) {
+        let outstanding = self.outstanding.map(|(slot, _)| {
+            if !slot.abandon() {
+                let _ = slot.take(|_, _| ());
+            }
+            slot
+        });
+        for slot in outstanding.into_iter().chain(self.abandoned) {
+            slot.reclaim_abandoned();
+            match slot.state() {
+                sys::SlotState::Free | sys::SlotState::Late => salvaged.push(slot),
+                _ => next.abandoned.push(slot),
+            }
+        }
+    }
+
     /// Forgets everything learned about the thread that had this id.
     pub(super) fn reset_identity(&mut self) {
         if let Some(info) = sys::read_thread_identity(self.info.tid) {
@@ -76,7 +96,6 @@ pub(super) struct ThreadTable {
     last_names: Option<Instant>,
     maps: StackMappings,
     maps_read: Option<Instant>,
-    retries: Vec<usize>,
 }
 
 impl ThreadTable {
@@ -95,7 +114,15 @@ impl ThreadTable {
     }
 
     /// Re-reads the thread list (see [`ThreadTable::refresh_due`]).
-    pub(super) fn refresh(&mut self, own: &[i32], counters: &Counters) {
+    /// Slots still held for a thread whose id turned out to be reused go to
+    /// `salvaged`: that thread has exited, and a signal pending on it died
+    /// with it.
+    pub(super) fn refresh(
+        &mut self,
+        own: &[i32],
+        counters: &Counters,
+        salvaged: &mut Vec<&'static Slot>,
+    ) {
         self.last_list = Some(Instant::now());
         let all_names = self.last_names.is_none_or(|t| t.elapsed() >= NAMES_EVERY);
         if all_names {
@@ -123,7 +150,8 @@ impl ThreadTable {
                 Some(info) if info.start_time != t.info.start_time => {
                     counters.threads_recycled.add(1);
                     counters.threads_seen.add(1);
-                    *t = Tracked::new(info);
+                    let old = std::mem::replace(t, Tracked::new(info));
+                    old.salvage_slots(t, salvaged);
                 }
                 Some(info) => {
                     if info.name != t.info.name {
@@ -146,8 +174,8 @@ impl ThreadTable {
     }
 
     /// Sets a thread's stack bounds from the mapping that holds `sp`.
-    /// Returns true when the bounds changed and the thread was queued for an
-    /// immediate second signal.
+    /// Returns true when the bounds changed and the capture should be
+    /// discarded: the thread is then signalled again at the next tick.
     pub(super) fn learn_bounds(&mut self, idx: usize, sp: usize) -> bool {
         let mut found = self.maps.find(sp);
         if found.is_none()
@@ -167,17 +195,14 @@ impl ThreadTable {
                     return false;
                 }
                 t.retried = true;
-                // The first sample was spent learning the bounds; take it again.
+                // The first sample was spent learning the bounds; the next
+                // tick takes it again, even if the thread is idle by then.
                 t.last_cpu_ns = 0;
-                self.retries.push(idx);
+                t.last_stack = None;
                 true
             }
             _ => false,
         }
-    }
-
-    pub(super) fn take_retries(&mut self) -> Vec<usize> {
-        std::mem::take(&mut self.retries)
     }
 
     /// Frees abandoned slots once a late handler has acknowledged them.
@@ -221,7 +246,6 @@ impl ThreadTable {
             .enumerate()
             .map(|(i, t)| (t.info.tid, i))
             .collect();
-        self.retries.clear();
     }
 
     /// Returns every slot to the process-wide pool (at stop).

@@ -42,6 +42,9 @@ static SIGNAL: AtomicI32 = AtomicI32::new(0);
 static INSTALL: Mutex<()> = Mutex::new(());
 /// The process id signals must come from (refreshed at every start, for forks).
 static OWN_PID: AtomicI32 = AtomicI32::new(0);
+/// This process's real user id, for the `siginfo` of the signals it sends
+/// (read once rather than at every signal).
+static OWN_UID: AtomicU32 = AtomicU32::new(0);
 
 /// Bumped by the handler each time it finishes with a slot; a futex word.
 static COMPLETIONS: AtomicU32 = AtomicU32::new(0);
@@ -320,6 +323,8 @@ pub(crate) fn install_handler(preferred: Option<i32>) -> Result<SignalSetup, Str
     let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
     // SAFETY: getpid has no preconditions.
     OWN_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+    // SAFETY: getuid has no preconditions.
+    OWN_UID.store(unsafe { libc::getuid() }, Ordering::Relaxed);
     let current = SIGNAL.load(Ordering::Relaxed);
     if current != 0 {
         if preferred.is_some_and(|p| p != current) {
@@ -407,8 +412,7 @@ pub(crate) fn send_sample_signal(tid: i32, slot: &Slot) -> Result<(), SendError>
         code: SI_QUEUE,
         _pad0: 0,
         pid,
-        // SAFETY: getuid has no preconditions.
-        uid: unsafe { libc::getuid() },
+        uid: OWN_UID.load(Ordering::Relaxed),
         value: slot.index as usize,
         _rest: [0; 96],
     };
