@@ -1,144 +1,86 @@
-//! Per-sample cost, side by side with pprof-rs, on the same kind of thread.
+//! Per-sample cost, side by side with pprof-rs, on the same kind of thread:
+//! one worker spinning at a chosen stack depth (10, 50, 200), sampled at
+//! about 100 Hz by each profiler in turn.
 //!
-//! One worker thread sits at a chosen stack depth and runs a stall meter: it
-//! reads the monotonic clock in a tight loop, and every gap between two
-//! reads longer than 1.5 µs (and shorter than 2 ms) is time the thread was
-//! interrupted. With one busy worker on two cores, those gaps are the
-//! signal deliveries: kernel entry, the handler, and (for pprof-rs, which
-//! unwinds in its handler) the unwind.
-//!
-//! - interruption per sample: the worker's stall time / its samples;
-//! - total CPU per sample: the process's CPU time, minus the worker's own
-//!   uninterrupted work, divided by the samples taken: the handler plus
-//!   everything the profiler does elsewhere (sampler thread, unwinding,
-//!   chunk building; for pprof-rs, building its report at the end).
-//!
-//! Both subtract a baseline run of the same worker with no profiler (timer
-//! interrupts and VM exits stall a thread too).
+//! - handler µs/sample: time inside the signal handler on the interrupted
+//!   thread, from its first instruction to its return, read from
+//!   `CLOCK_MONOTONIC`. Ours times itself (`SamplerStats::handler_ns`);
+//!   pprof-rs's handler is wrapped, after pprof-rs installs it, by a
+//!   handler that reads the same clock around a call to it. Kernel entry
+//!   and `sigreturn` are not included for either (they are the same for
+//!   both: one signal per sample).
+//! - total CPU µs/sample: every CPU nanosecond the profiler spends per
+//!   sample, wherever it runs. Ours: handler + the sampler thread's CPU in
+//!   its ticks (signalling, unwinding, the idle checks) + the consumer's
+//!   CPU building and encoding chunks, read from thread CPU clocks. pprof-rs:
+//!   handler (which unwinds and symbol-free aggregates in place) + the CPU of
+//!   building its report at the end.
 //!
 //! `cargo bench -p sentry-profiling-benches --bench per_sample`
-//! (`-- --test` for a short smoke run). Nothing here asserts on a timing.
+//! (`-- --test` for a short smoke run). Build with
+//! `--features pprof-framehop` to compare with pprof-rs's framehop unwinder.
+//! Nothing here asserts on a timing.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use sentry_profiling::{Chunk, ChunkMeta, ModuleSet, Sampler, SamplerConfig, encode_chunk};
-use sentry_profiling_benches::at_depth;
+use sentry_profiling_benches::{at_depth, spin};
 
-fn cpu_ns(who: libc::clockid_t) -> u64 {
+fn clock(which: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes to a local timespec.
-    unsafe { libc::clock_gettime(who, &mut ts) };
+    unsafe { libc::clock_gettime(which, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// What the worker measured.
-#[derive(Debug, Default)]
-struct Meter {
-    stall_ns: AtomicU64,
-    stalls: AtomicU64,
-    cpu_ns: AtomicU64,
-}
-
-fn worker(depth: usize, stop: Arc<AtomicBool>, meter: Arc<Meter>) -> std::thread::JoinHandle<()> {
+fn worker(depth: usize, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("worker".into())
         .spawn(move || {
-            at_depth(depth, &|| {
-                let cpu0 = cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID);
-                let mut last = Instant::now();
-                let (mut stall, mut stalls) = (0u64, 0u64);
-                while !stop.load(Ordering::Relaxed) {
-                    let now = Instant::now();
-                    let gap = now.duration_since(last).as_nanos() as u64;
-                    if (1_500..2_000_000).contains(&gap) {
-                        stall += gap;
-                        stalls += 1;
-                    }
-                    last = now;
-                }
-                meter.stall_ns.store(stall, Ordering::Relaxed);
-                meter.stalls.store(stalls, Ordering::Relaxed);
-                meter.cpu_ns.store(
-                    cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID) - cpu0,
-                    Ordering::Relaxed,
-                );
-            });
+            at_depth(depth, &|| spin(&stop));
         })
         .expect("spawn worker")
 }
 
-/// One measurement: (samples on the worker, interruption µs/sample, total CPU µs/sample).
-type Row = (u64, f64, f64);
-
-/// Stall time per second of a worker with no profiler at all (timer
-/// interrupts, VM exits), and the process CPU beyond the worker's own work
-/// per second: subtracted from the profiled runs.
-#[derive(Debug, Clone, Copy, Default)]
-struct Baseline {
-    stall_per_s: f64,
-    extra_cpu_per_s: f64,
+/// One measurement.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    samples: u64,
+    handler_us: f64,
+    total_us: f64,
 }
 
-fn baseline(depth: usize, run: Duration) -> Baseline {
-    let stop = Arc::new(AtomicBool::new(false));
-    let meter = Arc::new(Meter::default());
-    let cpu0 = cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID);
-    let started = Instant::now();
-    let w = worker(depth, Arc::clone(&stop), Arc::clone(&meter));
-    std::thread::sleep(run);
-    stop.store(true, Ordering::Relaxed);
-    w.join().expect("worker");
-    let secs = started.elapsed().as_secs_f64();
-    let stall = meter.stall_ns.load(Ordering::Relaxed);
-    let own = meter.cpu_ns.load(Ordering::Relaxed).saturating_sub(stall);
-    let extra = (cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - cpu0).saturating_sub(own);
-    Baseline {
-        stall_per_s: stall as f64 / secs,
-        extra_cpu_per_s: extra as f64 / secs,
+fn per(ns: u64, n: u64) -> f64 {
+    if n == 0 {
+        f64::NAN
+    } else {
+        ns as f64 / n as f64 / 1000.0
     }
 }
 
-fn finish(samples: u64, process_cpu: u64, meter: &Meter, base: Baseline, secs: f64) -> Row {
-    let stall = meter.stall_ns.load(Ordering::Relaxed);
-    let own_work = meter.cpu_ns.load(Ordering::Relaxed).saturating_sub(stall);
-    let per = |ns: f64| {
-        if samples == 0 {
-            f64::NAN
-        } else {
-            ns.max(0.0) / samples as f64 / 1000.0
-        }
-    };
-    (
-        samples,
-        per(stall as f64 - base.stall_per_s * secs),
-        per(process_cpu.saturating_sub(own_work) as f64 - base.extra_cpu_per_s * secs),
-    )
-}
-
-fn ours(depth: usize, run: Duration, base: Baseline) -> Row {
-    let t0 = Instant::now();
+fn ours(depth: usize, run: Duration) -> Row {
     let stop = Arc::new(AtomicBool::new(false));
-    let meter = Arc::new(Meter::default());
-    let cpu0 = cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID);
-    let w = worker(depth, Arc::clone(&stop), Arc::clone(&meter));
+    let w = worker(depth, Arc::clone(&stop));
     let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
-    let started = Instant::now();
-    let mut chunk = Chunk::new();
-    let mut on_worker = 0u64;
     let meta = ChunkMeta {
         profiler_id: "0".repeat(32),
         release: "bench".into(),
         environment: None,
     };
+    let started = Instant::now();
+    let mut chunk = Chunk::new();
+    let mut consumer_ns = 0u64;
     let mut last_encode = Instant::now();
     while started.elapsed() < run {
-        if let Some(s) = sampler.recv_timeout(Duration::from_millis(20)) {
-            on_worker += u64::from(&**s.thread_name() == "worker" && !s.is_repeated());
+        // The profiler thread's rhythm: wake every 100 ms, drain the queue.
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = clock(libc::CLOCK_THREAD_CPUTIME_ID);
+        for s in sampler.try_iter() {
             chunk.push(&s);
         }
         // Chunk building as the profiler thread does it, once a second.
@@ -149,35 +91,96 @@ fn ours(depth: usize, run: Duration, base: Baseline) -> Row {
             });
             last_encode = Instant::now();
         }
+        consumer_ns += clock(libc::CLOCK_THREAD_CPUTIME_ID) - t0;
     }
     stop.store(true, Ordering::Relaxed);
-    let _ = sampler.stop();
+    let stats = sampler.stop();
     w.join().expect("worker");
-    let secs = t0.elapsed().as_secs_f64();
-    finish(
-        on_worker,
-        cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - cpu0,
-        &meter,
-        base,
-        secs,
-    )
+    eprintln!(
+        "depth {depth}: {} ticks, sampler CPU {:.1} µs/tick (unwinding {:.1} µs/sample), consumer {:.1} µs/sample",
+        stats.ticks,
+        per(stats.tick_cpu_ns, stats.ticks),
+        per(stats.unwind_ns, stats.samples_captured),
+        per(consumer_ns, stats.samples_captured),
+    );
+    Row {
+        samples: stats.samples_captured,
+        handler_us: per(stats.handler_ns, stats.samples_captured),
+        total_us: per(
+            stats.handler_ns + stats.tick_cpu_ns + consumer_ns,
+            stats.samples_captured,
+        ),
+    }
 }
 
-fn pprof_rs(depth: usize, run: Duration, base: Baseline) -> Row {
-    let t0 = Instant::now();
+/// pprof-rs's SIGPROF handler, and what the timing wrapper measured.
+static PPROF_HANDLER: AtomicUsize = AtomicUsize::new(0);
+static PPROF_NS: AtomicU64 = AtomicU64::new(0);
+static PPROF_CALLS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn timed_pprof_handler(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
+    let inner = PPROF_HANDLER.load(Ordering::Acquire);
+    if inner == 0 {
+        return;
+    }
+    let t0 = clock(libc::CLOCK_MONOTONIC);
+    // SAFETY: `inner` is the `sa_sigaction` pprof-rs installed with
+    // SA_SIGINFO, so it has this signature; it is called with the arguments
+    // the kernel gave this handler.
+    unsafe {
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            std::mem::transmute(inner);
+        f(sig, info, ctx);
+    }
+    PPROF_NS.fetch_add(clock(libc::CLOCK_MONOTONIC) - t0, Ordering::Relaxed);
+    PPROF_CALLS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Puts the timing wrapper in front of whatever pprof-rs installed for
+/// SIGPROF (again after every start: pprof-rs installs its handler each
+/// time).
+fn wrap_pprof_handler() {
+    // SAFETY: a zeroed sigaction is a valid out-parameter.
+    let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: reads the current SIGPROF action into a local.
+    unsafe { libc::sigaction(libc::SIGPROF, std::ptr::null(), &mut current) };
+    if current.sa_sigaction == timed_pprof_handler as *const () as usize {
+        return;
+    }
+    PPROF_HANDLER.store(current.sa_sigaction, Ordering::Release);
+    let mut wrapped = current;
+    wrapped.sa_sigaction = timed_pprof_handler as *const () as usize;
+    wrapped.sa_flags = current.sa_flags | libc::SA_SIGINFO;
+    // SAFETY: installs a valid SA_SIGINFO handler for SIGPROF, keeping
+    // pprof-rs's mask and flags.
+    unsafe { libc::sigaction(libc::SIGPROF, &wrapped, std::ptr::null_mut()) };
+}
+
+fn pprof_rs(depth: usize, run: Duration) -> Row {
     let stop = Arc::new(AtomicBool::new(false));
-    let meter = Arc::new(Meter::default());
-    let cpu0 = cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID);
-    let w = worker(depth, Arc::clone(&stop), Arc::clone(&meter));
+    let w = worker(depth, Arc::clone(&stop));
     let guard = pprof::ProfilerGuardBuilder::default()
         .frequency(100)
         .blocklist(&["libc", "libgcc", "pthread", "vdso"])
         .build()
         .expect("pprof-rs starts");
+    wrap_pprof_handler();
+    let (ns0, calls0) = (
+        PPROF_NS.load(Ordering::Relaxed),
+        PPROF_CALLS.load(Ordering::Relaxed),
+    );
     std::thread::sleep(run);
     stop.store(true, Ordering::Relaxed);
     w.join().expect("worker");
+    let handler_ns = PPROF_NS.load(Ordering::Relaxed) - ns0;
+    let calls = PPROF_CALLS.load(Ordering::Relaxed) - calls0;
+    let t0 = clock(libc::CLOCK_THREAD_CPUTIME_ID);
     let report = guard.report().build().expect("pprof-rs report");
+    let report_ns = clock(libc::CLOCK_THREAD_CPUTIME_ID) - t0;
     drop(guard);
     let on_worker: isize = report
         .data
@@ -185,40 +188,44 @@ fn pprof_rs(depth: usize, run: Duration, base: Baseline) -> Row {
         .filter(|(frames, _)| frames.thread_name == "worker")
         .map(|(_, n)| *n)
         .sum();
-    let secs = t0.elapsed().as_secs_f64();
-    finish(
-        on_worker.max(0) as u64,
-        cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - cpu0,
-        &meter,
-        base,
-        secs,
-    )
+    if on_worker <= 0 {
+        eprintln!("pprof-rs reported no samples on the worker");
+    }
+    Row {
+        samples: calls,
+        handler_us: per(handler_ns, calls),
+        total_us: per(handler_ns + report_ns, calls),
+    }
 }
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--test");
-    let run = Duration::from_millis(if quick { 300 } else { 5_000 });
-    println!("| depth | profiler | samples | interruption µs/sample | total CPU µs/sample |");
-    println!("|---|---|---|---|---|");
+    let run = Duration::from_millis(if quick { 300 } else { 10_000 });
+    let unwinder = if cfg!(feature = "pprof-framehop") {
+        "framehop"
+    } else {
+        "backtrace-rs"
+    };
     // pprof-rs installs its SIGPROF handler for good once started, so all
     // of our runs come first.
-    let mut rows = Vec::new();
-    let bases: Vec<Baseline> = [10, 50, 200].iter().map(|&d| baseline(d, run)).collect();
-    for (i, depth) in [10, 50, 200].into_iter().enumerate() {
-        rows.push((depth, "sentry-profiling 101 Hz", ours(depth, run, bases[i])));
-    }
-    for (i, depth) in [10, 50, 200].into_iter().enumerate() {
-        rows.push((depth, "pprof-rs 100 Hz", pprof_rs(depth, run, bases[i])));
-    }
-    for (depth, b) in [10, 50, 200].iter().zip(&bases) {
-        eprintln!(
-            "baseline at depth {depth}: {:.0} µs/s stalled, {:.0} µs/s other CPU",
-            b.stall_per_s / 1e3,
-            b.extra_cpu_per_s / 1e3
+    let depths = [10, 50, 200];
+    let mine: Vec<Row> = depths.iter().map(|&d| ours(d, run)).collect();
+    let theirs: Vec<Row> = depths.iter().map(|&d| pprof_rs(d, run)).collect();
+    println!(
+        "| depth | profiler | samples | handler µs/sample | total CPU µs/sample | pprof-rs ÷ ours (total) |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for ((depth, m), t) in depths.iter().zip(&mine).zip(&theirs) {
+        println!(
+            "| {depth} | sentry-profiling 101 Hz | {} | {:.2} | {:.2} | |",
+            m.samples, m.handler_us, m.total_us
         );
-    }
-    rows.sort_by_key(|r| r.0);
-    for (depth, name, (n, stall, total)) in rows {
-        println!("| {depth} | {name} | {n} | {stall:.2} | {total:.2} |");
+        println!(
+            "| {depth} | pprof-rs 100 Hz ({unwinder}) | {} | {:.2} | {:.2} | {:.1}× |",
+            t.samples,
+            t.handler_us,
+            t.total_us,
+            t.total_us / m.total_us
+        );
     }
 }

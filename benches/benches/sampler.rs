@@ -4,7 +4,7 @@
 //! - handler time per sample on the interrupted thread, by stack depth
 //!   (the handler clocks itself; 64 KiB copy limit),
 //! - unwind time per sample on the sampler thread, by stack depth,
-//! - sampler CPU per tick and achieved rate with 1, 8 and 64 threads, busy
+//! - sampler CPU per tick and achieved rate with 1, 8 64 and 256 threads, busy
 //!   and parked.
 //!
 //! `cargo bench -p sentry-profiling-benches --bench sampler` prints a table;
@@ -65,7 +65,7 @@ fn main() {
         "{:>8} {:>7} {:>12} {:>16} {:>14} {:>10}",
         "threads", "state", "ticks/s", "tick CPU µs", "CPU % of core", "signals"
     );
-    for n in [1, 8, 64] {
+    for n in [1, 8, 64, 256] {
         for busy in [true, false] {
             let workers = Workers::start(n, 30, busy);
             std::thread::sleep(Duration::from_millis(50));

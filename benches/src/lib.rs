@@ -27,10 +27,23 @@ pub fn spin(stop: &AtomicBool) {
     }
 }
 
-/// Parks (sleeps) until `stop`.
+/// Spins for `d`, or until `stop`.
+pub fn spin_for(stop: &AtomicBool, d: std::time::Duration) {
+    let until = std::time::Instant::now() + d;
+    let mut x = 1u64;
+    while std::time::Instant::now() < until && !stop.load(Ordering::Relaxed) {
+        for i in 0..100u64 {
+            x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i));
+        }
+    }
+}
+
+/// Parks until `stop`: blocked in the kernel the whole time, as an idle
+/// Tokio worker or a thread waiting on a lock is, and woken only by
+/// [`Workers`]' drop.
 pub fn park(stop: &AtomicBool) {
-    while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+    while !stop.load(Ordering::Acquire) {
+        std::thread::park();
     }
 }
 
@@ -62,7 +75,10 @@ impl Workers {
 
 impl Drop for Workers {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Release);
+        for h in &self.handles {
+            h.thread().unpark();
+        }
         for h in self.handles.drain(..) {
             let _ = h.join();
         }

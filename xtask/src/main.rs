@@ -6,10 +6,13 @@
 //! - `ci`: formatting, clippy with warnings denied, documentation with
 //!   warnings denied, `test`, a smoke run of the benchmarks, and the
 //!   unsupported-platform variant's unit tests.
-//! - `bench [--quick]`: the sampler benchmarks in `benches/`.
+//! - `bench [--quick]`: every benchmark in `benches/`, pprof-rs's framehop
+//!   variant and the overhead comparison, with a report written to
+//!   `target/benchmarks/report.md`; `--quick` is a smoke run of the benches.
 //! - `overhead [ROUNDS] [SECONDS]`: the example service under `wrk`, profiling
 //!   off and on in alternating rounds (needs `wrk`: `apt-get install wrk`).
 
+mod bench;
 mod overhead;
 
 use std::process::{Command, ExitCode};
@@ -89,7 +92,9 @@ fn bench(quick: bool) -> bool {
             &[],
         )
     } else {
-        cargo(&["bench", "-p", "sentry-profiling-benches"], &[])
+        bench::full()
+            .map_err(|e| eprintln!("xtask bench: {e}"))
+            .is_ok()
     }
 }
 

@@ -143,8 +143,8 @@ fn stats(values: &mut [f64]) -> (f64, f64, f64) {
     )
 }
 
-/// Runs the comparison and prints a Markdown table.
-pub(crate) fn run(rounds: usize, secs: u32, path: &str) -> Result<(), String> {
+/// Runs the comparison; returns (and prints) a Markdown table.
+pub(crate) fn run(rounds: usize, secs: u32, path: &str) -> Result<String, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let build = |extra: &[&str]| {
         Command::new(&cargo)
@@ -197,8 +197,9 @@ pub(crate) fn run(rounds: usize, secs: u32, path: &str) -> Result<(), String> {
             results[i].push(r);
         }
     }
-    println!("| mode | CPU/request vs off (median [min, max]) | throughput vs off | p99 vs off |");
-    println!("|---|---|---|---|");
+    let mut table = String::from(
+        "| mode | CPU/request vs off (median [min, max]) | throughput vs off | p99 vs off |\n|---|---|---|---|\n",
+    );
     let off = &results[0];
     for (mode, rs) in MODES.iter().zip(&results) {
         if rs.is_empty() {
@@ -211,10 +212,11 @@ pub(crate) fn run(rounds: usize, secs: u32, path: &str) -> Result<(), String> {
         let (c, c0, c1) = ratio(|r| r.cpu_us_per_request);
         let (t, t0, t1) = ratio(|r| r.requests_per_sec);
         let (p, p0, p1) = ratio(|r| r.p99_ms);
-        println!(
-            "| {} | {c:.3} [{c0:.3}, {c1:.3}] | {t:.3} [{t0:.3}, {t1:.3}] | {p:.3} [{p0:.3}, {p1:.3}] |",
+        table.push_str(&format!(
+            "| {} | {c:.3} [{c0:.3}, {c1:.3}] | {t:.3} [{t0:.3}, {t1:.3}] | {p:.3} [{p0:.3}, {p1:.3}] |\n",
             mode.name
-        );
+        ));
     }
-    Ok(())
+    print!("{table}");
+    Ok(table)
 }
