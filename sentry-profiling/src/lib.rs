@@ -119,11 +119,11 @@ pub use encode::view::{ProfileView, ViewFrame, ViewSample};
 pub use error::Error;
 pub use integration::ProfilingIntegration;
 pub use options::{
-    DEFAULT_CHUNK_DURATION, DEFAULT_FREQUENCY_HZ, DEFAULT_PROFILE_SESSION_SAMPLE_RATE,
-    DEFAULT_QUEUE_CAPACITY, DEFAULT_STACK_COPY_BYTES, MAX_FREQUENCY_HZ, MAX_STACK_COPY_BYTES,
-    ProfileLifecycle, SamplerConfig,
+    DEFAULT_CHUNK_DURATION, DEFAULT_FREQUENCY_HZ, DEFAULT_HTTP_TIMEOUT,
+    DEFAULT_PROFILE_SESSION_SAMPLE_RATE, DEFAULT_QUEUE_CAPACITY, DEFAULT_STACK_COPY_BYTES,
+    MAX_FREQUENCY_HZ, MAX_STACK_COPY_BYTES, ProfileLifecycle, SamplerConfig,
 };
-pub use runtime::ProfilerStats;
+pub use runtime::{ChunkDrops, ProfilerStats};
 pub use sampler::{Sample, Sampler, SamplerControl, SamplerStats};
 pub use symbolize::{Symbol, Symbolizer};
 pub use transaction_profile::ProfilesSampler;
