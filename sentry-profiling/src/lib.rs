@@ -34,6 +34,18 @@
 //!
 //! Without Sentry: [`Sampler`] gives you the samples directly.
 //!
+//! # When Sentry is unreachable
+//!
+//! Unless you bring a transport of your own, the crate delivers chunks
+//! itself (feature `http`, on by default): from one background thread with
+//! a bounded queue, request timeouts
+//! ([`ProfilingIntegration::http_timeout`]), and Sentry's `profile_chunk`
+//! rate limits honoured. An endpoint that is down, refuses, stalls or
+//! rate-limits costs your requests nothing: chunks are dropped, counted by
+//! reason in [`stats`] ([`ChunkDrops`]), logged sparingly, and reported to
+//! Sentry as client reports when it answers again; profiling carries on as
+//! soon as it does.
+//!
 //! # What it costs
 //!
 //! Measured on a 2-core x86_64 VM (`cargo bench -p sentry-profiling-benches
