@@ -29,9 +29,11 @@ pub enum Mode {
     /// Requests are read and never answered; the connection stays open
     /// until the mode changes.
     Stall,
-    /// Envelopes with a `profile_chunk` item are answered `429` with
-    /// `X-Sentry-Rate-Limits: <secs>:profile_chunk:organization`; others
-    /// `200`.
+    /// Envelopes with a `profile_chunk` item get
+    /// `X-Sentry-Rate-Limits: <secs>:profile_chunk:organization`, with a
+    /// `429` when that was their only item, or a `200` when they carried
+    /// another (a client report), as Relay answers when it drops some of an
+    /// envelope's items; other envelopes get a plain `200`.
     RateLimitChunks {
         /// The limit's length in seconds.
         secs: u32,
@@ -51,6 +53,8 @@ pub struct Request {
     pub body: Vec<u8>,
     /// The status answered; `None` if it was never answered.
     pub status: Option<u16>,
+    /// Whether the answer set a `profile_chunk` rate limit.
+    pub rate_limited: bool,
 }
 
 impl Request {
@@ -207,10 +211,13 @@ fn serve(mut stream: TcpStream, state: &State) {
         Mode::Down | Mode::Reset => (None, String::new()),
         Mode::Unavailable => (Some(503), String::new()),
         Mode::Stall => (None, String::new()),
-        Mode::RateLimitChunks { secs } if is_chunk => (
-            Some(429),
-            format!("X-Sentry-Rate-Limits: {secs}:profile_chunk:organization\r\n"),
-        ),
+        Mode::RateLimitChunks { secs } if is_chunk => {
+            let others = crate::parse_envelope(&body).items.len() > 1;
+            (
+                Some(if others { 200 } else { 429 }),
+                format!("X-Sentry-Rate-Limits: {secs}:profile_chunk:organization\r\n"),
+            )
+        }
         Mode::RateLimitChunks { .. } => (Some(200), String::new()),
     };
     state.requests.lock().unwrap().push(Request {
@@ -219,6 +226,7 @@ fn serve(mut stream: TcpStream, state: &State) {
         path,
         body,
         status,
+        rate_limited: !extra.is_empty(),
     });
     match status {
         Some(code) => {

@@ -357,8 +357,13 @@ fn run(shared: &Shared, settings: &ClientSettings) {
                     *u = u.saturating_sub(r);
                 }
             }
-            Outcome::RateLimited => {
-                shared.lost(&mut q, None, "Sentry answered 429 (rate limited)");
+            Outcome::RateLimited { report_accepted } => {
+                if report_accepted {
+                    for (u, r) in q.unreported.iter_mut().zip(reported) {
+                        *u = u.saturating_sub(r);
+                    }
+                }
+                shared.lost(&mut q, None, "rate limited by Sentry");
             }
             Outcome::Status(status) => {
                 let why = format!("Sentry answered HTTP {status}");
@@ -378,7 +383,11 @@ fn run(shared: &Shared, settings: &ClientSettings) {
 #[derive(Debug)]
 enum Outcome {
     Delivered,
-    RateLimited,
+    /// Sentry dropped the chunk for a rate limit: a `429`, or a `2xx` (the
+    /// envelope's client report was taken) whose rate limits name chunks.
+    RateLimited {
+        report_accepted: bool,
+    },
     Status(u16),
     Failed(String),
 }
@@ -411,18 +420,26 @@ fn post(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
     };
+    let now = Instant::now();
     limits.update(
         status,
         header("x-sentry-rate-limits").as_deref(),
         header("retry-after").as_deref(),
-        Instant::now(),
+        now,
     );
     // Reading the (small) body lets the connection be reused; it is bounded
     // by the request timeout like the rest of the exchange.
     let _ = response.bytes();
     match status {
+        // Relay accepts an envelope whose other items pass and names the
+        // limits it applied: a limit on chunks means this one was dropped.
+        200..=299 if limits.limited(now).is_some() => Outcome::RateLimited {
+            report_accepted: true,
+        },
         200..=299 => Outcome::Delivered,
-        429 => Outcome::RateLimited,
+        429 => Outcome::RateLimited {
+            report_accepted: false,
+        },
         s => Outcome::Status(s),
     }
 }
