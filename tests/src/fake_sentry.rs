@@ -26,8 +26,10 @@ pub enum Mode {
     Reset,
     /// Requests are read and answered `503`.
     Unavailable,
-    /// Requests are read and never answered; the connection stays open
-    /// until the mode changes.
+    /// Requests are read and never answered; the connection stays open,
+    /// silent, until the endpoint is dropped, even after the mode changes
+    /// (as behind a black-holing network path): only a client-side timeout
+    /// ends such a request.
     Stall,
     /// Envelopes with a `profile_chunk` item get
     /// `X-Sentry-Rate-Limits: <secs>:profile_chunk:organization`, with a
@@ -115,7 +117,7 @@ impl FakeSentry {
         format!("http://public@{}/1", self.addr)
     }
 
-    /// Switches the behaviour; connections stalled so far are closed.
+    /// Switches the behaviour (for connections accepted from now on).
     pub fn set_mode(&self, mode: Mode) {
         *self.state.mode.lock().unwrap() = mode;
     }
@@ -241,8 +243,8 @@ fn serve(mut stream: TcpStream, state: &State) {
             let _ = stream.write_all(response.as_bytes());
         }
         None if mode == Mode::Stall => {
-            // Hold the connection, unanswered, until the mode changes.
-            while state.mode() == Mode::Stall && !state.stop.load(Ordering::Acquire) {
+            // Hold the connection, unanswered, until the endpoint stops.
+            while !state.stop.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
