@@ -130,6 +130,40 @@ struct ProfilingTransport {
     runtime: Arc<Runtime>,
 }
 
+impl ProfilingTransport {
+    /// Flushes or shuts down the inner transport, giving it until
+    /// `deadline`.
+    ///
+    /// The SDK's HTTP transport can wait past its timeout: its flush queues
+    /// a marker with a blocking send, which waits for room while the queue
+    /// is full behind a request the endpoint does not answer. The crate's
+    /// own delivery therefore calls it from a helper thread and stops
+    /// waiting at the deadline (the helper ends when the request times
+    /// out). A transport of the application's own is called directly.
+    fn inner_within(
+        &self,
+        deadline: Instant,
+        op: impl FnOnce(&dyn Transport, Duration) -> bool + Send + 'static,
+    ) -> bool {
+        let left = deadline.saturating_duration_since(Instant::now());
+        #[cfg(feature = "http")]
+        if self.chunks.is_some() {
+            let inner = Arc::clone(&self.inner);
+            let (tx, rx) = std::sync::mpsc::channel();
+            let spawned = std::thread::Builder::new()
+                .name("sentry-profiler-flush".into())
+                .spawn(move || {
+                    let _ = tx.send(op(&*inner, left));
+                });
+            return match spawned {
+                Ok(_) => rx.recv_timeout(left).unwrap_or(false),
+                Err(_) => false,
+            };
+        }
+        op(&*self.inner, left)
+    }
+}
+
 impl Transport for ProfilingTransport {
     fn send_envelope(&self, envelope: Envelope) {
         if self.runtime.v1().is_some() {
@@ -152,9 +186,7 @@ impl Transport for ProfilingTransport {
         self.runtime.flush(timeout);
         // The chunk sender works on while the client's transport is waited
         // for, so the two share the time rather than splitting it.
-        let flushed = self
-            .inner
-            .flush(deadline.saturating_duration_since(Instant::now()));
+        let flushed = self.inner_within(deadline, |t, left| t.flush(left));
         #[cfg(feature = "http")]
         if let Some(chunks) = &self.chunks {
             return chunks.flush(deadline.saturating_duration_since(Instant::now())) && flushed;
@@ -171,9 +203,7 @@ impl Transport for ProfilingTransport {
             // while the client's transport shuts down.
             chunks.close();
         }
-        let done = self
-            .inner
-            .shutdown(deadline.saturating_duration_since(Instant::now()));
+        let done = self.inner_within(deadline, |t, left| t.shutdown(left));
         #[cfg(feature = "http")]
         if let Some(chunks) = &self.chunks {
             return chunks.shutdown(deadline.saturating_duration_since(Instant::now())) && done;
