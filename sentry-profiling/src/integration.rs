@@ -9,12 +9,13 @@ use sentry_core::{ClientOptions, Integration};
 use crate::attribution::ThreadAttribution;
 use crate::chunk::MAX_CHUNK_DURATION;
 use crate::options::{
-    DEFAULT_CHUNK_DURATION, DEFAULT_PROFILE_SESSION_SAMPLE_RATE, ProfileLifecycle, SamplerConfig,
+    DEFAULT_CHUNK_DURATION, DEFAULT_HTTP_TIMEOUT, DEFAULT_PROFILE_SESSION_SAMPLE_RATE,
+    ProfileLifecycle, SamplerConfig,
 };
 use crate::runtime::{Runtime, RuntimeConfig};
 use crate::transaction_profile::{ProfilesSampler, V1Config};
-use crate::transport::ProfilingTransportFactory;
 use crate::transport::exporters::ExportTarget;
+use crate::transport::{InnerFactory, ProfilingTransportFactory};
 
 /// Continuous profiling for Sentry.
 ///
@@ -45,6 +46,7 @@ pub struct ProfilingIntegration {
     exports: Vec<ExportTarget>,
     profiles_sample_rate: Option<f64>,
     profiles_sampler: Option<ProfilesSampler>,
+    http_timeout: Duration,
     runtime: Arc<OnceLock<Arc<Runtime>>>,
 }
 
@@ -60,6 +62,7 @@ impl std::fmt::Debug for ProfilingIntegration {
             .field("exports", &self.exports)
             .field("profiles_sample_rate", &self.profiles_sample_rate)
             .field("profiles_sampler", &self.profiles_sampler.is_some())
+            .field("http_timeout", &self.http_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -84,6 +87,7 @@ impl ProfilingIntegration {
             exports: Vec::new(),
             profiles_sample_rate: None,
             profiles_sampler: None,
+            http_timeout: DEFAULT_HTTP_TIMEOUT,
             runtime: Arc::new(OnceLock::new()),
         }
     }
@@ -198,22 +202,75 @@ impl ProfilingIntegration {
         self
     }
 
+    /// The longest a request to Sentry may take, connecting included (at
+    /// most 10 s of it), when the crate delivers envelopes itself (the
+    /// `http` feature, and no `transport` of your own in the options).
+    /// Default 30 s ([`DEFAULT_HTTP_TIMEOUT`]). An endpoint that accepts a
+    /// connection and never answers then costs one request timeout per
+    /// envelope, not a transport stuck for good.
+    #[must_use]
+    pub fn http_timeout(mut self, timeout: Duration) -> Self {
+        self.http_timeout = timeout;
+        self
+    }
+
     /// Adds this integration to `options` and wraps their transport, so that
-    /// chunks travel through the client's own transport, transactions carry
-    /// the profile context, and the last chunk is sent at shutdown. Applies
-    /// `sentry::apply_defaults` first (as `sentry::init` would), so the
-    /// default transport is the one wrapped.
+    /// transactions carry the profile context and the last chunk is sent at
+    /// shutdown. Applies `sentry::apply_defaults` first (as `sentry::init`
+    /// would).
+    ///
+    /// With the `http` feature (on by default) and no `transport` set in
+    /// `options`, the crate delivers envelopes itself: the SDK's reqwest
+    /// transport, with request timeouts ([`Self::http_timeout`]), carries
+    /// what the SDK sends, and a sender of the crate's own carries profile
+    /// chunks, honouring Sentry's `profile_chunk` rate limits (see
+    /// [`crate::ChunkDrops`]). With a transport of your own, chunks travel
+    /// through it, and rate limits and failures are its business.
     pub fn apply(self, options: ClientOptions) -> ClientOptions {
+        let own_transport = options.transport.is_some();
         let mut options = sentry::apply_defaults(options);
         // Defaults are applied; a second application in `sentry::init` must
         // not add the default integrations twice.
         options.default_integrations = false;
         let runtime = Arc::clone(self.runtime.get_or_init(Runtime::new));
-        if let Some(inner) = options.transport.take() {
+        let inner = if own_transport {
+            options.transport.take().map(InnerFactory::Client)
+        } else {
+            self.default_transport(options.transport.take())
+        };
+        if let Some(inner) = inner {
             options.transport = Some(Arc::new(ProfilingTransportFactory { inner, runtime }));
         }
         options.integrations.push(Arc::new(self));
         options
+    }
+
+    /// The transport when the application brings none: the crate's own
+    /// HTTP delivery.
+    #[cfg(feature = "http")]
+    fn default_transport(
+        &self,
+        _sdk_default: Option<Arc<dyn sentry_core::TransportFactory>>,
+    ) -> Option<InnerFactory> {
+        let timeout = if self.http_timeout.is_zero() {
+            eprintln!(
+                "sentry-profiling: `http_timeout` of 0 would fail every request; using {DEFAULT_HTTP_TIMEOUT:?}"
+            );
+            DEFAULT_HTTP_TIMEOUT
+        } else {
+            self.http_timeout
+        };
+        Some(InnerFactory::Http(timeout))
+    }
+
+    /// The transport when the application brings none: the SDK's default,
+    /// if it has one.
+    #[cfg(not(feature = "http"))]
+    fn default_transport(
+        &self,
+        sdk_default: Option<Arc<dyn sentry_core::TransportFactory>>,
+    ) -> Option<InnerFactory> {
+        sdk_default.map(InnerFactory::Client)
     }
 
     fn settle(&self, options: &ClientOptions) -> Option<RuntimeConfig> {

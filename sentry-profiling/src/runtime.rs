@@ -21,8 +21,8 @@ use crate::options::{ProfileLifecycle, SamplerConfig};
 use crate::sampler::{Sampler, SamplerControl, SamplerStats, register_own_thread};
 use crate::symbolize::Symbolizer;
 use crate::transaction_profile::{Intercepted, V1Config, V1Context, V1Drop, V1Pending, intercept};
-use crate::transport::chunk_envelope;
 use crate::transport::exporters::{ExportCounts, ExportTarget, Exporter};
+use crate::transport::{DeliveryCounters, chunk_envelope};
 
 /// The session currently running in this process, for the tracing layer.
 static CURRENT: ArcSwapOption<Runtime> = ArcSwapOption::const_empty();
@@ -91,7 +91,8 @@ struct Counters {
 pub struct ProfilerStats {
     /// Whether this process's profiling session was sampled.
     pub session_sampled: bool,
-    /// `profile_chunk` envelopes handed to the transport.
+    /// `profile_chunk` envelopes handed to the transport (with the crate's
+    /// own delivery: taken into its send queue).
     pub chunks_sent: u64,
     /// Samples in those chunks.
     pub samples_sent: u64,
@@ -100,6 +101,13 @@ pub struct ProfilerStats {
     pub samples_single_thread: u64,
     /// Chunks that could not be sent because no client transport existed.
     pub chunks_without_transport: u64,
+    /// Chunks the Sentry endpoint accepted (answered 2xx). Known only when
+    /// the crate delivers chunks itself (the `http` feature, and no
+    /// transport of the application's own); 0 otherwise.
+    pub chunks_delivered: u64,
+    /// Chunks the crate's own delivery dropped, by reason (all 0 when the
+    /// application's transport carries chunks: it then counts its own).
+    pub chunks_dropped: ChunkDrops,
     /// Lane start/finish events dropped because the profiler thread's queue
     /// was full (those requests' samples stay on their OS threads).
     pub lane_events_dropped: u64,
@@ -118,12 +126,37 @@ pub struct ProfilerStats {
     pub sampler: SamplerStats,
 }
 
+/// Why chunks were not delivered (see [`ProfilerStats::chunks_dropped`]).
+/// The first drop of each kind, and every hundredth, is also logged to
+/// stderr, and the drops are reported to Sentry as `profile_chunk` client
+/// reports once the endpoint accepts a chunk again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ChunkDrops {
+    /// The send queue was full (the endpoint is slower than the profiler,
+    /// or unreachable): the chunk was dropped without waiting.
+    pub queue_full: u64,
+    /// The request failed: connection refused or reset, timed out (an
+    /// endpoint that accepts and never answers), or still queued when the
+    /// shutdown timeout ran out.
+    pub send_failed: u64,
+    /// The endpoint answered with an error status other than `429`.
+    pub http_error: u64,
+    /// Sentry rate-limited profile chunks: answered `429`, or the chunk
+    /// was dropped unsent while an earlier answer's `X-Sentry-Rate-Limits`
+    /// (category `profile_chunk`, or all) or `Retry-After` was in force.
+    pub rate_limited: u64,
+}
+
 /// One profiling session (one `sentry::init`).
 pub(crate) struct Runtime {
     profiler_id: String,
     config: OnceLock<RuntimeConfig>,
     session_sampled: AtomicBool,
     transport: Mutex<Option<Arc<dyn Transport>>>,
+    #[cfg(feature = "http")]
+    chunk_sender: Mutex<Option<Arc<crate::transport::http::ChunkSender>>>,
+    delivery: Arc<DeliveryCounters>,
     control: OnceLock<SamplerControl>,
     requests: Mutex<Option<Sender<Request>>>,
     lane_events: OnceLock<std::sync::mpsc::SyncSender<LaneEvent>>,
@@ -152,6 +185,9 @@ impl Runtime {
             config: OnceLock::new(),
             session_sampled: AtomicBool::new(false),
             transport: Mutex::new(None),
+            #[cfg(feature = "http")]
+            chunk_sender: Mutex::new(None),
+            delivery: Arc::default(),
             control: OnceLock::new(),
             requests: Mutex::new(None),
             lane_events: OnceLock::new(),
@@ -168,6 +204,22 @@ impl Runtime {
     /// Records the client's transport (called by the transport factory).
     pub(crate) fn set_transport(&self, transport: Arc<dyn Transport>) {
         *self.transport.lock().unwrap_or_else(|e| e.into_inner()) = Some(transport);
+    }
+
+    /// The counters the crate's chunk sender keeps.
+    #[cfg(feature = "http")]
+    pub(crate) fn delivery_counters(&self) -> Arc<DeliveryCounters> {
+        Arc::clone(&self.delivery)
+    }
+
+    /// Records the crate's own chunk sender (called by the transport
+    /// factory; `None` when the application's transport carries chunks).
+    #[cfg(feature = "http")]
+    pub(crate) fn set_chunk_sender(
+        &self,
+        sender: Option<Arc<crate::transport::http::ChunkSender>>,
+    ) {
+        *self.chunk_sender.lock().unwrap_or_else(|e| e.into_inner()) = sender;
     }
 
     /// Starts the session: publishes it and starts the profiler thread with a
@@ -426,6 +478,13 @@ impl Runtime {
             samples_sent: c.samples_sent.load(Ordering::Relaxed),
             samples_single_thread: c.samples_single_thread.load(Ordering::Relaxed),
             chunks_without_transport: c.chunks_without_transport.load(Ordering::Relaxed),
+            chunks_delivered: self.delivery.delivered.load(Ordering::Relaxed),
+            chunks_dropped: ChunkDrops {
+                queue_full: self.delivery.queue_full.load(Ordering::Relaxed),
+                send_failed: self.delivery.send_failed.load(Ordering::Relaxed),
+                http_error: self.delivery.http_error.load(Ordering::Relaxed),
+                rate_limited: self.delivery.rate_limited.load(Ordering::Relaxed),
+            },
             lane_events_dropped: c.lane_events_dropped.load(Ordering::Relaxed),
             exports_sent: c.export_sent.load(Ordering::Relaxed),
             exports_failed: c.export_failed.load(Ordering::Relaxed),
@@ -537,6 +596,33 @@ impl Runtime {
         }
     }
 
+    /// Hands one profile chunk on: to the crate's chunk sender when there is
+    /// one (it never waits for the network; a full queue drops the chunk and
+    /// counts it in [`ChunkDrops`]), else to the client's transport.
+    fn send_profile_chunk(&self, chunk: &crate::EncodedChunk) -> Handed {
+        #[cfg(feature = "http")]
+        {
+            let sender = self
+                .chunk_sender
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some(sender) = sender {
+                return if sender.submit(crate::transport::chunk_envelope_bytes(chunk)) {
+                    Handed::Taken
+                } else {
+                    Handed::Dropped
+                };
+            }
+        }
+        if self.send_chunk_envelope(chunk_envelope(chunk)) {
+            Handed::Taken
+        } else {
+            Handed::NoTransport
+        }
+    }
+
+    /// Hands an envelope to the client's transport.
     fn send_chunk_envelope(&self, envelope: sentry_core::protocol::Envelope) -> bool {
         let transport = self
             .transport
@@ -557,6 +643,15 @@ impl Runtime {
             },
         }
     }
+}
+
+/// What became of a chunk handed on.
+enum Handed {
+    Taken,
+    /// The crate's sender dropped it (and counted why).
+    #[cfg(feature = "http")]
+    Dropped,
+    NoTransport,
 }
 
 /// The profiler thread's chunk in progress.
@@ -740,12 +835,18 @@ impl ChunkWriter<'_> {
             Ordering::Relaxed,
         );
         for piece in pieces {
-            if self.runtime.send_chunk_envelope(chunk_envelope(&piece)) {
-                c.chunks_sent.fetch_add(1, Ordering::Relaxed);
-                c.samples_sent
-                    .fetch_add(piece.samples as u64, Ordering::Relaxed);
-            } else {
-                c.chunks_without_transport.fetch_add(1, Ordering::Relaxed);
+            match self.runtime.send_profile_chunk(&piece) {
+                Handed::Taken => {
+                    c.chunks_sent.fetch_add(1, Ordering::Relaxed);
+                    c.samples_sent
+                        .fetch_add(piece.samples as u64, Ordering::Relaxed);
+                }
+                // Counted by the sender, by reason.
+                #[cfg(feature = "http")]
+                Handed::Dropped => {}
+                Handed::NoTransport => {
+                    c.chunks_without_transport.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     }

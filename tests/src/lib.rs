@@ -4,6 +4,7 @@
 //! image types) so a test fails where ingestion would reject a chunk.
 
 pub mod attribution;
+pub mod fake_sentry;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

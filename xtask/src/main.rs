@@ -65,6 +65,18 @@ fn ci() -> bool {
             &["doc", "--workspace", "--no-deps"],
             &[("RUSTDOCFLAGS", "-D warnings")],
         )
+        && cargo(
+            &[
+                "clippy",
+                "-p",
+                "sentry-profiling",
+                "--no-default-features",
+                "--",
+                "-D",
+                "warnings",
+            ],
+            &[],
+        )
         && test()
         && bench(true)
         && unsupported()

@@ -98,14 +98,12 @@ impl Exporter {
                     Err(e) => {
                         counts.failed += 1;
                         *failures += 1;
-                        // Report the first failure and then every hundredth,
-                        // so a dead collector does not flood the log.
-                        if *failures % 100 == 1 {
-                            eprintln!(
-                                "sentry-profiling: OTLP export to {} failed ({} so far): {e}",
+                        super::log_throttled(*failures, || {
+                            format!(
+                                "OTLP export to {} failed ({} so far): {e}",
                                 endpoint.url, failures
-                            );
-                        }
+                            )
+                        });
                     }
                 }
             }

@@ -1,11 +1,15 @@
 //! Getting chunks to Sentry: the `profile_chunk` envelope, the transport
 //! wrapper that links transactions to the profiler and flushes the last
-//! chunk before the transport stops, and a local envelope-directory sink.
+//! chunk before the transport stops, the crate's own HTTP delivery (when the
+//! client has no transport of its own), and a local envelope-directory sink.
 
 mod envelope_dir;
 pub(crate) mod exporters;
+#[cfg(feature = "http")]
+pub(crate) mod http;
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use sentry_core::protocol::{Context, Envelope, EnvelopeItem, Map, Value};
@@ -19,6 +23,12 @@ pub use envelope_dir::EnvelopeDirTransport;
 /// Builds the envelope for one chunk: a raw envelope, because the SDK's
 /// typed envelope has no `profile_chunk` item.
 pub(crate) fn chunk_envelope(chunk: &EncodedChunk) -> Envelope {
+    // `from_bytes_raw` does not parse and cannot fail.
+    Envelope::from_bytes_raw(chunk_envelope_bytes(chunk)).unwrap_or_default()
+}
+
+/// The bytes of [`chunk_envelope`].
+pub(crate) fn chunk_envelope_bytes(chunk: &EncodedChunk) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(chunk.json.len() + 128);
     bytes.extend_from_slice(format!("{{\"event_id\":\"{}\"}}\n", chunk.chunk_id).as_bytes());
     bytes.extend_from_slice(
@@ -30,14 +40,43 @@ pub(crate) fn chunk_envelope(chunk: &EncodedChunk) -> Envelope {
     );
     bytes.extend_from_slice(&chunk.json);
     bytes.push(b'\n');
-    // `from_bytes_raw` does not parse and cannot fail.
-    Envelope::from_bytes_raw(bytes).unwrap_or_default()
+    bytes
+}
+
+/// Reports the first failure of a kind and then every hundredth (`count`
+/// is the number so far, this one included), so that an endpoint that stays
+/// down does not flood the log.
+pub(crate) fn log_throttled(count: u64, message: impl FnOnce() -> String) {
+    if count % 100 == 1 {
+        eprintln!("sentry-profiling: {}", message());
+    }
+}
+
+/// What became of the chunks handed to the crate's own chunk sender (see
+/// [`crate::ChunkDrops`]).
+#[derive(Debug, Default)]
+pub(crate) struct DeliveryCounters {
+    pub(crate) delivered: AtomicU64,
+    pub(crate) queue_full: AtomicU64,
+    pub(crate) send_failed: AtomicU64,
+    pub(crate) http_error: AtomicU64,
+    pub(crate) rate_limited: AtomicU64,
+}
+
+/// The transport a [`ProfilingTransportFactory`] wraps.
+pub(crate) enum InnerFactory {
+    /// The application's own (or the SDK default, without the `http`
+    /// feature): chunks travel through it too.
+    Client(Arc<dyn TransportFactory>),
+    /// The crate's HTTP delivery, with this request timeout.
+    #[cfg(feature = "http")]
+    Http(Duration),
 }
 
 /// Wraps the client's transport factory (see
 /// [`crate::ProfilingIntegration::apply`]).
 pub(crate) struct ProfilingTransportFactory {
-    pub(crate) inner: Arc<dyn TransportFactory>,
+    pub(crate) inner: InnerFactory,
     pub(crate) runtime: Arc<Runtime>,
 }
 
@@ -53,19 +92,76 @@ impl TransportFactory for ProfilingTransportFactory {
         &self,
         options: sentry_core::TransportOptions,
     ) -> Arc<dyn Transport> {
-        let inner = self.inner.create_transport_with_options(options);
-        self.runtime.set_transport(Arc::clone(&inner));
-        Arc::new(ProfilingTransport {
-            inner,
-            runtime: Arc::clone(&self.runtime),
-        })
+        let runtime = Arc::clone(&self.runtime);
+        match &self.inner {
+            InnerFactory::Client(factory) => {
+                let inner = factory.create_transport_with_options(options);
+                runtime.set_transport(Arc::clone(&inner));
+                #[cfg(feature = "http")]
+                runtime.set_chunk_sender(None);
+                Arc::new(ProfilingTransport {
+                    inner,
+                    #[cfg(feature = "http")]
+                    chunks: None,
+                    runtime,
+                })
+            }
+            #[cfg(feature = "http")]
+            InnerFactory::Http(timeout) => {
+                let (inner, chunks) = http::create(options, *timeout, runtime.delivery_counters());
+                runtime.set_transport(Arc::clone(&inner));
+                runtime.set_chunk_sender(Some(Arc::clone(&chunks)));
+                Arc::new(ProfilingTransport {
+                    inner,
+                    chunks: Some(chunks),
+                    runtime,
+                })
+            }
+        }
     }
 }
 
 /// The client's transport, seen through the profiler.
 struct ProfilingTransport {
     inner: Arc<dyn Transport>,
+    /// The chunk sender, when the crate delivers chunks itself.
+    #[cfg(feature = "http")]
+    chunks: Option<Arc<http::ChunkSender>>,
     runtime: Arc<Runtime>,
+}
+
+impl ProfilingTransport {
+    /// Flushes or shuts down the inner transport, giving it until
+    /// `deadline`.
+    ///
+    /// The SDK's HTTP transport can wait past its timeout: its flush queues
+    /// a marker with a blocking send, which waits for room while the queue
+    /// is full behind a request the endpoint does not answer. The crate's
+    /// own delivery therefore calls it from a helper thread and stops
+    /// waiting at the deadline (the helper ends when the request times
+    /// out). A transport of the application's own is called directly.
+    fn inner_within(
+        &self,
+        deadline: Instant,
+        op: impl FnOnce(&dyn Transport, Duration) -> bool + Send + 'static,
+    ) -> bool {
+        let left = deadline.saturating_duration_since(Instant::now());
+        #[cfg(feature = "http")]
+        if self.chunks.is_some() {
+            let inner = Arc::clone(&self.inner);
+            let (tx, rx) = std::sync::mpsc::channel();
+            let spawned = std::thread::Builder::new()
+                .name("sentry-profiler-flush".into())
+                .spawn(move || {
+                    let _ = tx.send(op(&*inner, left));
+                });
+            return match spawned {
+                Ok(_) => rx.recv_timeout(left).unwrap_or(false),
+                Err(_) => false,
+            };
+        }
+        op(&*self.inner, left)
+    }
 }
 
 impl Transport for ProfilingTransport {
@@ -88,15 +184,31 @@ impl Transport for ProfilingTransport {
     fn flush(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         self.runtime.flush(timeout);
-        self.inner
-            .flush(deadline.saturating_duration_since(Instant::now()))
+        // The chunk sender works on while the client's transport is waited
+        // for, so the two share the time rather than splitting it.
+        let flushed = self.inner_within(deadline, |t, left| t.flush(left));
+        #[cfg(feature = "http")]
+        if let Some(chunks) = &self.chunks {
+            return chunks.flush(deadline.saturating_duration_since(Instant::now())) && flushed;
+        }
+        flushed
     }
 
     fn shutdown(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         self.runtime.shutdown(timeout);
-        self.inner
-            .shutdown(deadline.saturating_duration_since(Instant::now()))
+        #[cfg(feature = "http")]
+        if let Some(chunks) = &self.chunks {
+            // The last chunk is queued by now; the sender starts on it
+            // while the client's transport shuts down.
+            chunks.close();
+        }
+        let done = self.inner_within(deadline, |t, left| t.shutdown(left));
+        #[cfg(feature = "http")]
+        if let Some(chunks) = &self.chunks {
+            return chunks.shutdown(deadline.saturating_duration_since(Instant::now())) && done;
+        }
+        done
     }
 }
 
