@@ -179,11 +179,14 @@ fn read_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     };
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
     let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
-    let len: usize = head
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.trim().parse().ok())
+    let header = |name: &str| {
+        head.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    let len: usize = header("content-length")
+        .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let mut body = buf.split_off(head_end + 4);
     while body.len() < len {
@@ -191,6 +194,7 @@ fn read_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
         body.extend_from_slice(&tmp[..n]);
     }
     body.truncate(len);
+    let body = crate::decode_body(header("content-encoding").as_deref(), &body)?;
     Some((path, body))
 }
 

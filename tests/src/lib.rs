@@ -157,6 +157,25 @@ where
     out
 }
 
+/// An HTTP request body after its `Content-Encoding` (none, `identity` or
+/// `gzip`, what Sentry's ingestion accepts from this crate); `None` for any
+/// other encoding or a corrupt gzip stream.
+pub fn decode_body(content_encoding: Option<&str>, body: &[u8]) -> Option<Vec<u8>> {
+    match content_encoding.map(str::trim) {
+        None => Some(body.to_vec()),
+        Some(e) if e.eq_ignore_ascii_case("identity") => Some(body.to_vec()),
+        Some(e) if e.eq_ignore_ascii_case("gzip") => {
+            use std::io::Read as _;
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(body)
+                .read_to_end(&mut out)
+                .ok()?;
+            Some(out)
+        }
+        Some(_) => None,
+    }
+}
+
 /// A transport that keeps every envelope's bytes.
 #[derive(Debug, Default, Clone)]
 pub struct CaptureTransport {
