@@ -30,13 +30,21 @@ static CURRENT: ArcSwapOption<Runtime> = ArcSwapOption::const_empty();
 static LAST: ArcSwapOption<Runtime> = ArcSwapOption::const_empty();
 
 /// The running session, if profiling is configured and this process's
-/// session was sampled.
+/// session was sampled. Never in a forked child: the session's threads
+/// stayed in the parent.
 pub(crate) fn current() -> Option<Arc<Runtime>> {
+    if crate::sys::in_forked_child() {
+        return None;
+    }
     CURRENT.load_full()
 }
 
-/// The current session, or the last one after it shut down.
+/// The current session, or the last one after it shut down (none in a
+/// forked child, whose copy of the counters would only mislead).
 pub(crate) fn last() -> Option<Arc<Runtime>> {
+    if crate::sys::in_forked_child() {
+        return None;
+    }
     LAST.load_full()
 }
 
@@ -173,7 +181,14 @@ impl Runtime {
     /// Starts the session: publishes it and starts the profiler thread with a
     /// paused sampler. Called once, from the integration's `setup`.
     pub(crate) fn activate(self: &Arc<Self>, config: RuntimeConfig, sampled: bool) {
+        crate::sys::watch_fork();
         if self.config.set(config).is_err() {
+            return;
+        }
+        if crate::sys::in_forked_child() {
+            // The parent's sampler state (its locks, slots and thread list)
+            // was copied mid-flight; a fresh session here could trip on it.
+            self.debug("profiling disabled: this process is a fork of a profiled process");
             return;
         }
         LAST.store(Some(Arc::clone(self)));
@@ -374,11 +389,20 @@ impl Runtime {
 
     /// Sends the chunk in progress now, waiting up to `timeout`.
     pub(crate) fn flush(&self, timeout: Duration) -> bool {
+        if crate::sys::in_forked_child() {
+            // The profiler thread stayed in the parent: nothing to wait for.
+            return true;
+        }
         self.request(Request::Flush, timeout)
     }
 
     /// Stops profiling for good, sending the last chunk; waits up to `timeout`.
     pub(crate) fn shutdown(&self, timeout: Duration) -> bool {
+        if crate::sys::in_forked_child() {
+            // The profiler thread, and the chunk it was building, belong to
+            // the parent, which sends them at its own shutdown.
+            return true;
+        }
         if self.shut_down.swap(true, Ordering::AcqRel) {
             return true;
         }
