@@ -485,7 +485,7 @@ impl Runtime {
         let sampler = match Sampler::start_paused(config.sampler.clone()) {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("sentry-profiling: profiling disabled: {e}");
+                eprintln!("{e}; profiling disabled");
                 self.session_sampled.store(false, Ordering::Release);
                 return;
             }
