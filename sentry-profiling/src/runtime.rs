@@ -3,7 +3,9 @@
 //!
 //! Everything an application thread calls here (root span started/finished,
 //! start/stop) is a few atomic operations: the sampler is created paused on
-//! the profiler thread at init and only resumed or paused afterwards.
+//! the profiler thread at init (which waits for it, up to two seconds, so
+//! that the first transactions are sampled) and only resumed or paused
+//! afterwards.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
@@ -69,6 +71,12 @@ pub(crate) struct RuntimeConfig {
 const V1_QUEUE: usize = 256;
 /// How much sample history V1 mode keeps (the longest profile, and slack).
 const V1_HISTORY: Duration = Duration::from_secs(35);
+
+/// How long `sentry::init` waits for the sampler to be ready, at most.
+const SAMPLER_READY_WAIT: Duration = Duration::from_secs(2);
+
+/// How far before a chunk's first sample lanes are filled in, at most.
+const MAX_FILL_LEAD_NS: u64 = 2_000_000_000;
 
 /// Lane events waiting for the profiler thread, at most.
 const LANE_QUEUE: usize = 4096;
@@ -203,13 +211,22 @@ impl Runtime {
         let (v1_tx, v1_rx) = std::sync::mpsc::sync_channel(V1_QUEUE);
         let _ = self.v1_queue.set(v1_tx);
         let this = Arc::clone(self);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new()
             .name("sentry-profiler-chunks".into())
-            .spawn(move || this.run(rx, lane_rx, v1_rx));
+            .spawn(move || this.run(rx, lane_rx, v1_rx, ready_tx));
         match spawned {
             Ok(handle) => {
                 *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
                 CURRENT.store(Some(Arc::clone(self)));
+                // Wait for the sampler (its module list takes a while to
+                // read): a transaction that starts before it samples would
+                // be linked to a profile with no samples of it.
+                if ready_rx.recv_timeout(SAMPLER_READY_WAIT)
+                    == Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+                {
+                    self.debug("the sampler is not ready yet; the first samples will come late");
+                }
             }
             Err(e) => {
                 eprintln!(
@@ -477,6 +494,7 @@ impl Runtime {
         requests: Receiver<Request>,
         lane_events: Receiver<LaneEvent>,
         v1_requests: Receiver<V1Pending>,
+        ready: Sender<()>,
     ) {
         let _own = register_own_thread();
         let Some(config) = self.config().cloned() else {
@@ -497,6 +515,7 @@ impl Runtime {
         {
             sampler.resume();
         }
+        let _ = ready.send(());
         let meta = ChunkMeta {
             profiler_id: self.profiler_id.clone(),
             release: config.release.clone(),
@@ -512,6 +531,7 @@ impl Runtime {
             lane_events,
             attribution: config.attribution,
             period_ns: 1_000_000_000 / u64::from(config.sampler.frequency_hz.max(1)),
+            filled_until_ns: 0,
             exporters: config
                 .exports
                 .iter()
@@ -594,6 +614,8 @@ struct ChunkWriter<'a> {
     lane_events: Receiver<LaneEvent>,
     attribution: ThreadAttribution,
     period_ns: u64,
+    /// Where the last chunk's lane fill-ins ended.
+    filled_until_ns: u64,
     exporters: Vec<Exporter>,
     service_name: String,
     v1: Option<V1State>,
@@ -733,7 +755,17 @@ impl ChunkWriter<'_> {
         let mut chunk = self.chunk.take();
         let now = now_ns();
         if self.attribution == ThreadAttribution::Lanes {
-            self.lanes.fill_suspended(&mut chunk, self.period_ns, now);
+            // Fill lanes from where the previous chunk's fill-ins ended (not
+            // from this chunk's first sample, which can come well after the
+            // root span that resumed the sampler), at most `MAX_FILL_LEAD`
+            // before the first sample so the chunk stays within Relay's span.
+            let from = chunk
+                .first_timestamp_ns()
+                .map_or(now, |first| first.saturating_sub(MAX_FILL_LEAD_NS))
+                .max(self.filled_until_ns);
+            self.lanes
+                .fill_suspended_from(&mut chunk, self.period_ns, from, now);
+            self.filled_until_ns = now;
         }
         if !self.exporters.is_empty() {
             let view = ProfileView::build(
