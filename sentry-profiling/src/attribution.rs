@@ -180,13 +180,33 @@ impl Lanes {
             // its two samples, where the lane's grid could leave it one, and
             // Sentry drops single-sample threads.
             let mut t = info.start_ns.max(chunk_start);
+            let mut pushed = 0;
+            let mut last = None;
             while t <= end {
                 let i = times.partition_point(|&x| x < t.saturating_sub(period_ns / 2));
                 let covered = times.get(i).is_some_and(|&x| x <= t + period_ns / 2);
                 if !covered {
                     chunk.push_synthetic(t, lane, &stack);
+                    pushed += 1;
+                    last = Some(t);
                 }
                 t += period_ns;
+            }
+            // The transport judges a transaction too short for its lane
+            // (under one period) by the transaction's own times, which
+            // enclose the lane's by a little: the root span is entered after
+            // the transaction starts and closed before it finishes. So a
+            // transaction just over a period long can have a lane just under
+            // one, with a single grid point, which Sentry would drop. A lane
+            // of at least half a period that has one sample gets a second
+            // fill-in at its end.
+            if let Some(lane_end) = info.end_ns.filter(|&e| e <= until_ns && e >= chunk_start) {
+                let one = times.len() + pushed == 1;
+                let long_enough = lane_end.saturating_sub(info.start_ns) >= period_ns / 2;
+                let taken = last == Some(lane_end) || times.binary_search(&lane_end).is_ok();
+                if one && long_enough && !taken {
+                    chunk.push_synthetic(lane_end, lane, &stack);
+                }
             }
         }
     }
@@ -307,6 +327,29 @@ mod tests {
         lanes.apply(LaneEvent::Finished {
             lane,
             end_ns: 19_000,
+        });
+        lanes.fill_suspended(&mut chunk, 10_000, 1_000_000);
+        let keys = lanes.thread_keys(&chunk, ThreadAttribution::Lanes);
+        assert_eq!(keys.iter().flatten().filter(|(k, _)| *k == lane).count(), 2);
+    }
+
+    #[test]
+    fn a_lane_just_under_a_period_gets_a_second_sample_at_its_end() {
+        // The transaction enclosing this lane may be just over a period long,
+        // so the transport keeps its lane: it must have two samples.
+        let lane = new_lane();
+        let mut lanes = Lanes::default();
+        lanes.apply(LaneEvent::Started {
+            lane,
+            link: Arc::new(LaneLink::default()),
+            start_ns: 1_000,
+        });
+        let mut chunk = Chunk::new();
+        chunk.push(&sample(500, 9, 0));
+        chunk.push(&sample(30_000, 9, 0));
+        lanes.apply(LaneEvent::Finished {
+            lane,
+            end_ns: 1_000 + 9_900,
         });
         lanes.fill_suspended(&mut chunk, 10_000, 1_000_000);
         let keys = lanes.thread_keys(&chunk, ThreadAttribution::Lanes);
