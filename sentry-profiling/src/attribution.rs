@@ -132,12 +132,33 @@ impl Lanes {
     }
 
     /// Adds a fill-in sample for every tick (`period_ns` grid from the
-    /// lane's start) at which a lane active during the chunk has no sample of
-    /// its own within half a period. `until_ns` bounds lanes still open.
+    /// lane's start, or from the chunk's first sample for a lane that
+    /// started earlier) at which a lane active during the chunk has no
+    /// sample of its own within half a period. `until_ns` bounds lanes
+    /// still open.
     pub(crate) fn fill_suspended(&self, chunk: &mut Chunk, period_ns: u64, until_ns: u64) {
         let Some(chunk_start) = chunk.first_timestamp_ns() else {
             return;
         };
+        self.fill_suspended_from(chunk, period_ns, chunk_start, until_ns);
+    }
+
+    /// [`Lanes::fill_suspended`] from `from_ns` instead of the chunk's first
+    /// sample: the profiler thread passes the end of what its previous chunk
+    /// covered, so a lane that started while the sampler was still getting
+    /// its first samples (a busy machine can take many milliseconds) is
+    /// filled from its own start, as it would be at any later moment.
+    pub(crate) fn fill_suspended_from(
+        &self,
+        chunk: &mut Chunk,
+        period_ns: u64,
+        from_ns: u64,
+        until_ns: u64,
+    ) {
+        if chunk.is_empty() {
+            return;
+        }
+        let chunk_start = from_ns;
         let period_ns = period_ns.max(1);
         let mut own: HashMap<u64, Vec<u64>> = HashMap::new();
         for s in chunk.samples() {
@@ -152,18 +173,40 @@ impl Lanes {
         for (&lane, info) in &self.lanes {
             let end = info.end_ns.unwrap_or(until_ns).min(until_ns);
             let times = own.get(&lane).map(Vec::as_slice).unwrap_or(&[]);
-            // First grid point at or after the chunk's start.
-            let skip = chunk_start
-                .saturating_sub(info.start_ns)
-                .div_ceil(period_ns);
-            let mut t = info.start_ns + skip * period_ns;
+            // The grid starts where both the lane and the chunk have begun.
+            // Anchoring it at the chunk's start (rather than at the next
+            // point of the lane's own grid) matters for a lane older than
+            // the chunk: one period after the chunk's start it already has
+            // its two samples, where the lane's grid could leave it one, and
+            // Sentry drops single-sample threads.
+            let mut t = info.start_ns.max(chunk_start);
+            let mut pushed = 0;
+            let mut last = None;
             while t <= end {
                 let i = times.partition_point(|&x| x < t.saturating_sub(period_ns / 2));
                 let covered = times.get(i).is_some_and(|&x| x <= t + period_ns / 2);
                 if !covered {
                     chunk.push_synthetic(t, lane, &stack);
+                    pushed += 1;
+                    last = Some(t);
                 }
                 t += period_ns;
+            }
+            // The transport judges a transaction too short for its lane
+            // (under one period) by the transaction's own times, which
+            // enclose the lane's by a little: the root span is entered after
+            // the transaction starts and closed before it finishes. So a
+            // transaction just over a period long can have a lane just under
+            // one, with a single grid point, which Sentry would drop. A lane
+            // of at least half a period that has one sample gets a second
+            // fill-in at its end.
+            if let Some(lane_end) = info.end_ns.filter(|&e| e <= until_ns && e >= chunk_start) {
+                let one = times.len() + pushed == 1;
+                let long_enough = lane_end.saturating_sub(info.start_ns) >= period_ns / 2;
+                let taken = last == Some(lane_end) || times.binary_search(&lane_end).is_ok();
+                if one && long_enough && !taken {
+                    chunk.push_synthetic(lane_end, lane, &stack);
+                }
             }
         }
     }
@@ -264,6 +307,53 @@ mod tests {
             3,
             "fill-ins need lanes"
         );
+    }
+
+    #[test]
+    fn a_lane_older_than_the_chunk_is_filled_from_the_chunk_start() {
+        // The request began half a period before the sampler's first sample
+        // and slept throughout: 1.3 periods of it are inside the chunk, and
+        // it gets two fill-ins (the lane's own grid would have given one).
+        let lane = new_lane();
+        let mut lanes = Lanes::default();
+        lanes.apply(LaneEvent::Started {
+            lane,
+            link: Arc::new(LaneLink::default()),
+            start_ns: 1_000,
+        });
+        let mut chunk = Chunk::new();
+        chunk.push(&sample(6_000, 9, 0));
+        chunk.push(&sample(16_000, 9, 0));
+        lanes.apply(LaneEvent::Finished {
+            lane,
+            end_ns: 19_000,
+        });
+        lanes.fill_suspended(&mut chunk, 10_000, 1_000_000);
+        let keys = lanes.thread_keys(&chunk, ThreadAttribution::Lanes);
+        assert_eq!(keys.iter().flatten().filter(|(k, _)| *k == lane).count(), 2);
+    }
+
+    #[test]
+    fn a_lane_just_under_a_period_gets_a_second_sample_at_its_end() {
+        // The transaction enclosing this lane may be just over a period long,
+        // so the transport keeps its lane: it must have two samples.
+        let lane = new_lane();
+        let mut lanes = Lanes::default();
+        lanes.apply(LaneEvent::Started {
+            lane,
+            link: Arc::new(LaneLink::default()),
+            start_ns: 1_000,
+        });
+        let mut chunk = Chunk::new();
+        chunk.push(&sample(500, 9, 0));
+        chunk.push(&sample(30_000, 9, 0));
+        lanes.apply(LaneEvent::Finished {
+            lane,
+            end_ns: 1_000 + 9_900,
+        });
+        lanes.fill_suspended(&mut chunk, 10_000, 1_000_000);
+        let keys = lanes.thread_keys(&chunk, ThreadAttribution::Lanes);
+        assert_eq!(keys.iter().flatten().filter(|(k, _)| *k == lane).count(), 2);
     }
 
     #[test]

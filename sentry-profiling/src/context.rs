@@ -44,6 +44,10 @@ struct SlotGuard {
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         SLOTS[self.slot as usize].store(0, Ordering::Relaxed);
+        if crate::sys::in_forked_child() {
+            // See `publish`: never wait for a lock held across the fork.
+            return;
+        }
         let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = table.as_mut() {
             t.by_tid.remove(&self.tid);
@@ -82,6 +86,11 @@ pub(crate) fn publish(value: u64, tid: impl FnOnce() -> u32) {
         return;
     };
     if slot == UNCLAIMED {
+        if crate::sys::in_forked_child() {
+            // The table's lock may have been held by a thread that stayed in
+            // the parent, and no sampler reads the table here anyway.
+            return;
+        }
         slot = claim(tid());
         let _ = MY_SLOT.try_with(|s| s.set(slot));
     }

@@ -108,28 +108,33 @@ impl ProfilingIntegration {
         self
     }
 
-    /// Sampling frequency in Hz, 1 to 1000. Default 101.
+    /// Sampling frequency in Hz, 1 to 1000. Default 101. Out of range
+    /// disables profiling with a warning.
     #[must_use]
     pub fn frequency_hz(mut self, hz: u32) -> Self {
         self.sampler.frequency_hz = hz;
         self
     }
 
-    /// Stack bytes copied per sample, 256 B to 1 MiB. Default 64 KiB.
+    /// Stack bytes copied per sample, 256 B to 1 MiB. Default 64 KiB. Out of
+    /// range disables profiling with a warning.
     #[must_use]
     pub fn stack_copy_bytes(mut self, bytes: usize) -> Self {
         self.sampler.stack_copy_bytes = bytes;
         self
     }
 
-    /// The signal to sample with. Default: a free real-time signal.
+    /// The signal to sample with. Default: a free real-time signal. A signal
+    /// that cannot be caught, or that already has a handler (which is left
+    /// alone), disables profiling with a warning.
     #[must_use]
     pub fn signal(mut self, signal: i32) -> Self {
         self.sampler.signal = Some(signal);
         self
     }
 
-    /// Longest chunk, 1 s to 60 s. Default 60 s.
+    /// Longest chunk, 1 s to 60 s. Default 60 s. Zero means the default;
+    /// other values outside the range are clamped to it, with a warning.
     #[must_use]
     pub fn chunk_duration(mut self, duration: Duration) -> Self {
         self.chunk_duration = duration;
@@ -294,16 +299,7 @@ impl ProfilingIntegration {
                 return None;
             }
         };
-        let chunk_duration =
-            if (Duration::from_secs(1)..=MAX_CHUNK_DURATION).contains(&self.chunk_duration) {
-                self.chunk_duration
-            } else {
-                eprintln!(
-                    "sentry-profiling: `chunk_duration` {:?} is outside 1 s..=60 s; using 60 s",
-                    self.chunk_duration
-                );
-                MAX_CHUNK_DURATION
-            };
+        let chunk_duration = settle_chunk_duration(self.chunk_duration);
         if self.lifecycle == ProfileLifecycle::Trace
             && matches!(
                 options.traces_sampling_strategy,
@@ -331,6 +327,23 @@ impl ProfilingIntegration {
                 .unwrap_or_else(|| "unknown_service".into()),
         })
     }
+}
+
+/// The chunk duration to use for `requested`: zero means the default, other
+/// values outside 1 s..=60 s are clamped to the nearer bound, with a warning.
+fn settle_chunk_duration(requested: Duration) -> Duration {
+    let min = Duration::from_secs(1);
+    let used = if requested.is_zero() {
+        DEFAULT_CHUNK_DURATION
+    } else {
+        requested.clamp(min, MAX_CHUNK_DURATION)
+    };
+    if used != requested {
+        eprintln!(
+            "sentry-profiling: `chunk_duration` {requested:?} is outside 1 s..=60 s; using {used:?}"
+        );
+    }
+    used
 }
 
 impl ProfilingIntegration {

@@ -152,7 +152,11 @@ pub use unwind::{ModuleInfo, ModuleSet, debug_id_from_build_id};
 
 /// Starts the profiler (manual lifecycle). A no-op, logged in debug mode,
 /// when the session is not sampled, the profiler already runs, or the
-/// lifecycle is [`ProfileLifecycle::Trace`].
+/// lifecycle is [`ProfileLifecycle::Trace`]; also in the forked child of a
+/// profiled process.
+///
+/// Not async-signal-safe (it may log, and reads the session through
+/// `arc-swap`): from a signal handler, set a flag and call it elsewhere.
 pub fn start_profiler() {
     if let Some(rt) = runtime::current() {
         rt.start_manual();
@@ -160,7 +164,8 @@ pub fn start_profiler() {
 }
 
 /// Stops the profiler (manual lifecycle). A no-op, logged in debug mode,
-/// with the trace lifecycle.
+/// with the trace lifecycle, when it is not running, and in a forked child.
+/// Not async-signal-safe, like [`start_profiler`].
 pub fn stop_profiler() {
     if let Some(rt) = runtime::current() {
         rt.stop_manual();
@@ -168,7 +173,8 @@ pub fn stop_profiler() {
 }
 
 /// Counters of the current profiling session (or of the last one, after
-/// the client closed), if one was configured.
+/// the client closed), if one was configured. `None` in the forked child of
+/// a profiled process, which has no profiler.
 pub fn stats() -> Option<ProfilerStats> {
     runtime::last().map(|rt| rt.stats())
 }

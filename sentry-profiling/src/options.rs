@@ -88,6 +88,17 @@ impl SamplerConfig {
                 ),
             });
         }
+        if let Some(sig) = self.signal {
+            let max = max_signal();
+            if !(1..=max).contains(&sig) || cannot_be_caught(sig) {
+                return Err(Error::InvalidOption {
+                    option: "signal",
+                    reason: format!(
+                        "{sig} is not a signal a handler can be installed for (1..={max}, not SIGKILL or SIGSTOP)"
+                    ),
+                });
+            }
+        }
         if self.queue_capacity == 0 {
             return Err(Error::InvalidOption {
                 option: "queue_capacity",
@@ -95,6 +106,31 @@ impl SamplerConfig {
             });
         }
         Ok(self)
+    }
+}
+
+/// The highest signal number.
+fn max_signal() -> i32 {
+    #[cfg(target_os = "linux")]
+    {
+        libc::SIGRTMAX()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        64
+    }
+}
+
+/// SIGKILL and SIGSTOP: no handler can be installed for them.
+fn cannot_be_caught(sig: i32) -> bool {
+    #[cfg(unix)]
+    {
+        sig == libc::SIGKILL || sig == libc::SIGSTOP
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = sig;
+        false
     }
 }
 

@@ -3,7 +3,9 @@
 //!
 //! Everything an application thread calls here (root span started/finished,
 //! start/stop) is a few atomic operations: the sampler is created paused on
-//! the profiler thread at init and only resumed or paused afterwards.
+//! the profiler thread at init (which waits for it, up to two seconds, so
+//! that the first transactions are sampled) and only resumed or paused
+//! afterwards.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
@@ -30,13 +32,21 @@ static CURRENT: ArcSwapOption<Runtime> = ArcSwapOption::const_empty();
 static LAST: ArcSwapOption<Runtime> = ArcSwapOption::const_empty();
 
 /// The running session, if profiling is configured and this process's
-/// session was sampled.
+/// session was sampled. Never in a forked child: the session's threads
+/// stayed in the parent.
 pub(crate) fn current() -> Option<Arc<Runtime>> {
+    if crate::sys::in_forked_child() {
+        return None;
+    }
     CURRENT.load_full()
 }
 
-/// The current session, or the last one after it shut down.
+/// The current session, or the last one after it shut down (none in a
+/// forked child, whose copy of the counters would only mislead).
 pub(crate) fn last() -> Option<Arc<Runtime>> {
+    if crate::sys::in_forked_child() {
+        return None;
+    }
     LAST.load_full()
 }
 
@@ -61,6 +71,12 @@ pub(crate) struct RuntimeConfig {
 const V1_QUEUE: usize = 256;
 /// How much sample history V1 mode keeps (the longest profile, and slack).
 const V1_HISTORY: Duration = Duration::from_secs(35);
+
+/// How long `sentry::init` waits for the sampler to be ready, at most.
+const SAMPLER_READY_WAIT: Duration = Duration::from_secs(2);
+
+/// How far before a chunk's first sample lanes are filled in, at most.
+const MAX_FILL_LEAD_NS: u64 = 2_000_000_000;
 
 /// Lane events waiting for the profiler thread, at most.
 const LANE_QUEUE: usize = 4096;
@@ -225,7 +241,14 @@ impl Runtime {
     /// Starts the session: publishes it and starts the profiler thread with a
     /// paused sampler. Called once, from the integration's `setup`.
     pub(crate) fn activate(self: &Arc<Self>, config: RuntimeConfig, sampled: bool) {
+        crate::sys::watch_fork();
         if self.config.set(config).is_err() {
+            return;
+        }
+        if crate::sys::in_forked_child() {
+            // The parent's sampler state (its locks, slots and thread list)
+            // was copied mid-flight; a fresh session here could trip on it.
+            self.debug("profiling disabled: this process is a fork of a profiled process");
             return;
         }
         LAST.store(Some(Arc::clone(self)));
@@ -240,13 +263,22 @@ impl Runtime {
         let (v1_tx, v1_rx) = std::sync::mpsc::sync_channel(V1_QUEUE);
         let _ = self.v1_queue.set(v1_tx);
         let this = Arc::clone(self);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new()
             .name("sentry-profiler-chunks".into())
-            .spawn(move || this.run(rx, lane_rx, v1_rx));
+            .spawn(move || this.run(rx, lane_rx, v1_rx, ready_tx));
         match spawned {
             Ok(handle) => {
                 *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
                 CURRENT.store(Some(Arc::clone(self)));
+                // Wait for the sampler (its module list takes a while to
+                // read): a transaction that starts before it samples would
+                // be linked to a profile with no samples of it.
+                if ready_rx.recv_timeout(SAMPLER_READY_WAIT)
+                    == Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+                {
+                    self.debug("the sampler is not ready yet; the first samples will come late");
+                }
             }
             Err(e) => {
                 eprintln!(
@@ -426,11 +458,20 @@ impl Runtime {
 
     /// Sends the chunk in progress now, waiting up to `timeout`.
     pub(crate) fn flush(&self, timeout: Duration) -> bool {
+        if crate::sys::in_forked_child() {
+            // The profiler thread stayed in the parent: nothing to wait for.
+            return true;
+        }
         self.request(Request::Flush, timeout)
     }
 
     /// Stops profiling for good, sending the last chunk; waits up to `timeout`.
     pub(crate) fn shutdown(&self, timeout: Duration) -> bool {
+        if crate::sys::in_forked_child() {
+            // The profiler thread, and the chunk it was building, belong to
+            // the parent, which sends them at its own shutdown.
+            return true;
+        }
         if self.shut_down.swap(true, Ordering::AcqRel) {
             return true;
         }
@@ -512,6 +553,7 @@ impl Runtime {
         requests: Receiver<Request>,
         lane_events: Receiver<LaneEvent>,
         v1_requests: Receiver<V1Pending>,
+        ready: Sender<()>,
     ) {
         let _own = register_own_thread();
         let Some(config) = self.config().cloned() else {
@@ -520,7 +562,7 @@ impl Runtime {
         let sampler = match Sampler::start_paused(config.sampler.clone()) {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("sentry-profiling: profiling disabled: {e}");
+                eprintln!("{e}; profiling disabled");
                 self.session_sampled.store(false, Ordering::Release);
                 return;
             }
@@ -532,6 +574,7 @@ impl Runtime {
         {
             sampler.resume();
         }
+        let _ = ready.send(());
         let meta = ChunkMeta {
             profiler_id: self.profiler_id.clone(),
             release: config.release.clone(),
@@ -547,6 +590,7 @@ impl Runtime {
             lane_events,
             attribution: config.attribution,
             period_ns: 1_000_000_000 / u64::from(config.sampler.frequency_hz.max(1)),
+            filled_until_ns: 0,
             exporters: config
                 .exports
                 .iter()
@@ -665,6 +709,8 @@ struct ChunkWriter<'a> {
     lane_events: Receiver<LaneEvent>,
     attribution: ThreadAttribution,
     period_ns: u64,
+    /// Where the last chunk's lane fill-ins ended.
+    filled_until_ns: u64,
     exporters: Vec<Exporter>,
     service_name: String,
     v1: Option<V1State>,
@@ -804,7 +850,17 @@ impl ChunkWriter<'_> {
         let mut chunk = self.chunk.take();
         let now = now_ns();
         if self.attribution == ThreadAttribution::Lanes {
-            self.lanes.fill_suspended(&mut chunk, self.period_ns, now);
+            // Fill lanes from where the previous chunk's fill-ins ended (not
+            // from this chunk's first sample, which can come well after the
+            // root span that resumed the sampler), at most `MAX_FILL_LEAD`
+            // before the first sample so the chunk stays within Relay's span.
+            let from = chunk
+                .first_timestamp_ns()
+                .map_or(now, |first| first.saturating_sub(MAX_FILL_LEAD_NS))
+                .max(self.filled_until_ns);
+            self.lanes
+                .fill_suspended_from(&mut chunk, self.period_ns, from, now);
+            self.filled_until_ns = now;
         }
         if !self.exporters.is_empty() {
             let view = ProfileView::build(

@@ -70,6 +70,15 @@ impl V1Config {
             Some(f) => f(name),
             None => self.rate.unwrap_or(0.0),
         };
+        if !(0.0..=1.0).contains(&p) {
+            static WARNED: std::sync::atomic::AtomicBool =
+                std::sync::atomic::AtomicBool::new(false);
+            if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                eprintln!(
+                    "sentry-profiling: `profiles_sampler`/`profiles_sample_rate` gave {p} for {name:?}, outside 0.0..=1.0; NaN and negative values profile nothing, values above 1 profile everything (warned once)"
+                );
+            }
+        }
         // NaN and non-positive rates profile nothing.
         if p.is_nan() || p <= 0.0 {
             return false;

@@ -169,6 +169,9 @@ fn encode_chunk_limited(
     limit: usize,
 ) -> Vec<EncodedChunk> {
     // Count samples per (displayed) thread and keep threads with two or more.
+    // Relay counts only samples with a non-empty stack, so those are the
+    // ones counted here: a thread with one real stack and an empty one
+    // would be dropped at ingestion after being reported as sent.
     let keyed: Vec<(u64, Option<Arc<str>>)> = chunk
         .samples()
         .iter()
@@ -176,8 +179,11 @@ fn encode_chunk_limited(
         .map(|(i, s)| thread_key(i, s).unwrap_or((0, None)))
         .collect();
     let mut per_thread: HashMap<u64, usize> = HashMap::new();
-    for (k, _) in &keyed {
-        *per_thread.entry(*k).or_default() += 1;
+    for (s, (k, _)) in chunk.samples().iter().zip(&keyed) {
+        let count = per_thread.entry(*k).or_default();
+        if !chunk.stacks()[s.stack as usize].is_empty() {
+            *count += 1;
+        }
     }
     // Thread id 0 means "not filed" (see the thread key).
     let mut order: Vec<usize> = (0..chunk.len())
@@ -589,6 +595,228 @@ mod tests {
             assert!(p.json.len() <= 8 * 1024, "{} bytes", p.json.len());
             let v: serde_json::Value = serde_json::from_slice(&p.json).unwrap();
             assert_eq!(v["profiler_id"], m.profiler_id.as_str());
+        }
+    }
+
+    mod fuzz {
+        use std::collections::{BTreeMap, HashSet};
+        use std::sync::{Arc, Mutex, OnceLock};
+
+        use proptest::prelude::*;
+        use serde_json::Value;
+
+        use super::super::{ChunkMeta, SUSPENDED_FRAME, SUSPENDED_FUNCTION, encode_chunk, new_id};
+        use super::by_tid;
+        use crate::chunk::Chunk;
+        use crate::symbolize::Symbolizer;
+        use crate::unwind::ModuleSet;
+        use crate::{Sample, debug_id_from_build_id};
+
+        /// The modules of this test process, read once.
+        fn modules() -> Arc<ModuleSet> {
+            static MODULES: OnceLock<Arc<ModuleSet>> = OnceLock::new();
+            Arc::clone(MODULES.get_or_init(|| {
+                let shared = Arc::new(arc_swap::ArcSwap::from_pointee(ModuleSet::default()));
+                let _unwinder = crate::unwind::StackUnwinder::new(Arc::clone(&shared));
+                shared.load_full()
+            }))
+        }
+
+        /// Addresses of functions in this binary, for frames that symbolize.
+        fn code_addresses() -> [u64; 4] {
+            [
+                encode_chunk as *const () as usize as u64,
+                new_id as *const () as usize as u64,
+                debug_id_from_build_id as *const () as usize as u64,
+                modules as *const () as usize as u64,
+            ]
+        }
+
+        #[derive(Debug, Clone)]
+        enum FrameChoice {
+            /// A function of this binary, at an offset into it.
+            Code(usize, u64),
+            /// Any address (almost always outside every module).
+            Any(u64),
+            /// A suspended lane's marker frame.
+            Suspended,
+        }
+
+        fn frame() -> impl Strategy<Value = FrameChoice> {
+            prop_oneof![
+                4 => (0usize..4, 0u64..16).prop_map(|(f, o)| FrameChoice::Code(f, o)),
+                4 => any::<u64>().prop_map(FrameChoice::Any),
+                1 => Just(FrameChoice::Suspended),
+            ]
+        }
+
+        fn thread_name() -> impl Strategy<Value = String> {
+            prop_oneof![
+                any::<String>(),
+                Just(String::new()),
+                Just("quote\" back\\slash \n\t\r \u{0} \u{7f} \u{2028}".to_owned()),
+                Just("🦀 ünïcødé 線程 \u{fffd}".to_owned()),
+                "[\\x00-\\x1f\"\\\\]{1,8}",
+            ]
+        }
+
+        /// (thread index, nanoseconds into the chunk, frames)
+        type Spec = (usize, u64, Vec<FrameChoice>);
+
+        fn samples() -> impl Strategy<Value = (Vec<String>, Vec<Spec>)> {
+            proptest::collection::vec(thread_name(), 1..6).prop_flat_map(|names| {
+                let n = names.len();
+                let sample = (
+                    0..n,
+                    0u64..60_000_000_000,
+                    proptest::collection::vec(frame(), 0..8),
+                );
+                (Just(names), proptest::collection::vec(sample, 0..60))
+            })
+        }
+
+        const BASE_NS: u64 = 1_700_000_000_000_000_000;
+
+        fn address(f: &FrameChoice) -> u64 {
+            match f {
+                FrameChoice::Code(i, off) => code_addresses()[*i] + off,
+                FrameChoice::Any(a) => *a,
+                FrameChoice::Suspended => SUSPENDED_FRAME,
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(200))]
+
+            #[test]
+            fn encodes_valid_v2_chunks((names, specs) in samples(), symbolize in any::<bool>()) {
+                let modules = modules();
+                let mut chunk = Chunk::new();
+                for (t, offset, frames) in &specs {
+                    let addrs: Vec<u64> = frames.iter().map(address).collect();
+                    chunk.push(&Sample::new(
+                        BASE_NS + offset,
+                        1000 + *t as i32,
+                        Arc::from(names[*t].as_str()),
+                        Arc::from(&addrs[..]),
+                        0,
+                        false,
+                    ));
+                }
+                let meta = ChunkMeta {
+                    profiler_id: new_id(),
+                    release: "app@1.0.0".into(),
+                    environment: Some("prop\"test".into()),
+                };
+                // One symbolizer for every case: it reads symbol tables once.
+                static SYMBOLIZER: Mutex<Option<Symbolizer>> = Mutex::new(None);
+                let mut symbolizer = SYMBOLIZER.lock().unwrap();
+                let pieces = encode_chunk(
+                    &meta,
+                    &chunk,
+                    &modules,
+                    symbolize.then(|| symbolizer.get_or_insert_with(Symbolizer::new)),
+                    &by_tid,
+                );
+                drop(symbolizer);
+
+                // Which samples Relay keeps: threads with two or more
+                // samples with a non-empty stack.
+                let mut non_empty: BTreeMap<usize, usize> = BTreeMap::new();
+                for (t, _, frames) in &specs {
+                    *non_empty.entry(*t).or_default() += usize::from(!frames.is_empty());
+                }
+                let kept: Vec<&Spec> = specs.iter().filter(|(t, _, _)| non_empty[t] >= 2).collect();
+                prop_assert_eq!(pieces.len(), usize::from(!kept.is_empty()));
+                let Some(piece) = pieces.first() else { return Ok(()); };
+                prop_assert_eq!(piece.samples, kept.len());
+                prop_assert_eq!(piece.dropped_single, specs.len() - kept.len());
+
+                let v: Value = serde_json::from_slice(&piece.json).expect("valid JSON");
+                prop_assert_eq!(&v["version"], "2");
+                prop_assert_eq!(v["profiler_id"].as_str(), Some(meta.profiler_id.as_str()));
+                prop_assert_eq!(v["chunk_id"].as_str(), Some(piece.chunk_id.as_str()));
+                prop_assert_eq!(&v["environment"], "prop\"test");
+                let is_id = |s: &str| s.len() == 32 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+                prop_assert!(is_id(&piece.chunk_id));
+                let p = &v["profile"];
+                let samples = p["samples"].as_array().unwrap();
+                let stacks = p["stacks"].as_array().unwrap();
+                let frames = p["frames"].as_array().unwrap();
+                prop_assert_eq!(samples.len(), kept.len());
+
+                // Time order, and the same (thread, time, stack) multiset.
+                let mut got = Vec::new();
+                let mut last = f64::MIN;
+                for s in samples {
+                    let ts = s["timestamp"].as_f64().unwrap();
+                    prop_assert!(ts >= last, "timestamps out of order");
+                    last = ts;
+                    let stack = &stacks[s["stack_id"].as_u64().unwrap() as usize];
+                    let mut addrs = Vec::new();
+                    for f in stack.as_array().unwrap() {
+                        let f = &frames[f.as_u64().unwrap() as usize];
+                        match f["instruction_addr"].as_str() {
+                            Some(a) => addrs.push(u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap()),
+                            None => {
+                                prop_assert_eq!(f["function"].as_str(), Some(SUSPENDED_FUNCTION));
+                                addrs.push(SUSPENDED_FRAME);
+                            }
+                        }
+                    }
+                    got.push((s["thread_id"].as_str().unwrap().to_owned(), addrs, (ts * 1e6).round() as u64));
+                }
+                let mut want: Vec<_> = kept
+                    .iter()
+                    .map(|(t, off, fr)| {
+                        let ts = (BASE_NS + off) as f64 / 1e9;
+                        ((1000 + t).to_string(), fr.iter().map(address).collect::<Vec<_>>(), (ts * 1e6).round() as u64)
+                    })
+                    .collect();
+                got.sort();
+                want.sort();
+                prop_assert_eq!(got.len(), want.len());
+                for (g, w) in got.iter().zip(&want) {
+                    // JSON number parsing may be one ulp off: a microsecond
+                    // of slack.
+                    prop_assert!(g.0 == w.0 && g.1 == w.1 && g.2.abs_diff(w.2) <= 1, "{:?} != {:?}", g, w);
+                }
+
+                // Thread metadata: exactly the threads with samples, names
+                // round-tripped through JSON escaping.
+                let used: HashSet<&str> = samples.iter().map(|s| s["thread_id"].as_str().unwrap()).collect();
+                let meta_threads = p["thread_metadata"].as_object().unwrap();
+                prop_assert_eq!(meta_threads.keys().map(String::as_str).collect::<HashSet<_>>(), used);
+                for (tid, m) in meta_threads {
+                    let t = tid.parse::<usize>().unwrap() - 1000;
+                    prop_assert_eq!(m["name"].as_str(), Some(names[t].as_str()));
+                }
+
+                // Frames: hex addresses; symbolized functions for this
+                // binary's code when asked; debug images for exactly the
+                // modules the frames fall in.
+                let mut wanted_images = HashSet::new();
+                for f in frames {
+                    let Some(a) = f["instruction_addr"].as_str() else { continue };
+                    let addr = u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap();
+                    if let Some(m) = modules.find(addr) {
+                        wanted_images.insert(m.path.clone());
+                    }
+                    if code_addresses().contains(&addr) {
+                        prop_assert_eq!(f["function"].is_string(), symbolize, "frame {}", f);
+                    }
+                    if !symbolize {
+                        prop_assert!(f.get("function").is_none_or(Value::is_null));
+                    }
+                }
+                let images: HashSet<String> = v["debug_meta"]["images"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|i| i["code_file"].as_str().unwrap().to_owned())
+                    .collect();
+                prop_assert_eq!(images, wanted_images);
+            }
         }
     }
 }

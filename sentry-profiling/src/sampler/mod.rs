@@ -116,6 +116,10 @@ impl Sampler {
 
     fn start_with(config: SamplerConfig, active: bool) -> Result<Self, Error> {
         let config = config.validated()?;
+        sys::watch_fork();
+        if sys::in_forked_child() {
+            return Err(Error::ForkedChild);
+        }
         let setup = sys::install_handler(config.signal).map_err(Error::Signal)?;
         let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_capacity);
         let shared = Arc::new(Shared {
@@ -212,6 +216,13 @@ impl Sampler {
 
     fn shutdown(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        if sys::in_forked_child() {
+            // The sampler thread stayed in the parent; joining it here would
+            // wait forever, and even detaching it would touch a thread
+            // descriptor nobody owns here.
+            std::mem::forget(self.thread.take());
+            return;
+        }
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
             let _ = t.join();

@@ -280,20 +280,29 @@ fn read_encoded(b: &[u8], format: u8) -> Option<(i64, usize)> {
     })
 }
 
-/// Finds the `NT_GNU_BUILD_ID` descriptor in a note segment.
+/// Finds the `NT_GNU_BUILD_ID` descriptor in a note segment aligned to
+/// `align` bytes (an alignment of 0 is read as 1).
+///
+/// As binutils and the kernel read notes, the descriptor starts at the
+/// first aligned offset after the 12-byte header and the name, and the next
+/// note at the first aligned offset after the descriptor. (With 4-byte
+/// alignment that is the same as padding each size to 4; with 8-byte
+/// alignment, as in `.note.gnu.property` segments, it is not.)
 pub(crate) fn find_build_id(mut notes: &[u8], align: usize) -> Option<&[u8]> {
-    let pad = |n: usize| n.checked_add(align - 1).map(|v| v / align * align);
+    let align = align.max(1);
+    let align_up = |n: usize| n.checked_add(align - 1).map(|v| v / align * align);
     while notes.len() >= 12 {
         let namesz = u32::from_le_bytes(notes[0..4].try_into().ok()?) as usize;
         let descsz = u32::from_le_bytes(notes[4..8].try_into().ok()?) as usize;
         let kind = u32::from_le_bytes(notes[8..12].try_into().ok()?);
-        let name_end = 12usize.checked_add(pad(namesz)?)?;
-        let desc_end = name_end.checked_add(pad(descsz)?)?;
+        let desc_start = align_up(12usize.checked_add(namesz)?)?;
+        let desc_end = desc_start.checked_add(descsz)?;
+        let next = align_up(desc_end)?;
         let name = notes.get(12..12 + namesz)?;
         if kind == NT_GNU_BUILD_ID && name == b"GNU\0" {
-            return notes.get(name_end..name_end + descsz);
+            return notes.get(desc_start..desc_end);
         }
-        notes = notes.get(desc_end..)?;
+        notes = notes.get(next..)?;
     }
     None
 }
@@ -334,5 +343,146 @@ mod tests {
         n.extend_from_slice(b"GNU\0\x01\x02\x03\x04");
         assert_eq!(find_build_id(&n, 4), Some(&[1u8, 2, 3, 4][..]));
         assert_eq!(find_build_id(&n[..20], 4), None);
+    }
+
+    mod fuzz {
+        use super::super::{NT_GNU_BUILD_ID, find_build_id};
+        use crate::debug_id_from_build_id;
+        use proptest::prelude::*;
+
+        /// One note entry: name (without its NUL), type, descriptor.
+        type Note = (Vec<u8>, u32, Vec<u8>);
+
+        fn write_note(out: &mut Vec<u8>, (name, kind, desc): &Note, align: usize) {
+            let pad = |out: &mut Vec<u8>| {
+                while out.len() % align != 0 {
+                    out.push(0);
+                }
+            };
+            out.extend_from_slice(&(name.len() as u32 + 1).to_le_bytes());
+            out.extend_from_slice(&(desc.len() as u32).to_le_bytes());
+            out.extend_from_slice(&kind.to_le_bytes());
+            out.extend_from_slice(name);
+            out.push(0);
+            pad(out);
+            out.extend_from_slice(desc);
+            pad(out);
+        }
+
+        /// Notes that are not a GNU build id: other owners (including
+        /// near-misses of "GNU"), or GNU notes of other types.
+        fn other_note() -> impl Strategy<Value = Note> {
+            let name = prop_oneof![
+                Just(b"GNU".to_vec()),
+                Just(b"GNUX".to_vec()),
+                Just(b"GN".to_vec()),
+                Just(b"Go".to_vec()),
+                Just(b"stapsdt".to_vec()),
+                proptest::collection::vec(any::<u8>(), 0..12),
+            ];
+            (
+                name,
+                any::<u32>(),
+                proptest::collection::vec(any::<u8>(), 0..40),
+            )
+                .prop_filter("not a GNU build id", |(name, kind, _)| {
+                    !(name == b"GNU" && *kind == NT_GNU_BUILD_ID)
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn arbitrary_bytes_never_panic(
+                bytes in proptest::collection::vec(any::<u8>(), 0..256),
+                align in 0usize..=64,
+            ) {
+                if let Some(id) = find_build_id(&bytes, align) {
+                    // Whatever it returns lies inside the input.
+                    let range = bytes.as_ptr_range();
+                    prop_assert!(id.is_empty() || range.contains(&id.as_ptr()));
+                }
+            }
+
+            #[test]
+            fn huge_sizes_never_panic(
+                namesz in any::<u32>(),
+                descsz in any::<u32>(),
+                kind in any::<u32>(),
+                tail in proptest::collection::vec(any::<u8>(), 0..64),
+                align in prop_oneof![Just(4usize), Just(8), Just(usize::MAX / 2)],
+            ) {
+                let mut n = Vec::new();
+                n.extend_from_slice(&namesz.to_le_bytes());
+                n.extend_from_slice(&descsz.to_le_bytes());
+                n.extend_from_slice(&kind.to_le_bytes());
+                n.extend_from_slice(&tail);
+                let _ = find_build_id(&n, align);
+            }
+
+            #[test]
+            fn well_formed_notes_yield_the_build_id(
+                before in proptest::collection::vec(other_note(), 0..5),
+                after in proptest::collection::vec(other_note(), 0..3),
+                id in proptest::collection::vec(any::<u8>(), 1..=64),
+                align in prop_oneof![Just(4usize), Just(8)],
+            ) {
+                let mut n = Vec::new();
+                for note in &before {
+                    write_note(&mut n, note, align);
+                }
+                write_note(&mut n, &(b"GNU".to_vec(), NT_GNU_BUILD_ID, id.clone()), align);
+                for note in &after {
+                    write_note(&mut n, note, align);
+                }
+                prop_assert_eq!(find_build_id(&n, align), Some(&id[..]));
+                // Cut anywhere inside the build-id note: never a wrong id.
+                let start = n.len() - after_len(&after, align) - note_len(4, id.len(), align);
+                for cut in start..n.len() {
+                    if let Some(found) = find_build_id(&n[..cut], align) {
+                        prop_assert_eq!(found, &id[..]);
+                    }
+                }
+            }
+
+            #[test]
+            fn debug_id_is_a_uuid_with_swapped_guid_fields(
+                id in proptest::collection::vec(any::<u8>(), 0..64),
+            ) {
+                let d = debug_id_from_build_id(&id);
+                let parts: Vec<&str> = d.split('-').collect();
+                prop_assert_eq!(
+                    parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+                    vec![8, 4, 4, 4, 12]
+                );
+                prop_assert!(d.bytes().all(|b| b == b'-' || b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+                let hex: String = parts.concat();
+                let bytes: Vec<u8> = (0..16)
+                    .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+                    .collect();
+                let mut want = [0u8; 16];
+                let n = id.len().min(16);
+                want[..n].copy_from_slice(&id[..n]);
+                want[0..4].reverse();
+                want[4..6].reverse();
+                want[6..8].reverse();
+                prop_assert_eq!(&bytes[..], &want[..]);
+            }
+        }
+
+        /// The size of a note whose name (with its NUL) and descriptor have
+        /// these sizes.
+        fn note_len(namesz: usize, descsz: usize, align: usize) -> usize {
+            let up = |v: usize| v.div_ceil(align) * align;
+            up(up(12 + namesz) + descsz)
+        }
+
+        fn after_len(after: &[Note], align: usize) -> usize {
+            after
+                .iter()
+                .map(|(name, _, desc)| note_len(name.len() + 1, desc.len(), align))
+                .sum()
+        }
     }
 }

@@ -7,6 +7,8 @@
 //! empty and [`crate::Profiler::start`] reports the platform as unsupported.
 
 #[cfg(profiling_supported)]
+mod fork;
+#[cfg(profiling_supported)]
 mod images;
 #[cfg(profiling_supported)]
 mod maps;
@@ -15,6 +17,8 @@ mod signal;
 #[cfg(profiling_supported)]
 mod thread;
 
+#[cfg(profiling_supported)]
+pub(crate) use fork::{in_forked_child, watch_fork};
 #[cfg(profiling_supported)]
 pub(crate) use images::{ImageBytes, LoadedImage, Section, image_generation, loaded_images};
 #[cfg(profiling_supported)]
@@ -29,3 +33,13 @@ pub(crate) use thread::{
     ThreadInfo, current_tid, kernel_release, list_threads, own_cpu_time_ns, read_thread_identity,
     realtime_ns, thread_cpu_time_ns,
 };
+
+/// Without a sampler there is nothing a forked child could wait for.
+#[cfg(not(profiling_supported))]
+pub(crate) fn watch_fork() {}
+
+/// Without a sampler there is nothing a forked child could wait for.
+#[cfg(not(profiling_supported))]
+pub(crate) fn in_forked_child() -> bool {
+    false
+}

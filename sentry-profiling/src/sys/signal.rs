@@ -365,7 +365,9 @@ pub(crate) fn install_handler(preferred: Option<i32>) -> Result<SignalSetup, Str
         }
     }
     Err(match preferred {
-        Some(sig) => format!("signal {sig} already has a handler or is ignored; choose another"),
+        Some(sig) => format!(
+            "`signal` {sig} already has a handler or is ignored (it was left alone); choose another"
+        ),
         None => "every real-time signal already has a handler; set a free one with `signal`".into(),
     })
 }

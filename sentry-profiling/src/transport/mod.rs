@@ -166,6 +166,11 @@ impl ProfilingTransport {
 
 impl Transport for ProfilingTransport {
     fn send_envelope(&self, envelope: Envelope) {
+        if crate::sys::in_forked_child() {
+            // No profiler runs in a forked child: nothing to link or attach.
+            self.inner.send_envelope(envelope);
+            return;
+        }
         if self.runtime.v1().is_some() {
             // Transaction-based profiling: the profiler thread attaches the
             // profile and sends the envelope on.
