@@ -12,6 +12,16 @@
 //! memory but the interrupted thread's own stack mapping (whose bounds the
 //! sampler stored in the slot beforehand) and this module's statics.
 //!
+//! Those bounds come from `/proc/self/maps` and may be stale by the time the
+//! handler runs: the mapping that held the stack pointer can have shrunk
+//! since (a neighbouring region that the kernel listed as one mapping with
+//! the stack was unmapped, a heap that held an alternate stack was
+//! trimmed). So the stack is copied with `process_vm_readv` on our own
+//! process, which stops at the first unmapped page and returns what it
+//! copied, instead of a `memcpy` that would fault and kill the process.
+//! Where a seccomp policy forbids that system call (probed once, at
+//! installation), the handler falls back to `memcpy`.
+//!
 //! Slots are leaked on purpose: a signal that arrives late, after its sampler
 //! gave up or even stopped, still finds valid memory and a state word that
 //! tells it to do nothing. For the same reason the handler is never
@@ -20,7 +30,9 @@
 
 use std::cell::UnsafeCell;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 use std::time::Duration;
 
 use super::thread::clock_ns;
@@ -42,6 +54,10 @@ static SIGNAL: AtomicI32 = AtomicI32::new(0);
 static INSTALL: Mutex<()> = Mutex::new(());
 /// The process id signals must come from (refreshed at every start, for forks).
 static OWN_PID: AtomicI32 = AtomicI32::new(0);
+
+/// Whether `process_vm_readv` on our own process works (probed at
+/// installation; see the module docs).
+static VM_READ: AtomicBool = AtomicBool::new(false);
 
 /// Bumped by the handler each time it finishes with a slot; a futex word.
 static COMPLETIONS: AtomicU32 = AtomicU32::new(0);
@@ -320,6 +336,7 @@ pub(crate) fn install_handler(preferred: Option<i32>) -> Result<SignalSetup, Str
     let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
     // SAFETY: getpid has no preconditions.
     OWN_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+    VM_READ.store(probe_vm_read(), Ordering::Relaxed);
     let current = SIGNAL.load(Ordering::Relaxed);
     if current != 0 {
         if preferred.is_some_and(|p| p != current) {
@@ -557,12 +574,11 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
     let sp = regs.sp as usize;
     let (stack_len, flags) = if lo < hi && sp >= lo && sp < hi {
         let len = (hi - sp).min(slot.cap);
-        // SAFETY: `[sp, sp + len)` lies inside the interrupted thread's stack
-        // mapping `[lo, hi)` (checked above), which cannot be unmapped while
-        // the thread is stopped in this handler; `buf` has `cap >= len` bytes
-        // and is exclusively ours in the Writing state.
-        unsafe { std::ptr::copy_nonoverlapping(sp as *const u8, slot.buf, len) };
-        (len, 0)
+        // SAFETY: `buf` has `cap >= len` bytes and is exclusively ours in the
+        // Writing state; `[sp, sp + len)` is inside the thread's stack mapping
+        // as last read, and `copy_own_memory` stops where it no longer is.
+        let copied = unsafe { copy_own_memory(sp, slot.buf, len) };
+        (copied, 0)
     } else {
         (0, FLAG_OFF_STACK)
     };
@@ -582,6 +598,58 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
     }
     slot.state.store(SlotState::Done as u32, Ordering::Release);
     notify_completion();
+}
+
+/// Copies up to `len` bytes from `src` to `dst` and returns how many were
+/// copied: all of them, or those before the first page of `src` that is no
+/// longer mapped (see the module docs). Async-signal-safe.
+///
+/// # Safety
+/// `dst` must be valid for `len` bytes of writes and not overlap `src`.
+/// Without a working `process_vm_readv`, `[src, src + len)` must also be
+/// mapped and readable.
+#[inline(always)]
+unsafe fn copy_own_memory(src: usize, dst: *mut u8, len: usize) -> usize {
+    if VM_READ.load(Ordering::Relaxed) {
+        let local = libc::iovec {
+            iov_base: dst.cast(),
+            iov_len: len,
+        };
+        let remote = libc::iovec {
+            iov_base: src as *mut libc::c_void,
+            iov_len: len,
+        };
+        // SAFETY: `local` is writable for `len` bytes (the caller's
+        // guarantee); the kernel checks `remote` and reports an unmapped
+        // page as a short count or EFAULT instead of faulting.
+        let n = unsafe {
+            libc::process_vm_readv(OWN_PID.load(Ordering::Relaxed), &local, 1, &remote, 1, 0)
+        };
+        return usize::try_from(n).unwrap_or(0);
+    }
+    // SAFETY: guaranteed by the caller when `process_vm_readv` is unavailable.
+    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, len) };
+    len
+}
+
+/// Whether `process_vm_readv` can read this process's own memory (a seccomp
+/// policy may forbid it).
+fn probe_vm_read() -> bool {
+    let src = [0x5au8; 16];
+    let mut dst = [0u8; 16];
+    let local = libc::iovec {
+        iov_base: dst.as_mut_ptr().cast(),
+        iov_len: dst.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: src.as_ptr() as *mut libc::c_void,
+        iov_len: src.len(),
+    };
+    // SAFETY: both buffers are valid locals of the given lengths.
+    let n = unsafe {
+        libc::process_vm_readv(OWN_PID.load(Ordering::Relaxed), &local, 1, &remote, 1, 0)
+    };
+    n == src.len() as isize && dst == src
 }
 
 /// Reads PC, SP, FP (and LR) from the interrupted context.
@@ -615,5 +683,48 @@ unsafe fn read_regs(uc: *const libc::ucontext_t) -> Regs {
         sp: mc.sp,
         fp: mc.regs[29],
         lr: mc.regs[30],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copying_stops_at_an_unmapped_page() {
+        // SAFETY: getpid has no preconditions.
+        OWN_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+        assert!(probe_vm_read(), "process_vm_readv works here");
+        VM_READ.store(true, Ordering::Relaxed);
+        let page = 4096;
+        // SAFETY: a fresh anonymous mapping of two pages; the second is
+        // unmapped at once, the first at the end.
+        let map = unsafe {
+            let map = libc::mmap(
+                std::ptr::null_mut(),
+                2 * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(map, libc::MAP_FAILED);
+            std::ptr::write_bytes(map.cast::<u8>(), 7, page);
+            assert_eq!(libc::munmap(map.cast::<u8>().add(page).cast(), page), 0);
+            map as usize
+        };
+        let mut buf = vec![0u8; 2 * page];
+        // SAFETY: `buf` holds `2 * page` bytes; the unmapped tail of the
+        // source is what is under test.
+        let copied = unsafe { copy_own_memory(map + page / 2, buf.as_mut_ptr(), 2 * page) };
+        assert_eq!(copied, page / 2, "copied up to the unmapped page");
+        assert!(buf[..copied].iter().all(|&b| b == 7));
+        // SAFETY: nothing unmapped at all.
+        assert_eq!(
+            unsafe { copy_own_memory(map + page, buf.as_mut_ptr(), 64) },
+            0
+        );
+        // SAFETY: the first page, still mapped.
+        unsafe { libc::munmap(map as *mut libc::c_void, page) };
     }
 }
