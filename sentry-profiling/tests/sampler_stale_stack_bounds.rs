@@ -122,10 +122,8 @@ fn a_shrunk_stack_mapping_does_not_crash_the_sampled_thread() {
     let before = samples_of(&sampler, tid, Duration::from_millis(300));
     // SAFETY: the upper half is not the alternate stack and nothing else
     // uses it.
-    assert_eq!(
-        unsafe { libc::munmap((map + ALT_LEN) as *mut libc::c_void, MAP_LEN - ALT_LEN) },
-        0
-    );
+    let rc = unsafe { libc::munmap((map + ALT_LEN) as *mut libc::c_void, MAP_LEN - ALT_LEN) };
+    assert_eq!(rc, 0, "munmap of the upper half");
     let after = samples_of(&sampler, tid, Duration::from_millis(500));
     RELEASE.store(true, Ordering::Relaxed);
     worker.join().unwrap();

@@ -719,11 +719,9 @@ mod tests {
         let copied = unsafe { copy_own_memory(map + page / 2, buf.as_mut_ptr(), 2 * page) };
         assert_eq!(copied, page / 2, "copied up to the unmapped page");
         assert!(buf[..copied].iter().all(|&b| b == 7));
-        // SAFETY: nothing unmapped at all.
-        assert_eq!(
-            unsafe { copy_own_memory(map + page, buf.as_mut_ptr(), 64) },
-            0
-        );
+        // SAFETY: `buf` holds 64 bytes; the source is entirely unmapped.
+        let none = unsafe { copy_own_memory(map + page, buf.as_mut_ptr(), 64) };
+        assert_eq!(none, 0, "nothing copied from an unmapped page");
         // SAFETY: the first page, still mapped.
         unsafe { libc::munmap(map as *mut libc::c_void, page) };
     }
