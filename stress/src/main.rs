@@ -477,6 +477,10 @@ fn main() -> ExitCode {
         ),
     );
     require(
+        digest.cdylib_samples > 0,
+        "no sample has a frame named in the dlopened library: its frames lost their module".into(),
+    );
+    require(
         block_counts.pending_at_unblock > 0,
         "the profiler never signalled the thread that blocks its signal".into(),
     );
