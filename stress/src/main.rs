@@ -404,7 +404,8 @@ fn main() -> ExitCode {
         "  profiler: chunks sent {}, samples sent {}, single-thread samples left out {}, \
          ticks {} (skipped {}), signals sent {}, captured {}, idle {}, off-stack {}, late {}, \
          abandoned {}, threads seen {}, recycled {}, dropped: queue full {}, no slot {}, \
-         signal failed {}",
+         signal failed {}; mean time in the handler {:.1} µs (wall clock, preemption \
+         included), unwinding {:.1} µs",
         stats.chunks_sent,
         stats.samples_sent,
         stats.samples_single_thread,
@@ -420,7 +421,9 @@ fn main() -> ExitCode {
         s.threads_recycled,
         s.dropped_queue_full,
         s.dropped_no_slot,
-        s.dropped_signal_failed
+        s.dropped_signal_failed,
+        s.handler_ns as f64 / s.samples_captured.max(1) as f64 / 1e3,
+        s.unwind_ns as f64 / s.samples_captured.max(1) as f64 / 1e3,
     );
 
     let mut failures = Vec::new();
