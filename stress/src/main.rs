@@ -20,7 +20,10 @@
 //! recorded themselves: no sample may be attributed to the thread that had
 //! its id before or after.
 //!
-//! Usage: `stress [SECONDS] [HZ] [CHUNK_SECONDS]` (defaults 600, 1000, 10),
+//! Usage: `stress [SECONDS] [HZ] [CHUNK_SECONDS]` (defaults 600, 1000, 60:
+//! the library's default chunk length, longer than it takes about 1000
+//! spawns a second to recycle thread ids under the kernel's default
+//! `pid_max` of 32768, so a chunk holds threads that had the same id),
 //! with the test library's path in `STRESS_CDYLIB` (default: next to this
 //! executable). Exits non-zero on any failed check.
 
@@ -120,7 +123,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let seconds: u64 = arg(&args, 0, 600);
     let hz: u32 = arg(&args, 1, 1000);
-    let chunk_secs: u64 = arg(&args, 2, 10);
+    let chunk_secs: u64 = arg(&args, 2, 60);
     let lib = cdylib_path();
     if !std::path::Path::new(&lib).exists() {
         eprintln!(

@@ -6,7 +6,8 @@
 //! - `ci`: formatting, clippy with warnings denied, documentation with
 //!   warnings denied, `test`, a smoke run of the benchmarks, the
 //!   unsupported-platform variant's unit tests, and a 30 s stress run.
-//! - `stress [SECONDS] [HZ]` (default 600 s at 1000 Hz): builds the stress
+//! - `stress [SECONDS] [HZ] [CHUNK_SECONDS]` (default 600 s at 1000 Hz, 60 s
+//!   chunks; `ci` uses 10 s chunks, to check several): builds the stress
 //!   binary and its test library in release and runs them: the profiler
 //!   beside thread churn, allocator pressure, `dlopen`/`dlclose`, a thread
 //!   blocking the signal, small and alternate stacks and an HTTP service,
@@ -71,14 +72,14 @@ fn ci() -> bool {
         && test()
         && bench(true)
         && unsupported()
-        && stress(CI_STRESS_SECONDS, 1000)
+        && stress(CI_STRESS_SECONDS, 1000, 10)
 }
 
 /// The stress run's length in `ci`.
 const CI_STRESS_SECONDS: u64 = 30;
 
 /// Builds the stress binary and the library it loads (release), and runs it.
-fn stress(seconds: u64, hz: u32) -> bool {
+fn stress(seconds: u64, hz: u32, chunk_seconds: u64) -> bool {
     if !cargo(
         &[
             "build",
@@ -99,9 +100,13 @@ fn stress(seconds: u64, hz: u32) -> bool {
         .map_or_else(|| workspace.join("target"), std::path::PathBuf::from);
     let dir = target.join("release");
     let exe = dir.join("stress");
-    eprintln!("xtask: {} {seconds} {hz}", exe.display());
+    eprintln!("xtask: {} {seconds} {hz} {chunk_seconds}", exe.display());
     match Command::new(&exe)
-        .args([seconds.to_string(), hz.to_string()])
+        .args([
+            seconds.to_string(),
+            hz.to_string(),
+            chunk_seconds.to_string(),
+        ])
         .env("STRESS_CDYLIB", dir.join("libstress_cdylib.so"))
         .status()
     {
@@ -148,6 +153,7 @@ fn main() -> ExitCode {
         Some("stress") => stress(
             args.get(1).and_then(|a| a.parse().ok()).unwrap_or(600),
             args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000),
+            args.get(3).and_then(|a| a.parse().ok()).unwrap_or(60),
         ),
         Some("overhead") => {
             let rounds = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5);
@@ -158,7 +164,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <test|ci|bench [--quick]|stress [SECONDS] [HZ]|overhead [ROUNDS] [SECONDS]>"
+                "usage: cargo xtask <test|ci|bench [--quick]|stress [SECONDS] [HZ] [CHUNK_SECONDS]|overhead [ROUNDS] [SECONDS]>"
             );
             false
         }
