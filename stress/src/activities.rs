@@ -394,17 +394,20 @@ fn stack_low() -> usize {
 }
 
 /// Recurses until only [`SMALL_STACK_HEADROOM`] bytes of stack are left,
-/// then works there.
+/// then works there. Returns the depth reached and the work's result.
 #[inline(never)]
-fn descend(low: usize, depth: u32) -> u64 {
+fn descend(low: usize, depth: u32) -> (u32, u64) {
     let frame = std::hint::black_box([depth as u8; 256]);
     let here = std::ptr::addr_of!(frame) as usize;
-    let below = if here > low + SMALL_STACK_HEADROOM + 512 {
+    let (reached, below) = if here > low + SMALL_STACK_HEADROOM + 512 {
         descend(low, depth + 1)
     } else {
-        mix(u64::from(depth), 20_000)
+        (depth, mix(u64::from(depth), 20_000))
     };
-    std::hint::black_box(below ^ u64::from(frame[depth as usize % 256]))
+    (
+        reached,
+        std::hint::black_box(below ^ u64::from(frame[depth as usize % 256])),
+    )
 }
 
 /// Runs on a [`SMALL_STACK`]-byte stack without the alternate signal stack
@@ -430,21 +433,15 @@ pub(crate) fn small_stack(stop: &AtomicBool, progress: &AtomicU64) -> u32 {
     let mut depth = 0;
     while !stop.load(Ordering::Relaxed) {
         duty(Duration::from_millis(3), || {
-            depth = depth.max(std::hint::black_box(descend_depth(low)));
+            let (reached, value) = descend(low, 0);
+            std::hint::black_box(value);
+            depth = depth.max(reached);
         });
         progress.fetch_add(1, Ordering::Relaxed);
     }
     // SAFETY: `old` is the stack std installed (or a disabled one).
     unsafe { libc::sigaltstack(&old, std::ptr::null_mut()) };
     depth
-}
-
-fn descend_depth(low: usize) -> u32 {
-    let sp = std::hint::black_box(0u8);
-    let here = std::ptr::addr_of!(sp) as usize;
-    std::hint::black_box(descend(low, 0));
-    // Frames of `descend` are at least 256 bytes: a lower bound of the depth.
-    (here.saturating_sub(low + SMALL_STACK_HEADROOM) / 512) as u32
 }
 
 /// Size of the alternate signal stack.

@@ -368,7 +368,8 @@ fn main() -> ExitCode {
         digest.envelopes
     );
     println!(
-        "  thread spawns {churned} ({:.0}/s, {} failed), thread ids reused {} times, \
+        "  thread spawns {churned} ({:.0}/s, {} failed), thread ids held by more than one \
+         thread {}, \
          churn threads sampled {} (of which on a recycled id {}), churn samples {} \
          (+{} under the parent's name)",
         churned as f64 / elapsed.as_secs_f64(),
@@ -395,7 +396,7 @@ fn main() -> ExitCode {
     println!(
         "  HTTP requests {requests}, allocator rounds {}, signal-blocked periods {} \
          (signal pending at unblock {}), alt-stack handler runs {} (on the alt stack {}), \
-         small-stack depth {depth}",
+         small-stack recursion depth {depth}",
         alloc0.load(Ordering::Relaxed) + alloc1.load(Ordering::Relaxed),
         block_counts.periods,
         block_counts.pending_at_unblock,
