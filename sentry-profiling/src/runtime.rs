@@ -725,9 +725,13 @@ struct V1State {
 
 impl ChunkWriter<'_> {
     fn push(&mut self, sample: &crate::Sample, modules: &crate::ModuleSet) {
+        // A recycled thread id starts a new chunk, so each thread keeps its
+        // own name. (Transaction profiles keep history instead of chunks;
+        // their samples are filed by lane.)
         if !self
             .chunk
             .accepts(sample.timestamp_ns(), self.chunk_duration)
+            || (self.v1.is_none() && self.chunk.holds_other_thread(sample))
         {
             self.finish_with(modules);
         }

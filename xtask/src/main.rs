@@ -4,8 +4,15 @@
 //!   again in the release profile (release code has no frame pointers, so
 //!   DWARF unwinding is what is tested there).
 //! - `ci`: formatting, clippy with warnings denied, documentation with
-//!   warnings denied, `test`, a smoke run of the benchmarks, and the
-//!   unsupported-platform variant's unit tests.
+//!   warnings denied, `test`, a smoke run of the benchmarks, the
+//!   unsupported-platform variant's unit tests, and a 30 s stress run.
+//! - `stress [SECONDS] [HZ] [CHUNK_SECONDS]` (default 600 s at 1000 Hz, 60 s
+//!   chunks; `ci` uses 10 s chunks, to check several): builds the stress
+//!   binary and its test library in release and runs them: the profiler
+//!   beside thread churn, allocator pressure, `dlopen`/`dlclose`, a thread
+//!   blocking the signal, small and alternate stacks and an HTTP service,
+//!   failing on a crash, a hang (watchdog), a chunk Relay would reject or a
+//!   sample filed under the wrong thread (see `stress/src/main.rs`).
 //! - `bench [--quick]`: every benchmark in `benches/`, pprof-rs's framehop
 //!   variant and the overhead comparison, with a report written to
 //!   `target/benchmarks/report.md`; `--quick` is a smoke run of the benches.
@@ -80,6 +87,50 @@ fn ci() -> bool {
         && test()
         && bench(true)
         && unsupported()
+        && stress(CI_STRESS_SECONDS, 1000, 10)
+}
+
+/// The stress run's length in `ci`.
+const CI_STRESS_SECONDS: u64 = 30;
+
+/// Builds the stress binary and the library it loads (release), and runs it.
+fn stress(seconds: u64, hz: u32, chunk_seconds: u64) -> bool {
+    if !cargo(
+        &[
+            "build",
+            "--release",
+            "-p",
+            "sentry-profiling-stress",
+            "-p",
+            "sentry-profiling-stress-cdylib",
+        ],
+        &[],
+    ) {
+        return false;
+    }
+    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace.join("target"), std::path::PathBuf::from);
+    let dir = target.join("release");
+    let exe = dir.join("stress");
+    eprintln!("xtask: {} {seconds} {hz} {chunk_seconds}", exe.display());
+    match Command::new(&exe)
+        .args([
+            seconds.to_string(),
+            hz.to_string(),
+            chunk_seconds.to_string(),
+        ])
+        .env("STRESS_CDYLIB", dir.join("libstress_cdylib.so"))
+        .status()
+    {
+        Ok(s) => s.success(),
+        Err(e) => {
+            eprintln!("xtask: cannot run {}: {e}", exe.display());
+            false
+        }
+    }
 }
 
 /// Builds and unit-tests the variant for platforms without a sampler.
@@ -116,6 +167,11 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("ci") => ci(),
         Some("bench") => bench(args.iter().any(|a| a == "--quick")),
+        Some("stress") => stress(
+            args.get(1).and_then(|a| a.parse().ok()).unwrap_or(600),
+            args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000),
+            args.get(3).and_then(|a| a.parse().ok()).unwrap_or(60),
+        ),
         Some("overhead") => {
             let rounds = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5);
             let secs = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10);
@@ -124,7 +180,9 @@ fn main() -> ExitCode {
                 .is_ok()
         }
         _ => {
-            eprintln!("usage: cargo xtask <test|ci|bench [--quick]|overhead [ROUNDS] [SECONDS]>");
+            eprintln!(
+                "usage: cargo xtask <test|ci|bench [--quick]|stress [SECONDS] [HZ] [CHUNK_SECONDS]|overhead [ROUNDS] [SECONDS]>"
+            );
             false
         }
     };

@@ -34,6 +34,9 @@ pub struct Chunk {
     stacks: Vec<Arc<[u64]>>,
     stack_index: HashMap<Arc<[u64]>, u32>,
     thread_names: HashMap<u32, Arc<str>>,
+    /// Each thread id's thread, by start time: a chunk must not hold two
+    /// threads that had the same id (see [`Chunk::holds_other_thread`]).
+    thread_starts: HashMap<u32, u64>,
     first_ns: Option<u64>,
 }
 
@@ -50,6 +53,8 @@ impl Chunk {
             self.thread_names
                 .insert(sample.thread_id(), sample.thread_name().clone());
         }
+        self.thread_starts
+            .insert(sample.thread_id(), sample.thread_start());
         let ts = sample.timestamp_ns();
         self.first_ns = Some(self.first_ns.map_or(ts, |f| f.min(ts)));
         self.samples.push(ChunkSample {
@@ -58,6 +63,16 @@ impl Chunk {
             stack,
             context: sample.context(),
         });
+    }
+
+    /// Whether the chunk has samples of another thread that had `sample`'s
+    /// thread id (the id was recycled). The format names each thread id once
+    /// per chunk, so such a sample must start a new chunk, or one thread's
+    /// samples would carry the other's name.
+    pub(crate) fn holds_other_thread(&self, sample: &Sample) -> bool {
+        self.thread_starts
+            .get(&sample.thread_id())
+            .is_some_and(|&start| start != sample.thread_start())
     }
 
     /// Adds a sample that no thread took: a lane's fill-in at a tick when it
@@ -149,6 +164,9 @@ impl Chunk {
                     .entry(s.thread_id)
                     .or_insert_with(|| name.clone());
             }
+            if let Some(&start) = self.thread_starts.get(&s.thread_id) {
+                out.thread_starts.entry(s.thread_id).or_insert(start);
+            }
             out.first_ns = Some(
                 out.first_ns
                     .map_or(s.timestamp_ns, |f| f.min(s.timestamp_ns)),
@@ -187,5 +205,29 @@ mod tests {
         assert_eq!(c.samples()[1].stack, 0);
         assert!(c.accepts(1_000 + 59_000_000_000, MAX_CHUNK_DURATION));
         assert!(!c.accepts(1_000 + 60_000_000_000, MAX_CHUNK_DURATION));
+    }
+
+    #[test]
+    fn a_recycled_thread_id_is_another_thread() {
+        let named = |ts, name: &str, start| {
+            Sample::new(ts, 7, Arc::from(name), Arc::from(&[1u64][..]), 0, false)
+                .with_thread_start(start)
+        };
+        let mut c = Chunk::new();
+        c.push(&named(1_000, "parent", 100));
+        // The same thread, renamed: still the same thread.
+        assert!(!c.holds_other_thread(&named(2_000, "worker-1", 100)));
+        c.push(&named(2_000, "worker-1", 100));
+        assert_eq!(c.thread_name(7).map(|n| &**n), Some("worker-1"));
+        // The id, handed to a thread started later.
+        assert!(c.holds_other_thread(&named(3_000, "worker-2", 250)));
+        assert!(
+            !c.window(0, 10_000)
+                .holds_other_thread(&named(4_000, "worker-1", 100))
+        );
+        assert!(
+            c.window(0, 10_000)
+                .holds_other_thread(&named(4_000, "worker-2", 250))
+        );
     }
 }

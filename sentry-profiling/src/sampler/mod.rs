@@ -386,7 +386,8 @@ impl Worker {
                         stack.clone(),
                         context,
                         true,
-                    );
+                    )
+                    .with_thread_start(t.info.start_time);
                     c.samples_idle.add(1);
                     emit(&self.tx, c, sample);
                 }
@@ -514,7 +515,8 @@ impl Worker {
                 stack,
                 cap.context,
                 false,
-            );
+            )
+            .with_thread_start(t.info.start_time);
             emit(&self.tx, c, sample);
         }
         self.threads.recycle_abandoned(&mut self.free_slots);

@@ -12,6 +12,7 @@ pub struct Sample {
     frames: Arc<[u64]>,
     context: u64,
     repeated: bool,
+    thread_start: u64,
 }
 
 impl Sample {
@@ -30,7 +31,20 @@ impl Sample {
             frames,
             context,
             repeated,
+            thread_start: 0,
         }
+    }
+
+    /// Sets the sampled thread's start time (kernel clock ticks since boot),
+    /// which tells two threads that had the same id apart.
+    pub(crate) fn with_thread_start(mut self, start: u64) -> Self {
+        self.thread_start = start;
+        self
+    }
+
+    /// The sampled thread's start time (see [`Sample::with_thread_start`]).
+    pub(crate) fn thread_start(&self) -> u64 {
+        self.thread_start
     }
 
     /// When the stack was captured, in nanoseconds since the Unix epoch

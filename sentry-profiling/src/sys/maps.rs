@@ -5,6 +5,7 @@
 #[derive(Debug, Default, Clone)]
 pub(crate) struct StackMappings {
     ranges: Vec<(usize, usize)>,
+    main_stack_top: Option<usize>,
 }
 
 impl StackMappings {
@@ -15,8 +16,14 @@ impl StackMappings {
         (addr < hi).then_some((lo, hi))
     }
 
+    /// The top of the main thread's stack (`[stack]`), which never moves.
+    pub(crate) fn main_stack_top(&self) -> Option<usize> {
+        self.main_stack_top
+    }
+
     fn parse(text: &str) -> Self {
         let mut ranges = Vec::new();
+        let mut main_stack_top = None;
         for line in text.lines() {
             let mut fields = line.split_whitespace();
             let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
@@ -33,10 +40,16 @@ impl StackMappings {
             if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
             {
                 ranges.push((lo, hi));
+                if line.trim_end().ends_with("[stack]") {
+                    main_stack_top = Some(hi);
+                }
             }
         }
         ranges.sort_unstable();
-        Self { ranges }
+        Self {
+            ranges,
+            main_stack_top,
+        }
     }
 }
 
@@ -68,5 +81,6 @@ mod tests {
         assert_eq!(m.find(0x3800), None);
         assert_eq!(m.find(0x5000), Some((0x5000, 0x6000)));
         assert_eq!(m.find(0x6000), None);
+        assert_eq!(m.main_stack_top(), Some(0x6000));
     }
 }

@@ -64,25 +64,65 @@ impl ModuleInfo {
     }
 }
 
-/// A snapshot of the loaded modules, sorted by start address.
+/// A snapshot of the loaded modules, sorted by start address, and of the
+/// modules unloaded recently.
+///
+/// Samples are encoded up to a chunk's length after they were taken; a
+/// library `dlclose`d in between would leave its frames without a debug
+/// image and a name. So a module that leaves stays findable for 90 s
+/// (unless another module takes its addresses: loaded modules come first).
 #[derive(Debug, Default, Clone)]
 pub struct ModuleSet {
     modules: Vec<Arc<ModuleInfo>>,
+    retired: Vec<Arc<ModuleInfo>>,
 }
 
+/// How long an unloaded module stays in the [`ModuleSet`]: longer than the
+/// longest chunk, so every sample taken while it was loaded is encoded with
+/// it.
+#[cfg(profiling_supported)]
+pub(crate) const RETIRED_FOR: std::time::Duration = std::time::Duration::from_secs(90);
+/// At most this many unloaded modules are kept (the oldest go first).
+#[cfg(any(profiling_supported, test))]
+const MAX_RETIRED: usize = 256;
+
 impl ModuleSet {
-    /// The module containing `addr`.
+    /// The loaded module containing `addr`, or else the most recently
+    /// unloaded one that did.
     pub fn find(&self, addr: u64) -> Option<&Arc<ModuleInfo>> {
         let idx = self.modules.partition_point(|m| m.start <= addr);
-        self.modules
-            .get(idx.checked_sub(1)?)
+        idx.checked_sub(1)
+            .and_then(|i| self.modules.get(i))
             .filter(|m| m.contains(addr))
+            .or_else(|| self.retired.iter().rev().find(|m| m.contains(addr)))
     }
 
-    /// All modules.
+    /// All loaded modules.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<ModuleInfo>> {
         self.modules.iter()
     }
+}
+
+/// Updates the unloaded modules when the loaded set changes from `previous`
+/// to `current` at `now`: modules that left are added (newest last), those
+/// loaded again and those unloaded longer than [`RETIRED_FOR`] ago are
+/// dropped, and at most [`MAX_RETIRED`] are kept.
+#[cfg(any(profiling_supported, test))]
+fn retire<T: Copy + Ord>(
+    retired: &mut Vec<(Arc<ModuleInfo>, T)>,
+    previous: &[Arc<ModuleInfo>],
+    current: &[Arc<ModuleInfo>],
+    now: T,
+    expired_before: T,
+) {
+    retired.retain(|(m, at)| *at >= expired_before && !current.contains(m));
+    for m in previous {
+        if !current.contains(m) && !retired.iter().any(|(r, _)| r == m) {
+            retired.push((Arc::clone(m), now));
+        }
+    }
+    let excess = retired.len().saturating_sub(MAX_RETIRED);
+    retired.drain(..excess);
 }
 
 /// Where the current [`ModuleSet`] is published.
@@ -96,6 +136,7 @@ pub(crate) struct StackUnwinder {
     cache: NativeCache,
     generation: Option<u64>,
     loaded: Vec<u64>,
+    retired: Vec<(Arc<ModuleInfo>, std::time::Instant)>,
     published: SharedModules,
 }
 
@@ -117,6 +158,7 @@ impl StackUnwinder {
             cache: NativeCache::new_in(),
             generation: None,
             loaded: Vec::new(),
+            retired: Vec::new(),
             published,
         };
         this.refresh_modules();
@@ -149,7 +191,18 @@ impl StackUnwinder {
             self.unwinder.add_module(to_framehop(image));
         }
         infos.sort_by_key(|m| m.start);
-        self.published.store(Arc::new(ModuleSet { modules: infos }));
+        let now = std::time::Instant::now();
+        retire(
+            &mut self.retired,
+            &self.published.load().modules,
+            &infos,
+            now,
+            now.checked_sub(RETIRED_FOR).unwrap_or(now),
+        );
+        self.published.store(Arc::new(ModuleSet {
+            modules: infos,
+            retired: self.retired.iter().map(|(m, _)| Arc::clone(m)).collect(),
+        }));
         true
     }
 
@@ -209,4 +262,65 @@ fn to_framehop(image: LoadedImage) -> framehop::Module<sys::ImageBytes> {
         ..Default::default()
     };
     framehop::Module::new(image.path, image.start..image.end, image.bias, info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn module(path: &str, start: u64) -> Arc<ModuleInfo> {
+        Arc::new(ModuleInfo {
+            path: path.into(),
+            start,
+            end: start + 0x1000,
+            vmaddr: 0,
+            bias: start,
+            build_id: Some(path.as_bytes().to_vec()),
+        })
+    }
+
+    #[test]
+    fn unloaded_modules_stay_findable_until_they_expire_or_are_replaced() {
+        let (exe, plugin, other) = (
+            module("/bin/app", 0x1000),
+            module("/lib/plugin.so", 0x8000),
+            module("/lib/other.so", 0x8000),
+        );
+        let mut retired = Vec::new();
+        let loaded = vec![Arc::clone(&exe), Arc::clone(&plugin)];
+        let now_loaded = vec![Arc::clone(&exe)];
+        retire(&mut retired, &loaded, &now_loaded, 10u64, 0);
+        let set = ModuleSet {
+            modules: now_loaded.clone(),
+            retired: retired.iter().map(|(m, _)| Arc::clone(m)).collect(),
+        };
+        assert_eq!(set.find(0x8010).map(|m| &*m.path), Some("/lib/plugin.so"));
+        assert_eq!(set.find(0x1010).map(|m| &*m.path), Some("/bin/app"));
+        assert_eq!(set.find(0x20000), None);
+        assert_eq!(set.iter().count(), 1, "iter lists loaded modules only");
+
+        // Another library at the same addresses wins over the unloaded one.
+        let with_other = vec![Arc::clone(&exe), Arc::clone(&other)];
+        retire(&mut retired, &now_loaded, &with_other, 20, 0);
+        let set = ModuleSet {
+            modules: with_other.clone(),
+            retired: retired.iter().map(|(m, _)| Arc::clone(m)).collect(),
+        };
+        assert_eq!(set.find(0x8010).map(|m| &*m.path), Some("/lib/other.so"));
+
+        // Loaded again: no longer retired. Expired: gone.
+        retire(&mut retired, &with_other, &loaded, 30, 0);
+        assert!(retired.iter().all(|(m, _)| m.path != "/lib/plugin.so"));
+        assert!(retired.iter().any(|(m, _)| m.path == "/lib/other.so"));
+        retire(&mut retired, &loaded, &loaded, 200, 100);
+        assert!(retired.is_empty(), "expired modules are dropped");
+
+        // Bounded.
+        for i in 0..(MAX_RETIRED as u64 + 10) {
+            let m = module(&format!("/lib/p{i}.so"), 0x100_0000 + i * 0x1000);
+            retire(&mut retired, &[m], &[], 300 + i, 0);
+        }
+        assert_eq!(retired.len(), MAX_RETIRED);
+        assert_eq!(retired[0].1, 310, "the oldest went first");
+    }
 }
