@@ -116,7 +116,14 @@ struct OutSample {
     #[serde(skip_serializing_if = "Option::is_none")]
     elapsed_since_start_ns: Option<String>,
     stack_id: u32,
-    thread_id: String,
+    /// Written as a string, as the format wants; kept as a number here so a
+    /// chunk of 50 000 samples does not allocate 50 000 strings.
+    #[serde(serialize_with = "as_string")]
+    thread_id: u64,
+}
+
+fn as_string<S: serde::Serializer>(id: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(id)
 }
 
 #[derive(Serialize)]
@@ -284,6 +291,7 @@ pub(crate) fn build_body<'a>(
     let mut samples = Vec::with_capacity(order.len());
     let mut thread_metadata: HashMap<String, ThreadMeta<'_>> = HashMap::new();
     let mut thread_ids = Vec::new();
+    let mut seen_threads = std::collections::HashSet::new();
 
     for &i in order {
         let s = &chunk.samples()[i];
@@ -320,13 +328,13 @@ pub(crate) fn build_body<'a>(
             (stacks.len() - 1) as u32
         });
         let (key, name) = &keyed[i];
-        let thread_id = key.to_string();
-        if !thread_metadata.contains_key(&thread_id) {
-            thread_ids.push(*key);
+        let thread_id = *key;
+        if seen_threads.insert(thread_id) {
+            thread_ids.push(thread_id);
             let name = name
                 .as_deref()
                 .or_else(|| chunk.thread_name(s.thread_id).map(|n| &**n));
-            thread_metadata.insert(thread_id.clone(), ThreadMeta { name });
+            thread_metadata.insert(thread_id.to_string(), ThreadMeta { name });
         }
         let (timestamp, elapsed_since_start_ns) = match time {
             SampleTime::Unix => (Some(s.timestamp_ns as f64 / 1e9), None),
