@@ -22,34 +22,53 @@ use sentry_profiling_benches::at_depth;
 
 const THREADS: usize = 16;
 
-/// Keeps each `profile_chunk` payload's size, and the bytes of the largest.
+/// Counts bytes written, keeping none of them.
+#[derive(Debug, Default)]
+struct Counter(usize);
+
+impl Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Measures each envelope, as sent and gzip-compressed (as the crate's own
+/// HTTP sender compresses it), without keeping a copy: what a real
+/// transport holds is not the profiler's memory.
 #[derive(Debug, Default)]
 struct ChunkSizes {
-    sizes: Mutex<Vec<usize>>,
-    largest: Mutex<Vec<u8>>,
+    /// (bytes, gzip bytes) per envelope.
+    sizes: Mutex<Vec<(usize, usize)>>,
 }
 
 impl Transport for ChunkSizes {
     fn send_envelope(&self, envelope: Envelope) {
-        let mut bytes = Vec::new();
-        if envelope.to_writer(&mut bytes).is_err() {
-            return;
-        }
-        let parsed = sentry_profiling_examples::parse_envelope(&bytes);
-        for item in parsed.items {
-            if item.header.get("type").and_then(|t| t.as_str()) == Some("profile_chunk") {
-                self.sizes.lock().unwrap().push(item.payload.len());
-                let mut largest = self.largest.lock().unwrap();
-                if item.payload.len() > largest.len() {
-                    *largest = item.payload;
-                }
-            }
-        }
+        let mut plain = Counter::default();
+        let _ = envelope.to_writer(&mut plain);
+        let mut gz = flate2::write::GzEncoder::new(Counter::default(), flate2::Compression::fast());
+        let _ = envelope.to_writer(&mut gz);
+        let zipped = gz.finish().map(|c| c.0).unwrap_or(0);
+        self.sizes.lock().unwrap().push((plain.0, zipped));
     }
 }
 
-/// `VmHWM` and `VmRSS` of this process, in KiB.
-fn memory_kib() -> (u64, u64) {
+/// This process's memory, from `/proc/self/status`, in KiB.
+#[derive(Debug, Clone, Copy)]
+struct Memory {
+    /// Peak resident set.
+    hwm: u64,
+    /// Resident anonymous memory (heap, stacks, arenas).
+    anon: u64,
+    /// Resident file-backed pages (the executable's and libraries' sections
+    /// read for unwinding and symbols; shared with the page cache).
+    file: u64,
+}
+
+fn memory() -> Memory {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
         status
@@ -58,7 +77,15 @@ fn memory_kib() -> (u64, u64) {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap_or(0)
     };
-    (field("VmHWM:"), field("VmRSS:"))
+    Memory {
+        hwm: field("VmHWM:"),
+        anon: field("RssAnon:"),
+        file: field("RssFile:"),
+    }
+}
+
+fn mib(after: u64, before: u64) -> f64 {
+    after.saturating_sub(before) as f64 / 1024.0
 }
 
 #[inline(never)]
@@ -95,12 +122,6 @@ fn workers(stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
         .collect()
 }
 
-fn gzip_len(bytes: &[u8]) -> usize {
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    let _ = enc.write_all(bytes);
-    enc.finish().map(|v| v.len()).unwrap_or(0)
-}
-
 fn main() {
     let quick = std::env::args().any(|a| a == "--test");
     let chunk = Duration::from_secs(if quick { 2 } else { 60 });
@@ -108,7 +129,7 @@ fn main() {
     let stop = Arc::new(AtomicBool::new(false));
     let handles = workers(&stop);
     std::thread::sleep(Duration::from_millis(500));
-    let (hwm_before, rss_before) = memory_kib();
+    let before = memory();
 
     let sizes = Arc::new(ChunkSizes::default());
     let mut options = sentry::ClientOptions::new();
@@ -123,11 +144,13 @@ fn main() {
     );
     let started = Instant::now();
     start_profiler();
+    std::thread::sleep(Duration::from_secs(1));
+    let settled = memory();
     // One full chunk, and the moment it is sent.
     while started.elapsed() < chunk + Duration::from_millis(500) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let (hwm_after, rss_after) = memory_kib();
+    let after = memory();
     let stats = sentry_profiling::stats().unwrap_or_default();
     stop.store(true, Ordering::Relaxed);
     for h in handles {
@@ -135,17 +158,15 @@ fn main() {
     }
     drop(guard);
 
-    let sizes_sent = sizes.sizes.lock().unwrap().clone();
-    let largest = sizes.largest.lock().unwrap().clone();
-    let largest_samples = serde_json::from_slice::<serde_json::Value>(&largest)
-        .ok()
-        .and_then(|v| v["profile"]["samples"].as_array().map(Vec::len))
-        .unwrap_or(0);
-    let per = |bytes: usize| {
-        if largest_samples == 0 {
+    let sizes = sizes.sizes.lock().unwrap().clone();
+    let (bytes, zipped) = sizes
+        .iter()
+        .fold((0, 0), |(b, z), (b1, z1)| (b + b1, z + z1));
+    let per = |total: usize| {
+        if stats.samples_sent == 0 {
             f64::NAN
         } else {
-            bytes as f64 / largest_samples as f64
+            total as f64 / stats.samples_sent as f64
         }
     };
     println!(
@@ -155,26 +176,27 @@ fn main() {
     println!("| figure | value |");
     println!("|---|---|");
     println!(
-        "| peak RSS added (VmHWM) | {:.2} MiB |",
-        hwm_after.saturating_sub(hwm_before) as f64 / 1024.0
+        "| peak RSS added (VmHWM, end − before init) | {:.2} MiB |",
+        mib(after.hwm, before.hwm)
     );
     println!(
-        "| RSS added at the end | {:.2} MiB |",
-        rss_after.saturating_sub(rss_before) as f64 / 1024.0
+        "| anonymous RSS added: 1 s after start / at the end | {:.2} / {:.2} MiB |",
+        mib(settled.anon, before.anon),
+        mib(after.anon, before.anon)
     );
     println!(
-        "| chunks sent / samples sent | {} / {} |",
-        stats.chunks_sent, stats.samples_sent
+        "| file-backed RSS added (sections read for unwinding and symbols) | {:.2} MiB |",
+        mib(after.file, before.file)
     );
     println!(
-        "| largest chunk: samples, JSON bytes, gzip bytes | {largest_samples}, {}, {} |",
-        largest.len(),
-        gzip_len(&largest)
+        "| envelopes / chunks / samples sent | {} / {} / {} |",
+        sizes.len(),
+        stats.chunks_sent,
+        stats.samples_sent
     );
     println!(
-        "| chunk JSON per sample: as sent / gzip | {:.1} B / {:.1} B |",
-        per(largest.len()),
-        per(gzip_len(&largest))
+        "| chunk envelopes per sample: as JSON / gzip | {:.1} B / {:.1} B |",
+        per(bytes),
+        per(zipped)
     );
-    eprintln!("chunk payload sizes: {sizes_sent:?}");
 }

@@ -25,8 +25,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use sentry_profiling::{Chunk, ChunkMeta, ModuleSet, Sampler, SamplerConfig, encode_chunk};
+use sentry_profiling::{
+    Chunk, ChunkMeta, ModuleSet, Sampler, SamplerConfig, SamplerStats, encode_chunk,
+};
 use sentry_profiling_benches::{at_depth, spin};
+
+/// Left out of every measurement: start-up costs.
+const WARM_UP: Duration = Duration::from_secs(1);
 
 fn clock(which: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
@@ -76,7 +81,14 @@ fn ours(depth: usize, run: Duration) -> Row {
     let mut chunk = Chunk::new();
     let mut consumer_ns = 0u64;
     let mut last_encode = Instant::now();
-    while started.elapsed() < run {
+    // Start-up (reading the module list, copying unwind tables, first
+    // unwinds with cold caches) is left out: counted from the first second.
+    let mut base = None;
+    while started.elapsed() < run + WARM_UP {
+        if base.is_none() && started.elapsed() >= WARM_UP {
+            base = Some(sampler.stats());
+            consumer_ns = 0;
+        }
         // The profiler thread's rhythm: wake every 100 ms, drain the queue.
         std::thread::sleep(Duration::from_millis(100));
         let t0 = clock(libc::CLOCK_THREAD_CPUTIME_ID);
@@ -94,8 +106,15 @@ fn ours(depth: usize, run: Duration) -> Row {
         consumer_ns += clock(libc::CLOCK_THREAD_CPUTIME_ID) - t0;
     }
     stop.store(true, Ordering::Relaxed);
-    let stats = sampler.stop();
+    let end = sampler.stop();
     w.join().expect("worker");
+    let base: SamplerStats = base.unwrap_or_default();
+    let mut stats = end;
+    stats.ticks -= base.ticks;
+    stats.samples_captured -= base.samples_captured;
+    stats.handler_ns -= base.handler_ns;
+    stats.unwind_ns -= base.unwind_ns;
+    stats.tick_cpu_ns -= base.tick_cpu_ns;
     eprintln!(
         "depth {depth}: {} ticks, sampler CPU {:.1} µs/tick (unwinding {:.1} µs/sample), consumer {:.1} µs/sample",
         stats.ticks,
@@ -169,6 +188,8 @@ fn pprof_rs(depth: usize, run: Duration) -> Row {
         .build()
         .expect("pprof-rs starts");
     wrap_pprof_handler();
+    // As for ours: counted from the first second.
+    std::thread::sleep(WARM_UP);
     let (ns0, calls0) = (
         PPROF_NS.load(Ordering::Relaxed),
         PPROF_CALLS.load(Ordering::Relaxed),
