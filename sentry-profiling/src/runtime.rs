@@ -643,7 +643,7 @@ impl Runtime {
     /// Hands one profile chunk on: to the crate's chunk sender when there is
     /// one (it never waits for the network; a full queue drops the chunk and
     /// counts it in [`ChunkDrops`]), else to the client's transport.
-    fn send_profile_chunk(&self, chunk: &crate::EncodedChunk) -> Handed {
+    fn send_profile_chunk(&self, chunk: crate::EncodedChunk) -> Handed {
         #[cfg(feature = "http")]
         {
             let sender = self
@@ -895,11 +895,11 @@ impl ChunkWriter<'_> {
             Ordering::Relaxed,
         );
         for piece in pieces {
-            match self.runtime.send_profile_chunk(&piece) {
+            let samples = piece.samples as u64;
+            match self.runtime.send_profile_chunk(piece) {
                 Handed::Taken => {
                     c.chunks_sent.fetch_add(1, Ordering::Relaxed);
-                    c.samples_sent
-                        .fetch_add(piece.samples as u64, Ordering::Relaxed);
+                    c.samples_sent.fetch_add(samples, Ordering::Relaxed);
                 }
                 // Counted by the sender, by reason.
                 #[cfg(feature = "http")]
