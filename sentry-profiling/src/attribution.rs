@@ -192,20 +192,24 @@ impl Lanes {
                 }
                 t += period_ns;
             }
-            // The transport judges a transaction too short for its lane
-            // (under one period) by the transaction's own times, which
-            // enclose the lane's by a little: the root span is entered after
-            // the transaction starts and closed before it finishes. So a
-            // transaction just over a period long can have a lane just under
-            // one, with a single grid point, which Sentry would drop. A lane
-            // of at least half a period that has one sample gets a second
-            // fill-in at its end.
+            // Every lane that ended within the chunk keeps at least two
+            // samples: Sentry drops a thread with one, and the transaction
+            // would then link to nothing. A request shorter than a period
+            // has at most one sample of its own (or one fill-in), so it gets
+            // a fill-in at its end, or at its start.
             if let Some(lane_end) = info.end_ns.filter(|&e| e <= until_ns && e >= chunk_start) {
-                let one = times.len() + pushed == 1;
-                let long_enough = lane_end.saturating_sub(info.start_ns) >= period_ns / 2;
-                let taken = last == Some(lane_end) || times.binary_search(&lane_end).is_ok();
-                if one && long_enough && !taken {
-                    chunk.push_synthetic(lane_end, lane, &stack);
+                let mut count = times.len() + pushed;
+                let start = info.start_ns.max(chunk_start);
+                for t in [lane_end, start, lane_end.saturating_add(1)] {
+                    if count >= 2 {
+                        break;
+                    }
+                    let taken = last == Some(t) || times.binary_search(&t).is_ok();
+                    if !taken {
+                        chunk.push_synthetic(t, lane, &stack);
+                        count += 1;
+                        last = Some(t);
+                    }
                 }
             }
         }
@@ -357,7 +361,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lane_with_one_sample_falls_back_to_its_thread() {
+    fn a_finished_lane_shorter_than_a_period_keeps_two_samples() {
         let lane = new_lane();
         let mut lanes = Lanes::default();
         lanes.apply(LaneEvent::Started {
@@ -372,6 +376,27 @@ mod tests {
         chunk.push(&sample(5, 7, lane));
         lanes.apply(LaneEvent::Finished { lane, end_ns: 6 });
         lanes.fill_suspended(&mut chunk, 10_000, 100);
+        assert_eq!(chunk.len(), 2, "the sample and a fill-in at the lane's end");
+        let keys = lanes.thread_keys(&chunk, ThreadAttribution::Lanes);
+        assert!(
+            keys.iter()
+                .all(|k| k.as_ref().is_some_and(|(id, _)| *id == lane)),
+            "both filed under the lane: {keys:?}"
+        );
+    }
+
+    #[test]
+    fn an_open_lane_with_one_sample_falls_back_to_its_thread() {
+        let lane = new_lane();
+        let mut lanes = Lanes::default();
+        lanes.apply(LaneEvent::Started {
+            lane,
+            link: Arc::new(LaneLink::default()),
+            start_ns: 5,
+        });
+        let mut chunk = Chunk::new();
+        chunk.push(&sample(5, 7, lane));
+        lanes.fill_suspended(&mut chunk, 10_000, 6);
         assert_eq!(
             lanes.thread_keys(&chunk, ThreadAttribution::Lanes),
             vec![Some((7, None))]

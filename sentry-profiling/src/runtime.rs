@@ -398,15 +398,6 @@ impl Runtime {
         self.set_sampling(false);
     }
 
-    /// The shortest transaction whose lane is sure to get two samples (one
-    /// sampling period); shorter ones are linked by OS thread.
-    pub(crate) fn min_lane_duration(&self) -> Duration {
-        let hz = self
-            .config()
-            .map_or(crate::DEFAULT_FREQUENCY_HZ, |c| c.sampler.frequency_hz);
-        Duration::from_nanos(1_000_000_000 / u64::from(hz.max(1)))
-    }
-
     /// Transaction-based profiling settings, when that mode is on.
     pub(crate) fn v1(&self) -> Option<&V1Config> {
         self.config().and_then(|c| c.v1.as_ref())

@@ -180,7 +180,7 @@ impl Transport for ProfilingTransport {
             return;
         }
         let envelope = match self.runtime.profiler_id() {
-            Some(id) => link_transactions(envelope, id, self.runtime.min_lane_duration()),
+            Some(id) => link_transactions(envelope, id),
             None => envelope,
         };
         self.inner.send_envelope(envelope);
@@ -291,16 +291,11 @@ fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
 /// set right, and sent raw; the bytes are the ones the transport would have
 /// written, so this costs one serialisation that the transport then skips.
 ///
-/// A transaction shorter than `min_lane` (one sampling period) cannot have
-/// two samples in its lane, and Sentry drops single-sample threads; the
-/// encoder then files its sample under the OS thread, and here the
-/// transaction and its spans are pointed at that thread too (see
+/// Transactions keep their lane however short they are: the profiler
+/// thread gives every finished lane at least two samples (Sentry drops a
+/// thread with one), so only the OS-thread keys are removed here (see
 /// [`OS_THREAD_ID`]).
-pub(crate) fn link_transactions(
-    envelope: Envelope,
-    profiler_id: &str,
-    min_lane: Duration,
-) -> Envelope {
+pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelope {
     let profiled = envelope
         .items()
         .any(|i| matches!(i, EnvelopeItem::Transaction(t) if is_profiled(t)));
@@ -320,7 +315,7 @@ pub(crate) fn link_transactions(
         return rest;
     }
     for mut tx in transactions {
-        settle_lane(&mut tx, min_lane);
+        settle_lane(&mut tx, Duration::ZERO);
         let mut ctx = Map::new();
         ctx.insert("profiler_id".into(), Value::String(profiler_id.into()));
         tx.contexts.insert("profile".into(), Context::Other(ctx));
