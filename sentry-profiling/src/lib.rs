@@ -48,11 +48,14 @@
 //!
 //! # What it costs
 //!
-//! Measured on a 2-core x86_64 VM (`cargo bench -p sentry-profiling-benches
-//! --bench sampler`): 1.2 to 2.3 µs in the signal handler per sample (stack
-//! depth 10 to 200), 1 to 3.5 µs of unwinding per sample on the sampler
-//! thread, and 0.2 to 0.9 % of one core for the sampler with 1 to 64
-//! threads. Threads that do not run cost nothing: they are not signalled.
+//! Measured on a 2-core x86_64 VM (`cargo xtask bench`; the repository's
+//! `BENCHMARKS.md` has every figure and how it was taken): 0.6 to 1.4 µs in
+//! the signal handler per sample (stack depth 10 to 200), 2 to 7 µs of
+//! unwinding per sample on the sampler thread, 0.1 to 0.6 % of one core for
+//! the sampler with 1 to 64 threads, and about 1 % more CPU per request for
+//! a saturated axum service. Threads that did not run since their last
+//! sample are not interrupted; the sampler still reads their CPU clock each
+//! tick (about 0.6 µs per thread).
 //!
 //! # Example
 //!
