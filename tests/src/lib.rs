@@ -242,14 +242,19 @@ pub fn split_items(envelopes: &[ParsedEnvelope]) -> (Vec<ChunkItem>, Vec<Transac
     (chunks, transactions)
 }
 
-/// Thread ids present in a chunk's samples.
-pub fn chunk_thread_ids(chunk: &ChunkItem) -> HashSet<String> {
+/// A chunk's `profile.samples` (empty when missing).
+pub fn chunk_samples(chunk: &ChunkItem) -> &[Value] {
     chunk
         .payload
         .pointer("/profile/samples")
         .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
+        .map_or(&[], Vec::as_slice)
+}
+
+/// Thread ids present in a chunk's samples.
+pub fn chunk_thread_ids(chunk: &ChunkItem) -> HashSet<String> {
+    chunk_samples(chunk)
+        .iter()
         .filter_map(|s| {
             s.get("thread_id")
                 .and_then(Value::as_str)
@@ -292,13 +297,7 @@ pub fn link_problem(tx: &Value, chunks: &[ChunkItem]) -> Option<String> {
     let times: Vec<f64> = chunks
         .iter()
         .filter(|c| c.payload.get("profiler_id").and_then(Value::as_str) == Some(profiler_id))
-        .flat_map(|c| {
-            c.payload
-                .pointer("/profile/samples")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default()
-        })
+        .flat_map(chunk_samples)
         .filter(|s| s.get("thread_id").and_then(Value::as_str) == Some(thread_id))
         .filter_map(|s| s.get("timestamp").and_then(Value::as_f64))
         .collect();

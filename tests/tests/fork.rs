@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use sentry::protocol::Value;
 use sentry_profiling::{EnvelopeDirTransport, ProfilingIntegration};
-use sentry_profiling_tests::{read_envelope_dir, split_items};
+use sentry_profiling_tests::{chunk_samples, read_envelope_dir, split_items};
 use tracing_subscriber::prelude::*;
 
 /// How long the parent waits for the child before killing it.
@@ -221,13 +221,7 @@ fn forked_child_is_harmless_and_parent_keeps_profiling() {
     let (chunks, _) = split_items(&read_envelope_dir(&dir));
     let late_samples = chunks
         .iter()
-        .flat_map(|c| {
-            c.payload
-                .pointer("/profile/samples")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default()
-        })
+        .flat_map(chunk_samples)
         .filter(|s| s["timestamp"].as_f64().is_some_and(|t| t > after_child))
         .count();
     assert!(

@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sentry_profiling_tests::{link_problem, read_envelope_dir, split_items, transaction_window};
+use sentry_profiling_tests::{
+    chunk_samples, link_problem, read_envelope_dir, split_items, transaction_window,
+};
 use serde_json::Value;
 
 const CHILD_ENV: &str = "SENTRY_PROFILING_SIGINT_SERVICE";
@@ -280,13 +282,7 @@ fn check_run(run: usize, dir: &Path, served: &[&Request], sigint_at: f64) {
     // only the chunk sent at shutdown holds.
     let last_sample = chunks
         .iter()
-        .flat_map(|c| {
-            c.payload
-                .pointer("/profile/samples")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default()
-        })
+        .flat_map(chunk_samples)
         .filter_map(|s| s["timestamp"].as_f64())
         .fold(0f64, f64::max);
     assert!(
