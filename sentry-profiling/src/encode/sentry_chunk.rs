@@ -606,6 +606,9 @@ mod tests {
         }
     }
 
+    // Reads this process's modules through the unwinder, which exists only
+    // where profiling is supported.
+    #[cfg(profiling_supported)]
     mod fuzz {
         use std::collections::{BTreeMap, HashSet};
         use std::sync::{Arc, Mutex, OnceLock};
