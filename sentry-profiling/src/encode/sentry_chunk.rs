@@ -103,10 +103,40 @@ struct DebugImage {
 
 #[derive(Serialize)]
 struct Profile<'a> {
-    samples: Vec<OutSample>,
+    samples: OutSamples,
     stacks: Vec<Vec<u32>>,
     frames: Vec<Frame>,
     thread_metadata: HashMap<String, ThreadMeta<'a>>,
+}
+
+/// The samples of a profile, kept compact (a timestamp, a stack and a
+/// thread per sample) and written out one [`OutSample`] at a time: a 60 s
+/// chunk holds tens of thousands of them, and their written form only
+/// exists in the JSON.
+struct OutSamples {
+    time: SampleTime,
+    /// (timestamp ns, stack id, thread id) in time order.
+    items: Vec<(u64, u32, u64)>,
+}
+
+impl Serialize for OutSamples {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq as _;
+        let mut seq = s.serialize_seq(Some(self.items.len()))?;
+        for &(ns, stack_id, thread_id) in &self.items {
+            let (timestamp, elapsed_since_start_ns) = match self.time {
+                SampleTime::Unix => (Some(ns as f64 / 1e9), None),
+                SampleTime::SinceNs(start) => (None, Some(ns.saturating_sub(start).to_string())),
+            };
+            seq.serialize_element(&OutSample {
+                timestamp,
+                elapsed_since_start_ns,
+                stack_id,
+                thread_id,
+            })?;
+        }
+        seq.end()
+    }
 }
 
 #[derive(Serialize)]
@@ -336,18 +366,7 @@ pub(crate) fn build_body<'a>(
                 .or_else(|| chunk.thread_name(s.thread_id).map(|n| &**n));
             thread_metadata.insert(thread_id.to_string(), ThreadMeta { name });
         }
-        let (timestamp, elapsed_since_start_ns) = match time {
-            SampleTime::Unix => (Some(s.timestamp_ns as f64 / 1e9), None),
-            SampleTime::SinceNs(start) => {
-                (None, Some(s.timestamp_ns.saturating_sub(start).to_string()))
-            }
-        };
-        samples.push(OutSample {
-            timestamp,
-            elapsed_since_start_ns,
-            stack_id,
-            thread_id,
-        });
+        samples.push((s.timestamp_ns, stack_id, thread_id));
     }
     let span_ns = (
         chunk.samples()[order[0]].timestamp_ns,
@@ -368,7 +387,10 @@ pub(crate) fn build_body<'a>(
         .collect();
     ProfileBody {
         profile: Profile {
-            samples,
+            samples: OutSamples {
+                time,
+                items: samples,
+            },
             stacks,
             frames,
             thread_metadata,
