@@ -221,44 +221,23 @@ fn main() -> ExitCode {
             activities::serve_http(lives, s, p)
         })
     };
-    let watched = vec![
-        Watched {
-            name: "allocator (main thread)",
-            progress: Arc::clone(&alloc0),
-        },
-        Watched {
-            name: "allocator (st-alloc-1)",
-            progress: Arc::clone(&alloc1),
-        },
-        Watched {
-            name: "thread spawns",
-            progress: Arc::clone(&spawns),
-        },
-        Watched {
-            name: "dlopen/dlclose",
-            progress: Arc::clone(&dl),
-        },
-        Watched {
-            name: "signal-blocking thread",
-            progress: Arc::clone(&blocked),
-        },
-        Watched {
-            name: "small-stack thread",
-            progress: Arc::clone(&small),
-        },
-        Watched {
-            name: "alternate-stack thread",
-            progress: Arc::clone(&alt),
-        },
-        Watched {
-            name: "HTTP requests",
-            progress: Arc::clone(&http),
-        },
-        Watched {
-            name: "sampler ticks",
-            progress: Arc::clone(&ticks),
-        },
-    ];
+    let watched: Vec<Watched> = [
+        ("allocator (main thread)", &alloc0),
+        ("allocator (st-alloc-1)", &alloc1),
+        ("thread spawns", &spawns),
+        ("dlopen/dlclose", &dl),
+        ("signal-blocking thread", &blocked),
+        ("small-stack thread", &small),
+        ("alternate-stack thread", &alt),
+        ("HTTP requests", &http),
+        ("sampler ticks", &ticks),
+    ]
+    .into_iter()
+    .map(|(name, progress)| Watched {
+        name,
+        progress: Arc::clone(progress),
+    })
+    .collect();
     let watchdog_thread = {
         let (stop, done) = (Arc::clone(&stop), Arc::clone(&done));
         std::thread::Builder::new()
