@@ -10,8 +10,10 @@
 //!   and `sigreturn` are not included for either (they are the same for
 //!   both: one signal per sample).
 //! - total CPU µs/sample: every CPU nanosecond the profiler spends per
-//!   sample, wherever it runs. Ours: handler + the sampler thread's CPU in
-//!   its ticks (signalling, unwinding, the idle checks) + the consumer's
+//!   sample, wherever it runs. Ours (with its default per-thread CPU-time
+//!   timers, and with `cpu_timers(false)`, where the sampler thread signals
+//!   the worker): handler + the sampler thread's CPU in its ticks
+//!   (harvesting, unwinding, signalling, the idle checks) + the consumer's
 //!   CPU building and encoding chunks, read from thread CPU clocks. pprof-rs:
 //!   handler (which unwinds and symbol-free aggregates in place) + the CPU of
 //!   building its report at the end.
@@ -68,10 +70,10 @@ fn per(ns: u64, n: u64) -> f64 {
     }
 }
 
-fn ours(depth: usize, run: Duration) -> Row {
+fn ours(depth: usize, run: Duration, cpu_timers: bool) -> Row {
     let stop = Arc::new(AtomicBool::new(false));
     let w = worker(depth, Arc::clone(&stop));
-    let sampler = Sampler::start(SamplerConfig::default()).expect("sampler");
+    let sampler = Sampler::start(SamplerConfig::default().cpu_timers(cpu_timers)).expect("sampler");
     let meta = ChunkMeta {
         profiler_id: "0".repeat(32),
         release: "bench".into(),
@@ -116,7 +118,7 @@ fn ours(depth: usize, run: Duration) -> Row {
     stats.unwind_ns -= base.unwind_ns;
     stats.tick_cpu_ns -= base.tick_cpu_ns;
     eprintln!(
-        "depth {depth}: {} ticks, sampler CPU {:.1} µs/tick (unwinding {:.1} µs/sample), consumer {:.1} µs/sample",
+        "depth {depth}, cpu_timers {cpu_timers}: {} ticks, sampler CPU {:.1} µs/tick (unwinding {:.1} µs/sample), consumer {:.1} µs/sample",
         stats.ticks,
         per(stats.tick_cpu_ns, stats.ticks),
         per(stats.unwind_ns, stats.samples_captured),
@@ -230,16 +232,21 @@ fn main() {
     // pprof-rs installs its SIGPROF handler for good once started, so all
     // of our runs come first.
     let depths = [10, 50, 200];
-    let mine: Vec<Row> = depths.iter().map(|&d| ours(d, run)).collect();
+    let mine: Vec<Row> = depths.iter().map(|&d| ours(d, run, true)).collect();
+    let signalled: Vec<Row> = depths.iter().map(|&d| ours(d, run, false)).collect();
     let theirs: Vec<Row> = depths.iter().map(|&d| pprof_rs(d, run)).collect();
     println!(
         "| depth | profiler | samples | handler µs/sample | total CPU µs/sample | pprof-rs ÷ ours (total) |"
     );
     println!("|---|---|---|---|---|---|");
-    for ((depth, m), t) in depths.iter().zip(&mine).zip(&theirs) {
+    for (((depth, m), t), q) in depths.iter().zip(&mine).zip(&theirs).zip(&signalled) {
         println!(
             "| {depth} | sentry-profiling 101 Hz | {} | {:.2} | {:.2} | |",
             m.samples, m.handler_us, m.total_us
+        );
+        println!(
+            "| {depth} | sentry-profiling 101 Hz, `cpu_timers(false)` | {} | {:.2} | {:.2} | |",
+            q.samples, q.handler_us, q.total_us
         );
         println!(
             "| {depth} | pprof-rs 100 Hz ({unwinder}) | {} | {:.2} | {:.2} | {:.1}× |",

@@ -16,13 +16,18 @@ use std::time::{Duration, Instant};
 use sentry_profiling::{Sampler, SamplerConfig, SamplerStats};
 use sentry_profiling_benches::Workers;
 
+/// Samples for `secs`; returns the counters, the samples of the workers
+/// (threads named `bench-*`) and the time taken.
 fn run(config: SamplerConfig, workers: &Workers, secs: f64) -> (SamplerStats, usize, Duration) {
     let _ = workers;
     let sampler = Sampler::start(config).expect("sampler starts");
     let start = Instant::now();
     let mut received = 0usize;
     while start.elapsed().as_secs_f64() < secs {
-        received += sampler.try_iter().count();
+        received += sampler
+            .try_iter()
+            .filter(|s| s.thread_name().starts_with("bench-"))
+            .count();
         std::thread::sleep(Duration::from_millis(20));
     }
     let elapsed = start.elapsed();
@@ -62,23 +67,32 @@ fn main() {
     println!();
     println!("sampler cost per tick (101 Hz, threads at depth 30)");
     println!(
-        "{:>8} {:>7} {:>12} {:>16} {:>14} {:>10}",
-        "threads", "state", "ticks/s", "tick CPU µs", "CPU % of core", "signals"
+        "{:>8} {:>7} {:>9} {:>16} {:>12} {:>14} {:>10} {:>12}",
+        "threads",
+        "state",
+        "ticks/s",
+        "samples/s/thread",
+        "tick CPU µs",
+        "CPU % of core",
+        "signals",
+        "timer samples"
     );
     for n in [1, 8, 64, 256] {
         for busy in [true, false] {
             let workers = Workers::start(n, 30, busy);
             std::thread::sleep(Duration::from_millis(50));
-            let (s, _, elapsed) = run(SamplerConfig::default(), &workers, secs);
+            let (s, received, elapsed) = run(SamplerConfig::default(), &workers, secs);
             let rate = s.ticks as f64 / elapsed.as_secs_f64();
             println!(
-                "{:>8} {:>7} {:>12.1} {:>16.1} {:>14.2} {:>10}",
+                "{:>8} {:>7} {:>9.1} {:>16.1} {:>12.1} {:>14.2} {:>10} {:>12}",
                 n,
                 if busy { "busy" } else { "parked" },
                 rate,
+                received as f64 / n as f64 / elapsed.as_secs_f64(),
                 per(s.tick_cpu_ns, s.ticks),
                 s.tick_cpu_ns as f64 / elapsed.as_nanos() as f64 * 100.0,
-                s.signals_sent
+                s.signals_sent,
+                s.samples_timer
             );
         }
     }

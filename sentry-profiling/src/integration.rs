@@ -133,6 +133,14 @@ impl ProfilingIntegration {
         self
     }
 
+    /// Whether running threads are sampled by their own CPU-time timers.
+    /// Default true; see [`SamplerConfig::cpu_timers`].
+    #[must_use]
+    pub fn cpu_timers(mut self, enabled: bool) -> Self {
+        self.sampler.cpu_timers = enabled;
+        self
+    }
+
     /// Longest chunk, 1 s to 60 s. Default 60 s. Zero means the default;
     /// other values outside the range are clamped to it, with a warning.
     #[must_use]

@@ -29,6 +29,13 @@ pub struct SamplerConfig {
     /// The signal to use. Default: the highest real-time signal that has no
     /// handler. A signal the application handles is never taken over.
     pub signal: Option<i32>,
+    /// Whether running threads are sampled by their own CPU-time timers
+    /// (the kernel raises the signal on the thread's core). Default true.
+    /// When false, or where a timer cannot be created, the sampler thread
+    /// signals each thread whose CPU clock moved, at every tick: one
+    /// cross-core interrupt per sample, for kernels or sandboxes whose
+    /// per-thread CPU timers misbehave.
+    pub cpu_timers: bool,
 }
 
 impl Default for SamplerConfig {
@@ -38,6 +45,7 @@ impl Default for SamplerConfig {
             stack_copy_bytes: DEFAULT_STACK_COPY_BYTES,
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             signal: None,
+            cpu_timers: true,
         }
     }
 }
@@ -68,6 +76,14 @@ impl SamplerConfig {
     #[must_use]
     pub fn signal(mut self, signal: i32) -> Self {
         self.signal = Some(signal);
+        self
+    }
+
+    /// Samples running threads with per-thread CPU-time timers (default), or
+    /// from the sampler thread alone (see [`SamplerConfig::cpu_timers`]).
+    #[must_use]
+    pub fn cpu_timers(mut self, enabled: bool) -> Self {
+        self.cpu_timers = enabled;
         self
     }
 

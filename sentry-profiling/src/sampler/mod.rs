@@ -1,11 +1,31 @@
 //! The sampler: a dedicated thread that ticks against absolute deadlines,
-//! signals every thread whose CPU clock moved, unwinds what the handler
-//! copied and emits [`Sample`]s into a bounded queue.
+//! harvests what the signal handler captured, unwinds it and emits
+//! [`Sample`]s into a bounded queue, one per thread per tick (wall-clock
+//! semantics).
 //!
-//! Threads whose CPU time did not advance since their last sample are not
-//! signalled; their previous stack is recorded again with the tick's
-//! timestamp (wall-clock semantics at no cost to parked threads, and no
-//! `EINTR` for a Tokio worker parked in `epoll_wait`).
+//! Running threads sample themselves: each has a CPU-time timer
+//! ([`sys::CpuTimer`]) whose signal the kernel raises on the thread's own
+//! core after every period of CPU time, so the sampler never interrupts a
+//! thread on another core. A thread's timer captures are its samples of
+//! running code, one per period of CPU time it used, which is the running
+//! share of its wall-clock samples. Its other ticks (when it was not
+//! running) are "fills", recorded with the stack it waits in:
+//!
+//! - a fill is held until the thread is known to be alive at or after its
+//!   tick (a later capture, or its CPU clock read), so no sample outlives its
+//!   thread, and a capture beyond one per tick cancels the newest fill;
+//! - where the thread waits is learned by signalling it while it waits in
+//!   the kernel, so the signal interrupts no running code: once it has
+//!   stayed off the CPU for a whole tick after running, or, for a thread
+//!   that never waits that long, when its scheduler state says it sleeps
+//!   (looked at every `PROBE_EVERY` ticks at most). Until that capture
+//!   arrives its fills wait for it;
+//! - a thread that stays parked has its CPU clock read less and less often,
+//!   down to every `MAX_CHECK_EVERY` ticks.
+//!
+//! A thread whose timer cannot be created (the user's limit of pending
+//! signals reached) is sampled the way every thread was before timers:
+//! signalled from the sampler at each tick at which its CPU clock moved.
 
 mod sample;
 mod stats;
@@ -25,11 +45,19 @@ use crate::options::SamplerConfig;
 use crate::sys::{self, Slot};
 use crate::unwind::{ModuleSet, SharedModules, StackUnwinder};
 use stats::Counters;
-use threads::ThreadTable;
+use threads::{Fill, MAX_FILLS, Requested, ThreadTable, Tracked};
 
-/// How long a signalled thread may take to run the handler before its slot
-/// is abandoned (a thread that blocks the signal, or is starved of CPU).
+/// How long a signalled thread may take to run the handler before the
+/// sampler stops waiting for it (a thread that blocks the signal, or is
+/// starved of CPU).
 const ABANDON_AFTER: Duration = Duration::from_millis(500);
+
+/// Most ticks between two reads of a parked thread's CPU clock.
+const MAX_CHECK_EVERY: u64 = 16;
+
+/// Ticks between two looks at whether a thread that keeps running now and
+/// then is waiting, to learn where it waits (about 100 ms at 101 Hz).
+const PROBE_EVERY: u64 = 10;
 
 /// CPU time a thread may gain between samples and still count as idle.
 ///
@@ -278,9 +306,22 @@ struct Worker {
     shared: Arc<Shared>,
     threads: ThreadTable,
     unwinder: StackUnwinder,
-    free_slots: Vec<&'static Slot>,
     frames: Vec<u64>,
-    pending: Vec<usize>,
+    /// Ticks run so far.
+    tick_no: u64,
+}
+
+/// What a harvested capture was.
+enum Harvested {
+    /// Nothing new in the slot.
+    Nothing,
+    /// A sample of running code (a timer capture, or a capture of a thread
+    /// without a timer), not emitted yet: the thread's held fills go first.
+    Running(Sample),
+    /// The answer to a request for the thread's parked stack.
+    Parked,
+    /// A capture spent learning the thread's stack bounds.
+    Discarded,
 }
 
 impl Worker {
@@ -290,9 +331,8 @@ impl Worker {
             period: Duration::from_secs_f64(1.0 / f64::from(config.frequency_hz)),
             threads: ThreadTable::default(),
             unwinder,
-            free_slots: Vec::new(),
             frames: Vec::with_capacity(crate::unwind::MAX_FRAMES),
-            pending: Vec::new(),
+            tick_no: 0,
             config,
             tx,
             shared,
@@ -303,8 +343,9 @@ impl Worker {
         let mut deadline = Instant::now();
         while !self.shared.stop.load(Ordering::Acquire) {
             if !self.shared.active.load(Ordering::Acquire) {
-                // Paused: finish what is in flight, then sleep until resumed.
-                self.collect_until(Instant::now() + Duration::from_millis(20));
+                // Paused: stop the timers, finish what is in flight, then
+                // sleep until resumed.
+                self.settle();
                 while !self.shared.active.load(Ordering::Acquire)
                     && !self.shared.stop.load(Ordering::Acquire)
                 {
@@ -336,202 +377,410 @@ impl Worker {
                 std::thread::park_timeout(deadline - now);
             }
         }
-        self.finish();
+        self.settle();
+        self.threads.release_all();
     }
 
     fn tick(&mut self) {
         let shared = Arc::clone(&self.shared);
         let c = &shared.counters;
         c.ticks.add(1);
+        self.tick_no += 1;
         let tick_ts = sys::realtime_ns();
-        // Last tick's captures first: their threads' table entries still name
-        // the threads that took them, even if a listing below finds an id
-        // reused since.
+        let now = Instant::now();
         self.unwinder.refresh_modules();
-        self.harvest(false);
+        for idx in 0..self.threads.len() {
+            self.tick_thread(idx, tick_ts, now, c);
+        }
+        // After the captures: those were taken by the threads the table
+        // still names, even if the listing now finds an id reused since.
         if self.threads.refresh_due() {
-            let mut salvaged = Vec::new();
-            self.threads.refresh(&own_threads(), c, &mut salvaged);
-            self.free_slots.append(&mut salvaged);
+            self.threads.refresh(&own_threads(), c);
         }
+        self.threads.remove_gone();
+    }
 
-        self.pending.clear();
-        for idx in 0..self.threads.len() {
-            let t = self.threads.get_mut(idx);
-            if t.gone {
-                continue;
+    /// One thread's part of a tick.
+    fn tick_thread(&mut self, idx: usize, tick_ts: u64, now: Instant, c: &Counters) {
+        if self.threads.get_mut(idx).gone || !self.bind(idx, c) {
+            return;
+        }
+        let harvested = self.harvest(idx, c);
+        let tick_no = self.tick_no;
+        let t = self.threads.get_mut(idx);
+        if t.timer.is_none() {
+            if let Harvested::Running(sample) = harvested {
+                emit(&self.tx, c, sample);
             }
-            if t.outstanding.is_some() {
+            self.untimed(idx, tick_ts, now, c);
+            return;
+        }
+        let missed = t.slot.map_or(0, |s| s.take_missed());
+        let running = match harvested {
+            Harvested::Running(sample) => Some(sample),
+            _ => None,
+        };
+        // The timer fired again before the slot was read: the thread ran
+        // through, and its latest stack stands in for that period.
+        let stand_in = t.last_stack.clone().filter(|_| missed > 0);
+        let covered = usize::from(running.is_some()) + usize::from(stand_in.is_some());
+        if covered > 0 {
+            // Alive and running: a capture beyond this tick's cancels the
+            // newest fill (or is owed to a later tick), the rest are
+            // confirmed and leave first, keeping the thread's samples in
+            // time order.
+            for _ in 1..covered {
+                if t.fills.pop().is_none() {
+                    t.surplus = (t.surplus + 1).min(2);
+                }
+            }
+            flush_fills(&self.tx, c, t, t.fills.len());
+            let mut after = 0;
+            if let Some(sample) = running {
+                after = sample.timestamp_ns();
+                emit(&self.tx, c, sample);
+            }
+            if let Some(stack) = stand_in {
+                let context = t.context_slot.map_or(0, crate::context::read);
+                let ts = tick_ts.max(after + 1);
+                emit_for(&self.tx, c, t, ts, stack, context, true);
+                c.samples_timer_missed.add(1);
+            }
+            t.parked_fresh = false;
+            t.check_every = 1;
+            t.next_check = tick_no + 1;
+            return;
+        }
+        if t.surplus > 0 {
+            t.surplus -= 1;
+        } else {
+            push_fill(&self.tx, c, t, tick_ts);
+        }
+        if let Some(r) = t.requested {
+            if now.duration_since(r.since) < ABANDON_AFTER {
                 c.samples_late.add(1);
-                continue;
+                return;
             }
-            let Some(cpu) = sys::thread_cpu_time_ns(t.info.tid) else {
-                t.gone = true;
-                continue;
-            };
-            if cpu < t.last_cpu_ns {
-                // A CPU clock never goes back: the id now names another thread.
-                t.reset_identity();
-                c.threads_recycled.add(1);
-            }
-            match &t.last_stack {
-                Some(stack) if cpu.saturating_sub(t.last_cpu_ns) <= IDLE_CPU_SLACK_NS => {
-                    // The thread's context word now, not at its last capture:
-                    // it may have left a request's span before parking.
-                    let context = t.context_slot.map_or(0, crate::context::read);
-                    let sample = Sample::new(
-                        tick_ts,
-                        t.info.tid,
-                        t.name.clone(),
-                        stack.clone(),
-                        context,
-                        true,
-                    )
-                    .with_thread_start(t.info.start_time);
-                    c.samples_idle.add(1);
-                    emit(&self.tx, c, sample);
-                }
-                _ => {
-                    t.last_cpu_ns = cpu;
-                    self.pending.push(idx);
-                }
-            }
+            // Unanswered: record the held ticks with what is known, and stop
+            // asking until the thread answers.
+            t.requested = None;
+            t.unresponsive = true;
+            c.signals_abandoned.add(1);
+            flush_fills(&self.tx, c, t, t.fills.len());
         }
-        // Signal and go back to sleep: handlers are collected at the next
-        // tick. Waiting for them here would cost a wake-up per tick, and on a
-        // host with more runnable threads than cores each wake-up waits for a
-        // CPU; the handlers themselves then skip the futex wake as well.
-        let pending = std::mem::take(&mut self.pending);
-        self.signal_all(&pending);
-        self.pending = pending;
+        if tick_no < t.next_check {
+            return;
+        }
+        let Some(cpu) = sys::thread_cpu_time_ns(t.info.tid) else {
+            t.gone = true;
+            return;
+        };
+        if cpu < t.cpu_seen_ns {
+            // A CPU clock never goes back: the id now names another thread.
+            t.reset_identity();
+            c.threads_recycled.add(1);
+            return;
+        }
+        let ran = cpu - t.cpu_seen_ns > IDLE_CPU_SLACK_NS;
+        t.cpu_seen_ns = cpu;
+        if ran {
+            // It ran without filling a timer period. This tick's fill waits
+            // one tick: the thread may be parking somewhere new.
+            t.parked_fresh = false;
+            t.check_every = 1;
+            let older = t.fills.len().saturating_sub(1);
+            flush_fills(&self.tx, c, t, older);
+            probe(t, tick_no, now, c);
+        } else if !t.parked_fresh && !t.unresponsive {
+            // Off the CPU for a whole tick since it last ran: ask where it
+            // waits. Its fills wait for the answer.
+            request(t, false, now, c);
+            if t.requested.is_none() {
+                flush_fills(&self.tx, c, t, t.fills.len());
+            }
+        } else {
+            t.check_every = (t.check_every * 2).min(MAX_CHECK_EVERY);
+            flush_fills(&self.tx, c, t, t.fills.len());
+        }
+        t.next_check = tick_no + t.check_every;
     }
 
-    fn signal_all(&mut self, which: &[usize]) {
-        let shared = Arc::clone(&self.shared);
-        let c = &shared.counters;
-        for &idx in which {
-            let Some(slot) = self
-                .free_slots
-                .pop()
-                .or_else(|| Slot::acquire(self.config.stack_copy_bytes))
-            else {
+    /// A thread without a timer: signalled from here whenever its CPU clock
+    /// moved, its previous stack repeated otherwise.
+    fn untimed(&mut self, idx: usize, tick_ts: u64, now: Instant, c: &Counters) {
+        let t = self.threads.get_mut(idx);
+        if let Some(r) = t.requested {
+            if now.duration_since(r.since) < ABANDON_AFTER {
+                c.samples_late.add(1);
+                return;
+            }
+            t.requested = None;
+            t.unresponsive = true;
+            c.signals_abandoned.add(1);
+        }
+        let Some(cpu) = sys::thread_cpu_time_ns(t.info.tid) else {
+            t.gone = true;
+            return;
+        };
+        if cpu < t.cpu_seen_ns {
+            t.reset_identity();
+            c.threads_recycled.add(1);
+            return;
+        }
+        match t.last_stack.clone() {
+            Some(stack) if cpu - t.cpu_seen_ns <= IDLE_CPU_SLACK_NS || t.unresponsive => {
+                let context = t.context_slot.map_or(0, crate::context::read);
+                c.samples_idle.add(1);
+                emit_for(&self.tx, c, t, tick_ts, stack, context, true);
+            }
+            _ => {
+                t.cpu_seen_ns = cpu;
+                request(t, true, now, c);
+            }
+        }
+    }
+
+    /// Gives a thread its slot and timer, and arms the timer, if not done
+    /// yet. Returns false if the thread has no slot (counted).
+    fn bind(&mut self, idx: usize, c: &Counters) -> bool {
+        let cap = self.config.stack_copy_bytes;
+        let period = self.period;
+        let timers = self.config.cpu_timers;
+        let t = self.threads.get_mut(idx);
+        if t.slot.is_none() {
+            let Some(slot) = Slot::acquire(cap) else {
                 c.dropped_no_slot.add(1);
-                continue;
+                return false;
             };
-            let t = self.threads.get_mut(idx);
             let (lo, hi) = t.stack_bounds.unwrap_or((0, 0));
-            if !slot.arm(lo, hi) {
-                // Not free (should not happen for a slot we own): keep it
-                // out of circulation.
-                Slot::release(slot);
-                continue;
+            if !slot.bind(t.info.tid, lo, hi) {
+                let _ = Slot::release(slot);
+                return false;
             }
-            match sys::send_sample_signal(t.info.tid, slot) {
-                Ok(()) => {
-                    c.signals_sent.add(1);
-                    t.outstanding = Some((slot, Instant::now()));
-                }
-                Err(e) => {
-                    slot.disarm();
-                    self.free_slots.push(slot);
-                    match e {
-                        sys::SendError::ThreadGone => t.gone = true,
-                        _ => c.dropped_signal_failed.add(1),
-                    }
+            t.slot = Some(slot);
+            t.cpu_seen_ns = sys::thread_cpu_time_ns(t.info.tid).unwrap_or(0);
+            if timers {
+                match sys::CpuTimer::create(t.info.tid, slot) {
+                    Ok(timer) => t.timer = Some(timer),
+                    Err(libc::ESRCH) => t.gone = true,
+                    Err(_) => c.timers_failed.add(1),
                 }
             }
         }
-    }
-
-    /// Harvests completed slots until none is outstanding or `until` passes.
-    fn collect_until(&mut self, until: Instant) {
-        loop {
-            let seen = sys::completion_seq();
-            if self.harvest(false) == 0 {
-                return;
+        if let Some(timer) = &t.timer {
+            if !t.timer_armed {
+                t.timer_armed = timer.set(period);
+                if !t.timer_armed {
+                    // The thread exited between its listing and now, or the
+                    // kernel refused: sample it from here instead.
+                    t.timer = None;
+                    c.timers_failed.add(1);
+                }
             }
-            let now = Instant::now();
-            if now >= until {
-                return;
-            }
-            sys::wait_completion(seen, until - now);
         }
+        true
     }
 
-    /// Processes every finished slot; returns how many are still in flight.
-    fn harvest(&mut self, final_pass: bool) -> usize {
-        let shared = Arc::clone(&self.shared);
-        let c = &shared.counters;
-        let mut in_flight = 0;
-        for idx in 0..self.threads.len() {
-            let t = self.threads.get_mut(idx);
-            let Some((slot, since)) = t.outstanding else {
-                continue;
-            };
-            let frames = &mut self.frames;
-            let unwinder = &mut self.unwinder;
-            let taken = slot.take(|cap, stack| {
-                let off_stack = cap.flags & sys::FLAG_OFF_STACK != 0;
-                if !off_stack {
-                    let start = Instant::now();
-                    unwinder.unwind(&cap.regs, stack, frames);
-                    c.unwind_ns.add(start.elapsed().as_nanos() as u64);
-                }
-                (*cap, off_stack)
-            });
-            let Some((cap, off_stack)) = taken else {
-                let give_up = final_pass || t.gone || since.elapsed() > ABANDON_AFTER;
-                if give_up && slot.abandon() {
-                    c.signals_abandoned.add(1);
-                    t.outstanding = None;
-                    t.abandoned.push(slot);
-                } else {
-                    in_flight += 1;
-                }
-                continue;
-            };
-            t.outstanding = None;
-            self.free_slots.push(slot);
-            if off_stack {
-                if !final_pass && self.threads.learn_bounds(idx, cap.regs.sp as usize) {
-                    continue;
-                }
+    /// Reads the thread's slot if the handler filled it, emits what it
+    /// holds, and re-arms it.
+    fn harvest(&mut self, idx: usize, c: &Counters) -> Harvested {
+        let t = self.threads.get_mut(idx);
+        let Some(slot) = t.slot else {
+            return Harvested::Nothing;
+        };
+        let frames = &mut self.frames;
+        let unwinder = &mut self.unwinder;
+        let Some((cap, off_stack)) = slot.take(|cap, stack| {
+            let off_stack = cap.flags & sys::FLAG_OFF_STACK != 0;
+            if !off_stack {
+                let start = Instant::now();
+                unwinder.unwind(&cap.regs, stack, frames);
+                c.unwind_ns.add(start.elapsed().as_nanos() as u64);
+            }
+            (*cap, off_stack)
+        }) else {
+            return Harvested::Nothing;
+        };
+        let timer = cap.flags & sys::FLAG_TIMER != 0;
+        let mut keep = true;
+        if off_stack {
+            if self.threads.learn_bounds(idx, cap.regs.sp as usize) {
+                keep = false;
+            } else {
                 self.frames.clear();
                 self.frames.push(cap.regs.pc);
                 c.samples_off_stack.add(1);
             }
-            let t = self.threads.get_mut(idx);
-            let stack: Arc<[u64]> = match &t.last_stack {
-                Some(last) if **last == self.frames[..] => last.clone(),
-                _ => Arc::from(&self.frames[..]),
-            };
-            t.last_stack = Some(stack.clone());
-            c.samples_captured.add(1);
-            c.handler_ns.add(cap.handler_ns);
-            let sample = Sample::new(
-                cap.timestamp_ns,
-                t.info.tid,
-                t.name.clone(),
-                stack,
-                cap.context,
-                false,
-            )
-            .with_thread_start(t.info.start_time);
-            emit(&self.tx, c, sample);
         }
-        self.threads.recycle_abandoned(&mut self.free_slots);
-        self.threads.remove_gone(&mut self.free_slots);
-        in_flight
+        let t = self.threads.get_mut(idx);
+        let (lo, hi) = t.stack_bounds.unwrap_or((0, 0));
+        slot.rearm(lo, hi);
+        // Any capture proves the thread takes the signal again.
+        t.unresponsive = false;
+        let request = if timer { None } else { t.requested.take() };
+        c.handler_ns.add(cap.handler_ns);
+        if !keep {
+            return Harvested::Discarded;
+        }
+        let stack: Arc<[u64]> = match &t.last_stack {
+            Some(last) if **last == self.frames[..] => last.clone(),
+            _ => Arc::from(&self.frames[..]),
+        };
+        t.last_stack = Some(stack.clone());
+        c.samples_captured.add(1);
+        if timer {
+            c.samples_timer.add(1);
+        }
+        if timer || t.timer.is_none() || request.is_some_and(|r| r.as_sample) {
+            return Harvested::Running(sample_of(t, cap.timestamp_ns, stack, cap.context, false));
+        }
+        t.parked = Some(stack);
+        t.parked_fresh = true;
+        Harvested::Parked
     }
 
-    fn finish(&mut self) {
-        self.collect_until(Instant::now() + Duration::from_millis(20));
-        self.harvest(true);
-        for slot in self.free_slots.drain(..) {
-            Slot::release(slot);
+    /// Stops the timers, waits briefly for requests in flight, and records
+    /// every thread's held fills (the sampler is pausing or stopping).
+    fn settle(&mut self) {
+        for idx in 0..self.threads.len() {
+            let t = self.threads.get_mut(idx);
+            if let Some(timer) = &t.timer {
+                if t.timer_armed {
+                    timer.set(Duration::ZERO);
+                    t.timer_armed = false;
+                }
+            }
         }
-        self.threads.release_all();
+        let until = Instant::now() + Duration::from_millis(20);
+        loop {
+            let seen = sys::completion_seq();
+            let waiting = (0..self.threads.len()).any(|i| {
+                let t = self.threads.get_mut(i);
+                t.requested.is_some() && t.slot.is_some_and(|s| s.state() != sys::SlotState::Done)
+            });
+            let now = Instant::now();
+            if !waiting || now >= until {
+                break;
+            }
+            sys::wait_completion(seen, until - now);
+        }
+        let shared = Arc::clone(&self.shared);
+        let c = &shared.counters;
+        for idx in 0..self.threads.len() {
+            if self.threads.get_mut(idx).gone || self.threads.get_mut(idx).slot.is_none() {
+                continue;
+            }
+            let harvested = self.harvest(idx, c);
+            let t = self.threads.get_mut(idx);
+            t.requested = None;
+            if sys::thread_cpu_time_ns(t.info.tid).is_some() {
+                flush_fills(&self.tx, c, t, t.fills.len());
+            } else {
+                t.fills.clear();
+            }
+            if let Harvested::Running(sample) = harvested {
+                emit(&self.tx, c, sample);
+            }
+            t.surplus = 0;
+            t.check_every = 1;
+            t.next_check = 0;
+        }
     }
+}
+
+/// Asks a thread that keeps running now and then where it waits, if it is
+/// waiting in the kernel right now (at most every `PROBE_EVERY` ticks).
+fn probe(t: &mut Tracked, tick_no: u64, now: Instant, c: &Counters) {
+    if t.unresponsive || t.requested.is_some() || tick_no < t.next_probe {
+        return;
+    }
+    t.next_probe = tick_no + PROBE_EVERY;
+    if t.state.is_none() {
+        t.state = sys::ThreadState::open(t.info.tid);
+    }
+    if t.state.as_mut().and_then(sys::ThreadState::waiting) == Some(true) {
+        request(t, false, now, c);
+    }
+}
+
+/// Sends thread `t` a signal asking for its stack; `as_sample` when the
+/// capture is a sample of its own rather than the thread's parked stack.
+fn request(t: &mut Tracked, as_sample: bool, now: Instant, c: &Counters) {
+    let Some(slot) = t.slot else { return };
+    match sys::send_sample_signal(t.info.tid, slot) {
+        Ok(()) => {
+            c.signals_sent.add(1);
+            t.requested = Some(Requested {
+                since: now,
+                as_sample,
+            });
+        }
+        Err(sys::SendError::ThreadGone) => t.gone = true,
+        Err(_) => c.dropped_signal_failed.add(1),
+    }
+}
+
+/// Holds a fill for this tick, writing out the oldest if too many are held.
+fn push_fill(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, tick_ts: u64) {
+    if t.fills.len() >= MAX_FILLS {
+        flush_fills(tx, c, t, 1);
+    }
+    let context = t.context_slot.map_or(0, crate::context::read);
+    t.fills.push(Fill {
+        timestamp_ns: tick_ts,
+        context,
+    });
+}
+
+/// Writes out the `n` oldest fills of `t` with the stack it waits in (or,
+/// not known yet, its latest stack); without any stack they are dropped.
+fn flush_fills(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, n: usize) {
+    let n = n.min(t.fills.len());
+    if n == 0 {
+        return;
+    }
+    let Some(stack) = t.parked.clone().or_else(|| t.last_stack.clone()) else {
+        t.fills.drain(..n);
+        return;
+    };
+    for i in 0..n {
+        let f = t.fills[i];
+        c.samples_idle.add(1);
+        emit_for(tx, c, t, f.timestamp_ns, stack.clone(), f.context, true);
+    }
+    t.fills.drain(..n);
+}
+
+/// Emits one sample of thread `t`.
+fn emit_for(
+    tx: &SyncSender<Sample>,
+    c: &Counters,
+    t: &Tracked,
+    timestamp_ns: u64,
+    stack: Arc<[u64]>,
+    context: u64,
+    repeated: bool,
+) {
+    emit(tx, c, sample_of(t, timestamp_ns, stack, context, repeated));
+}
+
+/// A sample of thread `t`.
+fn sample_of(
+    t: &Tracked,
+    timestamp_ns: u64,
+    stack: Arc<[u64]>,
+    context: u64,
+    repeated: bool,
+) -> Sample {
+    Sample::new(
+        timestamp_ns,
+        t.info.tid,
+        t.name.clone(),
+        stack,
+        context,
+        repeated,
+    )
+    .with_thread_start(t.info.start_time)
 }
 
 fn emit(tx: &SyncSender<Sample>, c: &Counters, sample: Sample) {

@@ -43,18 +43,29 @@ counters! {
     ticks,
     /// Ticks skipped because a tick overran its period.
     ticks_skipped,
-    /// Signals sent to threads.
+    /// Signals sent to threads by the sampler thread (timer signals are not
+    /// counted here).
     signals_sent,
     /// Stacks captured by the signal handler and unwound.
     samples_captured,
-    /// Samples of threads that had not run since their previous sample.
+    /// Of those, captures raised by the thread's own CPU-time timer.
+    samples_timer,
+    /// Timer expiries that found the thread's previous capture not yet
+    /// read; its latest stack was recorded for them.
+    samples_timer_missed,
+    /// Threads for which no CPU-time timer could be created; they are
+    /// signalled from the sampler thread instead.
+    timers_failed,
+    /// Samples of threads at ticks when they were not running, recorded
+    /// with the stack they wait in.
     samples_idle,
     /// Samples handed to the consumer.
     samples_emitted,
     /// Captures whose stack pointer was outside the known stack mapping
     /// (recorded with the program counter only).
     samples_off_stack,
-    /// Ticks at which a thread still had an earlier signal in flight.
+    /// Ticks at which a thread still had a signal from the sampler thread
+    /// in flight.
     samples_late,
     /// Samples dropped because the consumer's queue was full.
     dropped_queue_full,
@@ -63,7 +74,7 @@ counters! {
     /// Samples not taken because the signal could not be sent.
     dropped_signal_failed,
     /// Signals whose handler did not run in time (thread blocks the signal,
-    /// exited, or was starved); their slot was abandoned.
+    /// or was starved); the sampler stops waiting for them.
     signals_abandoned,
     /// Thread ids found reused by a new thread.
     threads_recycled,

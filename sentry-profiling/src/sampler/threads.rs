@@ -18,20 +18,65 @@ const NAMES_EVERY: Duration = Duration::from_secs(1);
 /// the first read may still show the parent's name.
 const YOUNG: Duration = Duration::from_secs(1);
 
+/// A signal the sampler sent to a thread, not yet answered.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Requested {
+    /// When it was sent.
+    pub(super) since: Instant,
+    /// Whether the capture is a sample of its own (the thread has no timer)
+    /// rather than the thread's parked stack.
+    pub(super) as_sample: bool,
+}
+
+/// A tick at which a thread was not captured, waiting for the stack it is
+/// recorded with (see the sampler's module docs).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Fill {
+    pub(super) timestamp_ns: u64,
+    pub(super) context: u64,
+}
+
+/// Most fills a thread may hold; more means the oldest is written out.
+pub(super) const MAX_FILLS: usize = 64;
+
 /// One thread being sampled.
 #[derive(Debug)]
 pub(super) struct Tracked {
     pub(super) info: ThreadInfo,
     pub(super) name: Arc<str>,
-    pub(super) last_cpu_ns: u64,
+    /// The thread's CPU clock at the last reading.
+    pub(super) cpu_seen_ns: u64,
+    /// The stack of the latest capture.
     pub(super) last_stack: Option<Arc<[u64]>>,
+    /// Where the thread waits when it is not running, and whether that is
+    /// still current (the thread has not run since it was taken).
+    pub(super) parked: Option<Arc<[u64]>>,
+    pub(super) parked_fresh: bool,
     /// Where the thread publishes its context word (see `crate::context`).
     pub(super) context_slot: Option<u32>,
     pub(super) stack_bounds: Option<(usize, usize)>,
-    /// The slot of the signal in flight, and when it was sent.
-    pub(super) outstanding: Option<(&'static Slot, Instant)>,
-    /// Slots whose signal was given up on but may still be delivered.
-    pub(super) abandoned: Vec<&'static Slot>,
+    /// The capture slot bound to the thread, and its CPU-time timer.
+    pub(super) slot: Option<&'static Slot>,
+    pub(super) timer: Option<sys::CpuTimer>,
+    /// Whether the timer is armed (the sampler is not paused).
+    pub(super) timer_armed: bool,
+    /// A signal sent by the sampler and not answered yet.
+    pub(super) requested: Option<Requested>,
+    /// The thread left a signal unanswered for long (it blocks the signal,
+    /// or is starved of CPU): none is sent again until it answers.
+    pub(super) unresponsive: bool,
+    /// Captures beyond one per tick, owed to later ticks.
+    pub(super) surplus: u32,
+    /// Ticks waiting for their stack.
+    pub(super) fills: Vec<Fill>,
+    /// The thread's scheduler state, opened when first needed, and the tick
+    /// before which it is not looked at again.
+    pub(super) state: Option<sys::ThreadState>,
+    pub(super) next_probe: u64,
+    /// Ticks between CPU clock reads while the thread stays parked, and the
+    /// tick of the next read.
+    pub(super) check_every: u64,
+    pub(super) next_check: u64,
     pub(super) gone: bool,
     retried: bool,
     first_seen: Instant,
@@ -42,48 +87,50 @@ impl Tracked {
         Self {
             name: Arc::from(info.name.as_str()),
             info,
-            last_cpu_ns: 0,
+            cpu_seen_ns: 0,
             last_stack: None,
+            parked: None,
+            parked_fresh: false,
             context_slot: None,
             stack_bounds: None,
-            outstanding: None,
-            abandoned: Vec::new(),
+            slot: None,
+            timer: None,
+            timer_armed: false,
+            requested: None,
+            unresponsive: false,
+            surplus: 0,
+            fills: Vec::with_capacity(MAX_FILLS),
+            state: None,
+            next_probe: 0,
+            check_every: 1,
+            next_check: 0,
             gone: false,
             retried: false,
             first_seen: Instant::now(),
         }
     }
 
-    /// Frees the slots of a thread that has exited and whose id `next`
-    /// now tracks: a capture it completed is discarded, and a signal still
-    /// pending on it died with it. A slot in any other state stays
-    /// abandoned, on `next`, until it settles.
-    fn salvage_slots(self, next: &mut Tracked, salvaged: &mut Vec<&'static Slot>) {
-        let outstanding = self.outstanding.map(|(slot, _)| {
-            if !slot.abandon() {
-                let _ = slot.take(|_, _| ());
-            }
-            slot
-        });
-        for slot in outstanding.into_iter().chain(self.abandoned) {
-            slot.reclaim_abandoned();
-            match slot.state() {
-                sys::SlotState::Free | sys::SlotState::Late => salvaged.push(slot),
-                _ => next.abandoned.push(slot),
-            }
+    /// Deletes the thread's timer and unbinds its slot.
+    fn release(&mut self) {
+        self.timer = None;
+        self.timer_armed = false;
+        if let Some(slot) = self.slot.take() {
+            let _ = Slot::release(slot);
         }
     }
 
-    /// Forgets everything learned about the thread that had this id.
+    /// Forgets everything learned about the thread that had this id; the
+    /// new one gets its own timer and slot at the next tick.
     pub(super) fn reset_identity(&mut self) {
         if let Some(info) = sys::read_thread_identity(self.info.tid) {
             self.name = Arc::from(info.name.as_str());
             self.info = info;
         }
-        self.last_cpu_ns = 0;
-        self.last_stack = None;
-        self.stack_bounds = None;
-        self.retried = false;
+        self.release();
+        let fresh = Tracked::new(self.info.clone());
+        let context_slot = self.context_slot;
+        *self = fresh;
+        self.context_slot = context_slot;
     }
 }
 
@@ -114,15 +161,7 @@ impl ThreadTable {
     }
 
     /// Re-reads the thread list (see [`ThreadTable::refresh_due`]).
-    /// Slots still held for a thread whose id turned out to be reused go to
-    /// `salvaged`: that thread has exited, and a signal pending on it died
-    /// with it.
-    pub(super) fn refresh(
-        &mut self,
-        own: &[i32],
-        counters: &Counters,
-        salvaged: &mut Vec<&'static Slot>,
-    ) {
+    pub(super) fn refresh(&mut self, own: &[i32], counters: &Counters) {
         self.last_list = Some(Instant::now());
         let all_names = self.last_names.is_none_or(|t| t.elapsed() >= NAMES_EVERY);
         if all_names {
@@ -150,8 +189,8 @@ impl ThreadTable {
                 Some(info) if info.start_time != t.info.start_time => {
                     counters.threads_recycled.add(1);
                     counters.threads_seen.add(1);
-                    let old = std::mem::replace(t, Tracked::new(info));
-                    old.salvage_slots(t, salvaged);
+                    let mut old = std::mem::replace(t, Tracked::new(info));
+                    old.release();
                 }
                 Some(info) => {
                     if info.name != t.info.name {
@@ -195,46 +234,22 @@ impl ThreadTable {
                     return false;
                 }
                 t.retried = true;
-                // The first sample was spent learning the bounds; the next
-                // tick takes it again, even if the thread is idle by then.
-                t.last_cpu_ns = 0;
-                t.last_stack = None;
+                // The capture was spent learning the bounds; the next one
+                // counts.
                 true
             }
             _ => false,
         }
     }
 
-    /// Frees abandoned slots once a late handler has acknowledged them.
-    pub(super) fn recycle_abandoned(&mut self, free: &mut Vec<&'static Slot>) {
-        for t in &mut self.entries {
-            t.abandoned.retain(|slot| {
-                if slot.state() == sys::SlotState::Late {
-                    free.push(slot);
-                    false
-                } else {
-                    true
-                }
-            });
-        }
-    }
-
-    /// Drops threads that exited. A signal pending on an exited thread died
-    /// with it, so its abandoned slots can be reused.
-    pub(super) fn remove_gone(&mut self, free: &mut Vec<&'static Slot>) {
-        if !self
-            .entries
-            .iter()
-            .any(|t| t.gone && t.outstanding.is_none())
-        {
+    /// Drops threads that exited, with their timers and slots.
+    pub(super) fn remove_gone(&mut self) {
+        if !self.entries.iter().any(|t| t.gone) {
             return;
         }
         self.entries.retain_mut(|t| {
-            if t.gone && t.outstanding.is_none() {
-                for slot in t.abandoned.drain(..) {
-                    slot.reclaim_abandoned();
-                    free.push(slot);
-                }
+            if t.gone {
+                t.release();
                 false
             } else {
                 true
@@ -248,15 +263,10 @@ impl ThreadTable {
             .collect();
     }
 
-    /// Returns every slot to the process-wide pool (at stop).
+    /// Deletes every timer and unbinds every slot (at stop).
     pub(super) fn release_all(&mut self) {
         for t in &mut self.entries {
-            for slot in t.abandoned.drain(..) {
-                Slot::release(slot);
-            }
-            if let Some((slot, _)) = t.outstanding.take() {
-                Slot::release(slot);
-            }
+            t.release();
         }
     }
 }

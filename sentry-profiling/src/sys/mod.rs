@@ -25,13 +25,13 @@ pub(crate) use images::{ImageBytes, LoadedImage, Section, image_generation, load
 pub(crate) use maps::{StackMappings, stack_mappings};
 #[cfg(profiling_supported)]
 pub(crate) use signal::{
-    FLAG_OFF_STACK, Regs, SendError, Slot, SlotState, completion_seq, install_handler,
-    send_sample_signal, set_thread_context, thread_context, wait_completion,
+    CpuTimer, FLAG_OFF_STACK, FLAG_TIMER, Regs, SendError, Slot, SlotState, completion_seq,
+    install_handler, send_sample_signal, set_thread_context, thread_context, wait_completion,
 };
 #[cfg(profiling_supported)]
 pub(crate) use thread::{
-    ThreadInfo, current_tid, kernel_release, list_threads, own_cpu_time_ns, read_thread_identity,
-    realtime_ns, thread_cpu_time_ns,
+    ThreadInfo, ThreadState, current_tid, kernel_release, list_threads, own_cpu_time_ns,
+    read_thread_identity, realtime_ns, thread_cpu_time_ns,
 };
 
 /// Without a sampler there is nothing a forked child could wait for.

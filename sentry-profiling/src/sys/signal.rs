@@ -1,16 +1,27 @@
 //! The profiling signal: choosing a free signal, the handler, and the slots it
 //! writes into.
 //!
-//! The sampler thread owns a set of [`Slot`]s, each with a preallocated stack
-//! buffer. To sample a thread it arms a slot and sends the signal with
-//! `rt_tgsigqueueinfo`, passing the slot's index (never a pointer) in
-//! `si_value`. The handler, running on the interrupted thread, claims the slot
-//! with one compare-and-swap, copies registers, a timestamp, the thread's
-//! context word and the live part of its stack, publishes the slot and bumps a
-//! futex word the sampler may be waiting on. It allocates nothing, takes no
-//! lock, calls no libc function that is not async-signal-safe and reads no
-//! memory but the interrupted thread's own stack mapping (whose bounds the
-//! sampler stored in the slot beforehand) and this module's statics.
+//! Every sampled thread has one [`Slot`] with a preallocated stack buffer,
+//! bound to it by the sampler thread for as long as the thread lives, and
+//! armed whenever it is empty. Two things raise the signal on the thread,
+//! both carrying the slot's index (never a pointer) in `si_value`:
+//!
+//! - the thread's own CPU-time timer (`timer_create` on its CPU clock with
+//!   `SIGEV_THREAD_ID`, see [`CpuTimer`]): the kernel raises it on the core
+//!   the thread runs on, after every period of CPU time the thread consumed,
+//!   so a running thread is sampled without any other thread doing anything;
+//! - the sampler thread, with `rt_tgsigqueueinfo`, when it needs the stack of
+//!   a thread that is not running (where it is parked) or that has no timer.
+//!
+//! The handler, running on the interrupted thread, checks that the slot is
+//! bound to it, claims the slot with one compare-and-swap, copies
+//! registers, a timestamp, the thread's context word and the live part of
+//! its stack, and publishes the slot. A timer signal that finds the slot
+//! still full only bumps the slot's missed counter. The handler allocates
+//! nothing, takes no lock, calls no libc function that is not
+//! async-signal-safe and reads no memory but the interrupted thread's own
+//! stack mapping (whose bounds the sampler stored in the slot beforehand)
+//! and this module's statics.
 //!
 //! Those bounds come from `/proc/self/maps` and may be stale by the time the
 //! handler runs: the mapping that held the stack pointer can have shrunk
@@ -36,8 +47,8 @@
 //! (probed once, at installation), the handler falls back to `memcpy`.
 //!
 //! Slots are leaked on purpose: a signal that arrives late, after its sampler
-//! gave up or even stopped, still finds valid memory and a state word that
-//! tells it to do nothing. For the same reason the handler is never
+//! gave up or even stopped, still finds valid memory, and a state word or a
+//! thread id that tells it to do nothing. For the same reason the handler is never
 //! uninstalled: restoring `SIG_DFL` while a queued signal is in flight would
 //! kill the process.
 
@@ -85,10 +96,17 @@ static WAITERS: AtomicU32 = AtomicU32::new(0);
 
 /// `si_code` of a signal sent with `rt_sigqueueinfo`/`rt_tgsigqueueinfo`.
 const SI_QUEUE: i32 = -1;
+/// `si_code` of a signal raised by a POSIX timer.
+const SI_TIMER: i32 = -2;
+/// `sigev_notify` value that sends a timer's signal to one thread.
+const SIGEV_THREAD_ID: i32 = 4;
 
 /// Flag in [`Captured::flags`]: the stack pointer was outside the bounds the
 /// sampler supplied (unknown thread, alternate signal stack), nothing copied.
 pub(crate) const FLAG_OFF_STACK: u32 = 1;
+/// Flag in [`Captured::flags`]: the thread's CPU-time timer raised the
+/// signal (the thread was running); otherwise the sampler sent it.
+pub(crate) const FLAG_TIMER: u32 = 2;
 
 thread_local! {
     /// The per-thread context word, copied into every sample of the thread.
@@ -97,6 +115,9 @@ thread_local! {
     /// from the signal handler is a plain TLS load: no lazy initialisation,
     /// no destructor registration, no allocation.
     static CONTEXT: AtomicU64 = const { AtomicU64::new(0) };
+    /// The thread's kernel id, cached by the handler on its first run on
+    /// the thread (0 until then). Same properties as `CONTEXT`.
+    static TID: AtomicI32 = const { AtomicI32::new(0) };
 }
 
 /// Sets the calling thread's context word (see [`crate::set_thread_context`]).
@@ -115,18 +136,14 @@ pub(crate) fn thread_context() -> u64 {
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SlotState {
-    /// Owned by the sampler, not armed.
+    /// Not bound to a thread, or not armed: a signal naming it does nothing.
     Free = 0,
-    /// Armed; a signal naming this slot is on its way.
+    /// Armed: the next signal of its thread fills it.
     Requested = 1,
     /// The handler is writing into it.
     Writing = 2,
     /// The handler finished; the sampler may read it.
     Done = 3,
-    /// The sampler gave up waiting; a late handler must not write.
-    Abandoned = 4,
-    /// A late handler saw `Abandoned` and acknowledged: no signal is in flight.
-    Late = 5,
 }
 
 impl SlotState {
@@ -135,8 +152,6 @@ impl SlotState {
             1 => Self::Requested,
             2 => Self::Writing,
             3 => Self::Done,
-            4 => Self::Abandoned,
-            5 => Self::Late,
             _ => Self::Free,
         }
     }
@@ -180,6 +195,11 @@ pub(crate) struct Captured {
 pub(crate) struct Slot {
     index: u32,
     state: AtomicU32,
+    /// The thread the slot is bound to; the handler of any other thread
+    /// leaves the slot alone.
+    tid: AtomicI32,
+    /// Timer signals that found the slot full since the sampler last looked.
+    missed: AtomicU32,
     /// Bounds of the target thread's stack mapping, set by the sampler.
     stack_lo: AtomicUsize,
     stack_hi: AtomicUsize,
@@ -190,8 +210,8 @@ pub(crate) struct Slot {
 
 // SAFETY: `captured` and `buf` are written only by the handler between a
 // successful Requested->Writing CAS and the Done store (Release), and read only
-// by the sampler after observing Done (Acquire) and before freeing the slot;
-// the state word makes those accesses exclusive.
+// by the sampler after observing Done (Acquire) and before re-arming or
+// freeing the slot; the state word makes those accesses exclusive.
 unsafe impl Sync for Slot {}
 // SAFETY: as above; the raw buffer pointer is owned by the slot forever.
 unsafe impl Send for Slot {}
@@ -201,23 +221,20 @@ impl std::fmt::Debug for Slot {
         f.debug_struct("Slot")
             .field("index", &self.index)
             .field("state", &self.state())
+            .field("tid", &self.tid.load(Ordering::Relaxed))
             .field("cap", &self.cap)
             .finish()
     }
 }
 
 impl Slot {
-    /// Takes a slot whose buffer holds at least `cap` bytes from the pool, or
-    /// creates one. Returns `None` when the process-wide limit is reached.
+    /// Takes a free slot whose buffer holds at least `cap` bytes from the
+    /// pool, or creates one. Returns `None` when the process-wide limit is
+    /// reached.
     pub(crate) fn acquire(cap: usize) -> Option<&'static Slot> {
         let mut pool = ARENA_POOL.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(pos) = pool
-            .iter()
-            .position(|s| s.cap >= cap && matches!(s.state(), SlotState::Free | SlotState::Late))
-        {
-            let slot = pool.swap_remove(pos);
-            slot.state.store(SlotState::Free as u32, Ordering::Relaxed);
-            return Some(slot);
+        if let Some(pos) = pool.iter().position(|s| s.cap >= cap) {
+            return Some(pool.swap_remove(pos));
         }
         let index = ARENA_LEN.load(Ordering::Relaxed);
         if index >= MAX_SLOTS {
@@ -227,6 +244,8 @@ impl Slot {
         let slot: &'static Slot = Box::leak(Box::new(Slot {
             index: index as u32,
             state: AtomicU32::new(SlotState::Free as u32),
+            tid: AtomicI32::new(0),
+            missed: AtomicU32::new(0),
             stack_lo: AtomicUsize::new(0),
             stack_hi: AtomicUsize::new(0),
             captured: UnsafeCell::new(Captured::default()),
@@ -238,13 +257,36 @@ impl Slot {
         Some(slot)
     }
 
-    /// Gives a slot back to the process-wide pool (it may still be abandoned;
-    /// [`Slot::acquire`] only hands out slots with no signal in flight).
-    pub(crate) fn release(slot: &'static Slot) {
-        ARENA_POOL
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(slot);
+    /// Unbinds a slot and gives it back to the process-wide pool. Returns
+    /// false, and keeps the slot out of circulation for good, if a handler
+    /// is still writing into it after a few milliseconds (a thread stopped
+    /// inside the handler by a debugger).
+    pub(crate) fn release(slot: &'static Slot) -> bool {
+        for _ in 0..1000 {
+            match slot.state() {
+                SlotState::Writing => std::thread::sleep(Duration::from_micros(10)),
+                cur => {
+                    if slot
+                        .state
+                        .compare_exchange(
+                            cur as u32,
+                            SlotState::Free as u32,
+                            Ordering::AcqRel,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
+                    {
+                        slot.tid.store(0, Ordering::Relaxed);
+                        ARENA_POOL
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(slot);
+                        return true;
+                    }
+                }
+            }
+        }
+        false
     }
 
     /// Current state.
@@ -252,18 +294,19 @@ impl Slot {
         SlotState::from_u32(self.state.load(Ordering::Acquire))
     }
 
-    /// Arms a free slot for a thread whose stack mapping is `[lo, hi)`
-    /// (`0, 0` when unknown). Returns false if the slot was not free.
-    pub(crate) fn arm(&self, lo: usize, hi: usize) -> bool {
-        let cur = self.state();
-        if !matches!(cur, SlotState::Free | SlotState::Late) {
+    /// Binds a free slot to thread `tid`, whose stack mapping is `[lo, hi)`
+    /// (`0, 0` when unknown), and arms it. Returns false if it was not free.
+    pub(crate) fn bind(&self, tid: i32, lo: usize, hi: usize) -> bool {
+        if self.state() != SlotState::Free {
             return false;
         }
+        self.tid.store(tid, Ordering::Relaxed);
+        self.missed.store(0, Ordering::Relaxed);
         self.stack_lo.store(lo, Ordering::Relaxed);
         self.stack_hi.store(hi, Ordering::Relaxed);
         self.state
             .compare_exchange(
-                cur as u32,
+                SlotState::Free as u32,
                 SlotState::Requested as u32,
                 Ordering::Release,
                 Ordering::Relaxed,
@@ -271,41 +314,26 @@ impl Slot {
             .is_ok()
     }
 
-    /// Undoes [`Slot::arm`] after the signal could not be sent.
-    pub(crate) fn disarm(&self) {
-        let _ = self.state.compare_exchange(
-            SlotState::Requested as u32,
-            SlotState::Free as u32,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
-    }
-
-    /// Gives up on an armed slot. Returns false when the handler already
-    /// claimed it (the caller should wait for `Done`, which comes promptly).
-    pub(crate) fn abandon(&self) -> bool {
+    /// Re-arms a slot the sampler has read ([`Slot::take`]), with the
+    /// thread's stack bounds as now known. The bounds change only here and in
+    /// [`Slot::bind`], while no handler may read them.
+    pub(crate) fn rearm(&self, lo: usize, hi: usize) {
+        if self.state() != SlotState::Done {
+            return;
+        }
+        self.stack_lo.store(lo, Ordering::Relaxed);
+        self.stack_hi.store(hi, Ordering::Relaxed);
         self.state
-            .compare_exchange(
-                SlotState::Requested as u32,
-                SlotState::Abandoned as u32,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok()
+            .store(SlotState::Requested as u32, Ordering::Release);
     }
 
-    /// Frees an abandoned slot whose target thread is known to have exited:
-    /// its pending signal died with it.
-    pub(crate) fn reclaim_abandoned(&self) {
-        let _ = self.state.compare_exchange(
-            SlotState::Abandoned as u32,
-            SlotState::Free as u32,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+    /// Timer signals that found the slot full since the last call.
+    pub(crate) fn take_missed(&self) -> u32 {
+        self.missed.swap(0, Ordering::Relaxed)
     }
 
-    /// If the handler has finished, hands its output to `f` and frees the slot.
+    /// If the handler has finished, hands its output to `f`. The slot stays
+    /// full until [`Slot::rearm`].
     pub(crate) fn take<R>(&self, f: impl FnOnce(&Captured, &[u8]) -> R) -> Option<R> {
         if self.state() != SlotState::Done {
             return None;
@@ -319,9 +347,7 @@ impl Slot {
             let len = captured.stack_len.min(self.cap);
             (captured, std::slice::from_raw_parts(self.buf, len))
         };
-        let out = f(captured, stack);
-        self.state.store(SlotState::Free as u32, Ordering::Release);
-        Some(out)
+        Some(f(captured, stack))
     }
 }
 
@@ -476,6 +502,102 @@ pub(crate) fn send_sample_signal(tid: i32, slot: &Slot) -> Result<(), SendError>
     }
 }
 
+/// The kernel's `struct sigevent` (x86_64, aarch64), for `timer_create`.
+#[repr(C)]
+struct KernelSigEvent {
+    value: usize,
+    signo: i32,
+    notify: i32,
+    tid: i32,
+    _pad: [i32; 11],
+}
+
+/// A POSIX timer on one thread's CPU clock that raises the profiling signal
+/// on that thread, naming its slot, after every period of CPU time the
+/// thread consumes. Signals come from the timer interrupt on the core the
+/// thread runs on: nobody else is woken or interrupted. A pending timer
+/// signal is never queued twice (further expiries only count overruns), so a
+/// thread that does not run the handler soon accumulates nothing.
+///
+/// Deleted on drop. Timers are not inherited by a forked child.
+#[derive(Debug)]
+pub(crate) struct CpuTimer(i32);
+
+impl CpuTimer {
+    /// Creates a timer on thread `tid`'s CPU clock, disarmed. Fails with
+    /// the `errno` of `timer_create` (`EAGAIN` when the user's limit of
+    /// pending signals, `RLIMIT_SIGPENDING`, is reached; `ESRCH`/`EINVAL`
+    /// when the thread has exited).
+    pub(crate) fn create(tid: i32, slot: &Slot) -> Result<Self, i32> {
+        let sig = SIGNAL.load(Ordering::Acquire);
+        if sig == 0 {
+            return Err(libc::EINVAL);
+        }
+        let event = KernelSigEvent {
+            value: slot.index as usize,
+            signo: sig,
+            notify: SIGEV_THREAD_ID,
+            tid,
+            _pad: [0; 11],
+        };
+        // The thread's scheduler CPU clock, as in `thread_cpu_time_ns`.
+        let clock = ((!tid) << 3) | 6;
+        let mut id: i32 = -1;
+        // SAFETY: timer_create reads a 64-byte sigevent from a valid pointer
+        // (`KernelSigEvent` is exactly that) and writes the timer id to a
+        // valid i32.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_timer_create,
+                clock as libc::c_long,
+                std::ptr::from_ref(&event),
+                std::ptr::from_mut(&mut id),
+            )
+        };
+        if rc == 0 {
+            Ok(Self(id))
+        } else {
+            Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL))
+        }
+    }
+
+    /// Fires every `period` of the thread's CPU time from now on; a zero
+    /// period disarms it. Returns false if the kernel refused.
+    pub(crate) fn set(&self, period: Duration) -> bool {
+        let ts = libc::timespec {
+            tv_sec: period.as_secs() as libc::time_t,
+            tv_nsec: period.subsec_nanos() as libc::c_long,
+        };
+        let spec = libc::itimerspec {
+            it_interval: ts,
+            it_value: ts,
+        };
+        // SAFETY: timer_settime on a timer id we own, reading a valid
+        // itimerspec and writing no old value.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_timer_settime,
+                self.0 as libc::c_long,
+                0 as libc::c_long,
+                std::ptr::from_ref(&spec),
+                std::ptr::null_mut::<libc::itimerspec>(),
+            )
+        };
+        rc == 0
+    }
+}
+
+impl Drop for CpuTimer {
+    fn drop(&mut self) {
+        // SAFETY: deletes a timer id this value owns; it is not used again.
+        unsafe {
+            libc::syscall(libc::SYS_timer_delete, self.0 as libc::c_long);
+        }
+    }
+}
+
 /// The current value of the completion counter, for [`wait_completion`].
 pub(crate) fn completion_seq() -> u32 {
     COMPLETIONS.load(Ordering::Acquire)
@@ -547,21 +669,24 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
     if info.is_null() || ucontext.is_null() {
         return;
     }
-    // SAFETY: `info` is a valid siginfo for this delivery. The `_rt` union
-    // member is the one the kernel filled for SI_QUEUE, checked first.
-    let (code, pid, index) = unsafe {
+    // SAFETY: `info` is a valid siginfo for this delivery. For both codes
+    // accepted the value sits where `si_value()` reads it (the `_rt` and
+    // `_timer` members share that offset); the sender's pid is only in `_rt`.
+    let (timer, pid, index) = unsafe {
         let code = (*info).si_code;
-        if code != SI_QUEUE {
+        if code != SI_QUEUE && code != SI_TIMER {
             return;
         }
-        (
-            code,
-            (*info).si_pid(),
-            (*info).si_value().sival_ptr as usize,
-        )
+        let pid = if code == SI_QUEUE {
+            (*info).si_pid()
+        } else {
+            0
+        };
+        (code == SI_TIMER, pid, (*info).si_value().sival_ptr as usize)
     };
-    let _ = code;
-    if pid != OWN_PID.load(Ordering::Relaxed) || index >= ARENA_LEN.load(Ordering::Acquire) {
+    if (!timer && pid != OWN_PID.load(Ordering::Relaxed))
+        || index >= ARENA_LEN.load(Ordering::Acquire)
+    {
         return;
     }
     let slot_ptr = ARENA[index].load(Ordering::Acquire);
@@ -570,24 +695,25 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
     }
     // SAFETY: arena entries point at leaked, never-freed slots.
     let slot: &Slot = unsafe { &*slot_ptr };
-    match slot.state.compare_exchange(
-        SlotState::Requested as u32,
-        SlotState::Writing as u32,
-        Ordering::Acquire,
-        Ordering::Relaxed,
-    ) {
-        Ok(_) => {}
-        Err(s) if s == SlotState::Abandoned as u32 => {
-            let _ = slot.state.compare_exchange(
-                SlotState::Abandoned as u32,
-                SlotState::Late as u32,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            );
-            notify_completion();
-            return;
+    if slot.tid.load(Ordering::Relaxed) != own_tid() {
+        // A signal that outlived its slot's binding (a timer deleted, or a
+        // sampler stopped, while it was pending).
+        return;
+    }
+    if slot
+        .state
+        .compare_exchange(
+            SlotState::Requested as u32,
+            SlotState::Writing as u32,
+            Ordering::Acquire,
+            Ordering::Relaxed,
+        )
+        .is_err()
+    {
+        if timer {
+            slot.missed.fetch_add(1, Ordering::Relaxed);
         }
-        Err(_) => return,
+        return;
     }
 
     let started_ns = clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0);
@@ -630,7 +756,7 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
             timestamp_ns,
             context: thread_context(),
             stack_len,
-            flags,
+            flags: flags | if timer { FLAG_TIMER } else { 0 },
             handler_ns: clock_ns(libc::CLOCK_MONOTONIC)
                 .unwrap_or(0)
                 .saturating_sub(started_ns),
@@ -638,6 +764,22 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
     }
     slot.state.store(SlotState::Done as u32, Ordering::Release);
     notify_completion();
+}
+
+/// The calling thread's kernel id, from a thread-local cache filled on first
+/// use. Async-signal-safe: a TLS load, and a `gettid` system call once.
+#[inline(always)]
+fn own_tid() -> i32 {
+    TID.with(|t| {
+        let cached = t.load(Ordering::Relaxed);
+        if cached != 0 {
+            return cached;
+        }
+        // SAFETY: gettid has no preconditions and cannot fail.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+        t.store(tid, Ordering::Relaxed);
+        tid
+    })
 }
 
 /// Copies up to `len` bytes from `src` to `dst` and returns how many were

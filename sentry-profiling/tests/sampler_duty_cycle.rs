@@ -1,0 +1,146 @@
+//! A thread that is busy part of the time: its samples show its running code
+//! in the share of ticks it spent running, and its waiting code in the rest
+//! (wall-clock semantics), whether running threads sample themselves with
+//! CPU-time timers or the sampler thread signals them.
+//!
+//! The thread alternates 4 ms of computing in `duty_compute` with 4 ms
+//! blocked in `duty_wait`; its own CPU clock says what share it ran. That
+//! share must match the share of its samples in `duty_compute` to within
+//! 0.12, every sample must be in one of the two, and the thread must get
+//! about 101 samples per second.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+use sentry_profiling::{Sampler, SamplerConfig, Symbolizer};
+
+const NAME: &str = "duty-cycle";
+const HZ: u32 = 101;
+const RUN: Duration = Duration::from_secs(3);
+
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes to a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[inline(never)]
+fn duty_compute(for_: Duration) -> u64 {
+    let start = Instant::now();
+    let mut x = 1u64;
+    while start.elapsed() < for_ {
+        for i in 0..500u64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+    }
+    x
+}
+
+#[inline(never)]
+fn duty_wait(rx: &Receiver<()>, for_: Duration) {
+    let _ = std::hint::black_box(rx.recv_timeout(for_));
+}
+
+/// Alternates computing and waiting until `stop`; returns the share of wall
+/// time the thread spent on a CPU.
+fn duty_loop(stop: &AtomicBool) -> f64 {
+    let (_keep, rx) = channel::<()>();
+    let wall = Instant::now();
+    let cpu = thread_cpu();
+    while !stop.load(Ordering::Relaxed) {
+        std::hint::black_box(duty_compute(Duration::from_millis(4)));
+        duty_wait(&rx, Duration::from_millis(4));
+    }
+    (thread_cpu() - cpu).as_secs_f64() / wall.elapsed().as_secs_f64()
+}
+
+/// Samples the duty-cycle thread for `RUN`; returns (samples, computing,
+/// waiting, CPU share).
+fn run(config: SamplerConfig) -> (usize, usize, usize, f64, Duration) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let stop = Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name(NAME.to_owned())
+            .spawn(move || duty_loop(&stop))
+            .unwrap()
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let sampler = Sampler::start(config).expect("sampler starts");
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    while started.elapsed() < RUN {
+        std::thread::sleep(Duration::from_millis(20));
+        samples.extend(sampler.try_iter());
+    }
+    let elapsed = started.elapsed();
+    let modules = sampler.modules();
+    let stats = sampler.stop();
+    stop.store(true, Ordering::Relaxed);
+    let share = thread.join().unwrap();
+
+    let mut sym = Symbolizer::new();
+    let (mut total, mut computing, mut waiting) = (0, 0, 0);
+    for s in samples.iter().filter(|s| &**s.thread_name() == NAME) {
+        total += 1;
+        let names: Vec<String> = s
+            .frames()
+            .iter()
+            .map(|&a| {
+                sym.function(&modules, a)
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            })
+            .collect();
+        if names.iter().any(|n| n.ends_with("duty_compute")) {
+            computing += 1;
+        } else if names.iter().any(|n| n.ends_with("duty_wait")) {
+            waiting += 1;
+        }
+    }
+    eprintln!(
+        "timers={} samples={total} computing={computing} waiting={waiting} cpu_share={share:.3} \
+         stats={stats:?}",
+        config_timers(&stats)
+    );
+    (total, computing, waiting, share, elapsed)
+}
+
+fn config_timers(stats: &sentry_profiling::SamplerStats) -> bool {
+    stats.samples_timer > 0
+}
+
+fn check(config: SamplerConfig, what: &str) {
+    let (total, computing, waiting, share, elapsed) = run(config);
+    let expected = f64::from(HZ) * elapsed.as_secs_f64();
+    assert!(
+        (total as f64 - expected).abs() <= expected * 0.15,
+        "{what}: {total} samples of the thread, expected {expected:.0} ± 15%"
+    );
+    assert!(
+        (computing + waiting) * 100 >= total * 95,
+        "{what}: only {} of {total} samples are in duty_compute or duty_wait",
+        computing + waiting
+    );
+    let running = computing as f64 / (computing + waiting).max(1) as f64;
+    assert!(
+        (running - share).abs() <= 0.12,
+        "{what}: {:.3} of the samples show duty_compute, but the thread ran {share:.3} of the time",
+        running
+    );
+}
+
+#[test]
+fn samples_split_between_running_and_waiting_as_the_thread_did() {
+    check(SamplerConfig::default().frequency_hz(HZ), "CPU-time timers");
+    check(
+        SamplerConfig::default().frequency_hz(HZ).cpu_timers(false),
+        "sampler thread only",
+    );
+}
