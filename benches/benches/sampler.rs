@@ -77,12 +77,21 @@ fn main() {
         "signals",
         "timer samples"
     );
+    // `SAMPLER_BENCH_CASE=256-busy` (say) runs one case alone, for profiling.
+    let only = std::env::var("SAMPLER_BENCH_CASE").ok();
     for n in [1, 8, 64, 256] {
         for busy in [true, false] {
+            let case = format!("{n}-{}", if busy { "busy" } else { "parked" });
+            if only.as_ref().is_some_and(|o| *o != case) {
+                continue;
+            }
             let workers = Workers::start(n, 30, busy);
             std::thread::sleep(Duration::from_millis(50));
             let (s, received, elapsed) = run(SamplerConfig::default(), &workers, secs);
             let rate = s.ticks as f64 / elapsed.as_secs_f64();
+            if std::env::var_os("SAMPLER_BENCH_STATS").is_some() {
+                eprintln!("{s:?}");
+            }
             println!(
                 "{:>8} {:>7} {:>9.1} {:>16.1} {:>12.1} {:>14.2} {:>10} {:>12}",
                 n,

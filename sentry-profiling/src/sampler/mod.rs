@@ -18,10 +18,13 @@
 //!   the kernel, so the signal interrupts no running code: once it has
 //!   stayed off the CPU for a whole tick after running, or, for a thread
 //!   that never waits that long, when its scheduler state says it sleeps
-//!   (looked at every `PROBE_EVERY` ticks at most). Until that capture
+//!   (looked at every `PROBE_EVERY` periods at most). Until that capture
 //!   arrives its fills wait for it;
 //! - a thread that stays parked has its CPU clock read less and less often,
-//!   down to every `MAX_CHECK_EVERY` ticks.
+//!   down to every `MAX_CHECK_EVERY` periods;
+//! - a tick that comes late (the sampler thread was not given a core in
+//!   time) records every thread's samples for the periods it missed, so
+//!   each thread still gets one sample per period.
 //!
 //! A thread whose timer cannot be created (the user's limit of pending
 //! signals reached) is sampled the way every thread was before timers:
@@ -45,17 +48,20 @@ use crate::options::SamplerConfig;
 use crate::sys::{self, Slot};
 use crate::unwind::{ModuleSet, SharedModules, StackUnwinder};
 use stats::Counters;
-use threads::{Fill, MAX_FILLS, Requested, ThreadTable, Tracked};
+use threads::{MAX_PENDING, Pending, Requested, ThreadTable, Tracked};
 
 /// How long a signalled thread may take to run the handler before the
 /// sampler stops waiting for it (a thread that blocks the signal, or is
 /// starved of CPU).
 const ABANDON_AFTER: Duration = Duration::from_millis(500);
 
-/// Most ticks between two reads of a parked thread's CPU clock.
+/// Most sampling periods between two reads of a parked thread's CPU clock.
 const MAX_CHECK_EVERY: u64 = 16;
 
-/// Ticks between two looks at whether a thread that keeps running now and
+/// Most missed periods one tick records samples for.
+const MAX_CATCH_UP: u32 = 100;
+
+/// Sampling periods between two looks at whether a thread that keeps running now and
 /// then is waiting, to learn where it waits (about 100 ms at 101 Hz).
 const PROBE_EVERY: u64 = 10;
 
@@ -307,8 +313,13 @@ struct Worker {
     threads: ThreadTable,
     unwinder: StackUnwinder,
     frames: Vec<u64>,
-    /// Ticks run so far.
+    /// Reused to read threads' scheduler states.
+    stat_buf: Vec<u8>,
+    /// Sampling periods elapsed so far (ticks run, and ticks missed that a
+    /// later tick recorded); thread checks are scheduled in these.
     tick_no: u64,
+    /// Periods missed since the last tick, whose samples it records.
+    owed: u32,
 }
 
 /// What a harvested capture was.
@@ -332,7 +343,9 @@ impl Worker {
             threads: ThreadTable::default(),
             unwinder,
             frames: Vec::with_capacity(crate::unwind::MAX_FRAMES),
+            stat_buf: Vec::with_capacity(512),
             tick_no: 0,
+            owed: 0,
             config,
             tx,
             shared,
@@ -346,6 +359,7 @@ impl Worker {
                 // Paused: stop the timers, finish what is in flight, then
                 // sleep until resumed.
                 self.settle();
+                self.owed = 0;
                 while !self.shared.active.load(Ordering::Acquire)
                     && !self.shared.stop.load(Ordering::Acquire)
                 {
@@ -362,12 +376,14 @@ impl Worker {
             deadline += self.period;
             let now = Instant::now();
             if deadline <= now {
-                // The tick overran: skip the missed ticks instead of bursting
-                // to catch up, and count them.
+                // The tick overran, or the thread was not given a core in
+                // time: skip the missed ticks instead of bursting to catch
+                // up, count them, and let the next tick record their samples.
                 let behind = now.duration_since(deadline);
                 let missed = (behind.as_nanos() / self.period.as_nanos().max(1)) as u64 + 1;
                 self.shared.counters.ticks_skipped.add(missed);
                 deadline += self.period * missed as u32;
+                self.owed = (self.owed + missed as u32).min(MAX_CATCH_UP);
             }
             while !self.shared.stop.load(Ordering::Acquire) {
                 let now = Instant::now();
@@ -385,12 +401,13 @@ impl Worker {
         let shared = Arc::clone(&self.shared);
         let c = &shared.counters;
         c.ticks.add(1);
-        self.tick_no += 1;
+        let periods = 1 + std::mem::take(&mut self.owed);
+        self.tick_no += u64::from(periods);
         let tick_ts = sys::realtime_ns();
         let now = Instant::now();
         self.unwinder.refresh_modules();
         for idx in 0..self.threads.len() {
-            self.tick_thread(idx, tick_ts, now, c);
+            self.tick_thread(idx, periods, tick_ts, now, c);
         }
         // After the captures: those were taken by the threads the table
         // still names, even if the listing now finds an id reused since.
@@ -400,61 +417,96 @@ impl Worker {
         self.threads.remove_gone();
     }
 
-    /// One thread's part of a tick.
-    fn tick_thread(&mut self, idx: usize, tick_ts: u64, now: Instant, c: &Counters) {
+    /// One thread's part of a tick that stands for `periods` sampling
+    /// periods (more than one when the sampler thread could not run on
+    /// time).
+    fn tick_thread(&mut self, idx: usize, periods: u32, tick_ts: u64, now: Instant, c: &Counters) {
         if self.threads.get_mut(idx).gone || !self.bind(idx, c) {
             return;
         }
         let harvested = self.harvest(idx, c);
         let tick_no = self.tick_no;
+        let period_ns = self.period.as_nanos() as u64;
         let t = self.threads.get_mut(idx);
         if t.timer.is_none() {
             if let Harvested::Running(sample) = harvested {
-                emit(&self.tx, c, sample);
+                t.pending.push_back(Pending::Sample(sample));
             }
+            // Whatever was held when the thread lost its timer goes first.
+            t.alive_ns = u64::MAX;
+            flush(&self.tx, c, t);
             self.untimed(idx, tick_ts, now, c);
             return;
         }
         let missed = t.slot.map_or(0, |s| s.take_missed());
-        let running = match harvested {
-            Harvested::Running(sample) => Some(sample),
-            _ => None,
-        };
+        let mut last_ts = 0;
+        let mut running = 0;
+        if let Harvested::Running(sample) = harvested {
+            last_ts = sample.timestamp_ns();
+            t.alive_ns = t.alive_ns.max(last_ts);
+            insert(t, Pending::Sample(sample));
+            running = 1;
+        }
         // The timer fired again before the slot was read: the thread ran
-        // through, and its latest stack stands in for that period.
-        let stand_in = t.last_stack.clone().filter(|_| missed > 0);
-        let covered = usize::from(running.is_some()) + usize::from(stand_in.is_some());
-        if covered > 0 {
-            // Alive and running: a capture beyond this tick's cancels the
-            // newest fill (or is owed to a later tick), the rest are
-            // confirmed and leave first, keeping the thread's samples in
-            // time order.
-            for _ in 1..covered {
-                if t.fills.pop().is_none() {
-                    t.surplus = (t.surplus + 1).min(2);
+        // through, and its latest stack stands in for those periods.
+        let stand_ins = match &t.last_stack {
+            Some(_) if missed > 0 => missed.min(periods.saturating_sub(running).max(1)),
+            _ => 0,
+        };
+        if stand_ins > 0 {
+            let stack = t.last_stack.clone().unwrap_or_else(|| Arc::from(&[][..]));
+            let context = t.context_slot.map_or(0, crate::context::read);
+            for i in 0..stand_ins {
+                let grid = tick_ts.saturating_sub(u64::from(stand_ins - 1 - i) * period_ns);
+                last_ts = grid.max(last_ts + 1);
+                insert(
+                    t,
+                    Pending::Sample(sample_of(t, last_ts, stack.clone(), context, true)),
+                );
+            }
+            c.samples_timer_missed.add(u64::from(stand_ins));
+        }
+        let covered = running + stand_ins;
+        if covered > periods {
+            // Captures beyond this tick's periods cancel the newest fills
+            // (or are owed to later ticks).
+            for _ in periods..covered {
+                let newest_fill = t
+                    .pending
+                    .iter()
+                    .rposition(|p| matches!(p, Pending::Fill { .. }));
+                match newest_fill {
+                    Some(i) => {
+                        t.pending.remove(i);
+                    }
+                    None => t.surplus = (t.surplus + 1).min(2),
                 }
             }
-            flush_fills(&self.tx, c, t, t.fills.len());
-            let mut after = 0;
-            if let Some(sample) = running {
-                after = sample.timestamp_ns();
-                emit(&self.tx, c, sample);
+        } else {
+            let uncovered = periods - covered;
+            let context = t.context_slot.map_or(0, crate::context::read);
+            for i in 0..uncovered {
+                if t.surplus > 0 {
+                    t.surplus -= 1;
+                    continue;
+                }
+                let timestamp_ns = tick_ts.saturating_sub(u64::from(uncovered - 1 - i) * period_ns);
+                insert(
+                    t,
+                    Pending::Fill {
+                        timestamp_ns,
+                        context,
+                    },
+                );
             }
-            if let Some(stack) = stand_in {
-                let context = t.context_slot.map_or(0, crate::context::read);
-                let ts = tick_ts.max(after + 1);
-                emit_for(&self.tx, c, t, ts, stack, context, true);
-                c.samples_timer_missed.add(1);
-            }
+        }
+        if covered > 0 {
+            // Alive and running.
             t.parked_fresh = false;
             t.check_every = 1;
             t.next_check = tick_no + 1;
+            flush(&self.tx, c, t);
             return;
-        }
-        if t.surplus > 0 {
-            t.surplus -= 1;
-        } else {
-            push_fill(&self.tx, c, t, tick_ts);
         }
         if let Some(r) = t.requested {
             if now.duration_since(r.since) < ABANDON_AFTER {
@@ -466,17 +518,19 @@ impl Worker {
             t.requested = None;
             t.unresponsive = true;
             c.signals_abandoned.add(1);
-            flush_fills(&self.tx, c, t, t.fills.len());
+            flush(&self.tx, c, t);
         }
         if tick_no < t.next_check {
             return;
         }
         let Some(cpu) = sys::thread_cpu_time_ns(t.info.tid) else {
             t.gone = true;
+            flush(&self.tx, c, t);
             return;
         };
         if cpu < t.cpu_seen_ns {
             // A CPU clock never goes back: the id now names another thread.
+            flush(&self.tx, c, t);
             t.reset_identity();
             c.threads_recycled.add(1);
             return;
@@ -488,20 +542,27 @@ impl Worker {
             // one tick: the thread may be parking somewhere new.
             t.parked_fresh = false;
             t.check_every = 1;
-            let older = t.fills.len().saturating_sub(1);
-            flush_fills(&self.tx, c, t, older);
-            probe(t, tick_no, now, c);
-        } else if !t.parked_fresh && !t.unresponsive {
-            // Off the CPU for a whole tick since it last ran: ask where it
-            // waits. Its fills wait for the answer.
-            request(t, false, now, c);
-            if t.requested.is_none() {
-                flush_fills(&self.tx, c, t, t.fills.len());
-            }
+            t.alive_ns = t.alive_ns.max(tick_ts.saturating_sub(1));
+            probe(t, tick_no, now, &mut self.stat_buf, c);
         } else {
-            t.check_every = (t.check_every * 2).min(MAX_CHECK_EVERY);
-            flush_fills(&self.tx, c, t, t.fills.len());
+            t.alive_ns = t.alive_ns.max(tick_ts);
+            if !t.parked_fresh && !t.unresponsive {
+                // Off the CPU for a whole tick since it last ran: waiting
+                // in the kernel, or runnable but not given a core (more
+                // runnable threads than cores).
+                if sys::thread_waiting(t.info.tid, &mut self.stat_buf) == Some(true) {
+                    // Ask where it waits; its fills wait for the answer.
+                    request(t, false, now, c);
+                } else {
+                    // Preempted: it stands where it last ran, as far as known.
+                    t.parked = t.last_stack.clone();
+                    t.parked_fresh = true;
+                }
+            } else {
+                t.check_every = (t.check_every * 2).min(MAX_CHECK_EVERY);
+            }
         }
+        flush(&self.tx, c, t);
         t.next_check = tick_no + t.check_every;
     }
 
@@ -673,14 +734,16 @@ impl Worker {
             let harvested = self.harvest(idx, c);
             let t = self.threads.get_mut(idx);
             t.requested = None;
-            if sys::thread_cpu_time_ns(t.info.tid).is_some() {
-                flush_fills(&self.tx, c, t, t.fills.len());
-            } else {
-                t.fills.clear();
-            }
             if let Harvested::Running(sample) = harvested {
-                emit(&self.tx, c, sample);
+                t.alive_ns = t.alive_ns.max(sample.timestamp_ns());
+                insert(t, Pending::Sample(sample));
             }
+            if sys::thread_cpu_time_ns(t.info.tid).is_some() {
+                t.alive_ns = u64::MAX;
+            }
+            flush(&self.tx, c, t);
+            // Fills after the thread was last seen alive are dropped.
+            t.pending.clear();
             t.surplus = 0;
             t.check_every = 1;
             t.next_check = 0;
@@ -690,15 +753,12 @@ impl Worker {
 
 /// Asks a thread that keeps running now and then where it waits, if it is
 /// waiting in the kernel right now (at most every `PROBE_EVERY` ticks).
-fn probe(t: &mut Tracked, tick_no: u64, now: Instant, c: &Counters) {
+fn probe(t: &mut Tracked, tick_no: u64, now: Instant, buf: &mut Vec<u8>, c: &Counters) {
     if t.unresponsive || t.requested.is_some() || tick_no < t.next_probe {
         return;
     }
     t.next_probe = tick_no + PROBE_EVERY;
-    if t.state.is_none() {
-        t.state = sys::ThreadState::open(t.info.tid);
-    }
-    if t.state.as_mut().and_then(sys::ThreadState::waiting) == Some(true) {
+    if sys::thread_waiting(t.info.tid, buf) == Some(true) {
         request(t, false, now, c);
     }
 }
@@ -720,35 +780,47 @@ fn request(t: &mut Tracked, as_sample: bool, now: Instant, c: &Counters) {
     }
 }
 
-/// Holds a fill for this tick, writing out the oldest if too many are held.
-fn push_fill(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, tick_ts: u64) {
-    if t.fills.len() >= MAX_FILLS {
-        flush_fills(tx, c, t, 1);
-    }
-    let context = t.context_slot.map_or(0, crate::context::read);
-    t.fills.push(Fill {
-        timestamp_ns: tick_ts,
-        context,
-    });
+/// Queues a sample of `t` in time order, writing out the oldest if too many
+/// are held.
+fn insert(t: &mut Tracked, item: Pending) {
+    let ts = item.timestamp_ns();
+    let at = t
+        .pending
+        .iter()
+        .rposition(|p| p.timestamp_ns() <= ts)
+        .map_or(0, |i| i + 1);
+    t.pending.insert(at, item);
 }
 
-/// Writes out the `n` oldest fills of `t` with the stack it waits in (or,
-/// not known yet, its latest stack); without any stack they are dropped.
-fn flush_fills(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, n: usize) {
-    let n = n.min(t.fills.len());
-    if n == 0 {
-        return;
+/// Emits `t`'s queued samples from the oldest while they may leave: a
+/// sample of running code always, a fill once the thread is known alive at
+/// its time and is not being asked where it waits. Fills get the stack the
+/// thread waits in (or, not known yet, its latest stack); without any stack
+/// they are dropped.
+fn flush(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked) {
+    let asking = t.requested.is_some_and(|r| !r.as_sample);
+    let stack = t.parked.clone().or_else(|| t.last_stack.clone());
+    while let Some(front) = t.pending.front() {
+        let overfull = t.pending.len() > MAX_PENDING;
+        if let Pending::Fill { timestamp_ns, .. } = front {
+            if !overfull && (*timestamp_ns > t.alive_ns || asking) {
+                break;
+            }
+        }
+        match t.pending.pop_front() {
+            Some(Pending::Sample(sample)) => emit(tx, c, sample),
+            Some(Pending::Fill {
+                timestamp_ns,
+                context,
+            }) => {
+                if let Some(stack) = &stack {
+                    c.samples_idle.add(1);
+                    emit_for(tx, c, t, timestamp_ns, stack.clone(), context, true);
+                }
+            }
+            None => break,
+        }
     }
-    let Some(stack) = t.parked.clone().or_else(|| t.last_stack.clone()) else {
-        t.fills.drain(..n);
-        return;
-    };
-    for i in 0..n {
-        let f = t.fills[i];
-        c.samples_idle.add(1);
-        emit_for(tx, c, t, f.timestamp_ns, stack.clone(), f.context, true);
-    }
-    t.fills.drain(..n);
 }
 
 /// Emits one sample of thread `t`.

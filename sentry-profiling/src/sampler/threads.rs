@@ -28,16 +28,28 @@ pub(super) struct Requested {
     pub(super) as_sample: bool,
 }
 
-/// A tick at which a thread was not captured, waiting for the stack it is
-/// recorded with (see the sampler's module docs).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Fill {
-    pub(super) timestamp_ns: u64,
-    pub(super) context: u64,
+/// A thread's sample waiting to be emitted; a thread's samples leave in
+/// time order (see the sampler's module docs).
+#[derive(Debug)]
+pub(super) enum Pending {
+    /// A tick at which the thread was not captured, to be recorded with the
+    /// stack it waits in once the thread is known alive at or after it.
+    Fill { timestamp_ns: u64, context: u64 },
+    /// A sample of running code.
+    Sample(super::Sample),
 }
 
-/// Most fills a thread may hold; more means the oldest is written out.
-pub(super) const MAX_FILLS: usize = 64;
+impl Pending {
+    pub(super) fn timestamp_ns(&self) -> u64 {
+        match self {
+            Self::Fill { timestamp_ns, .. } => *timestamp_ns,
+            Self::Sample(s) => s.timestamp_ns(),
+        }
+    }
+}
+
+/// Most samples a thread may hold; more means the oldest is written out.
+pub(super) const MAX_PENDING: usize = 256;
 
 /// One thread being sampled.
 #[derive(Debug)]
@@ -67,11 +79,12 @@ pub(super) struct Tracked {
     pub(super) unresponsive: bool,
     /// Captures beyond one per tick, owed to later ticks.
     pub(super) surplus: u32,
-    /// Ticks waiting for their stack.
-    pub(super) fills: Vec<Fill>,
-    /// The thread's scheduler state, opened when first needed, and the tick
-    /// before which it is not looked at again.
-    pub(super) state: Option<sys::ThreadState>,
+    /// Samples waiting to be emitted, in time order, and the time up to
+    /// which the thread is known to have been alive.
+    pub(super) pending: std::collections::VecDeque<Pending>,
+    pub(super) alive_ns: u64,
+    /// The tick before which the thread's scheduler state is not looked at
+    /// again.
     pub(super) next_probe: u64,
     /// Ticks between CPU clock reads while the thread stays parked, and the
     /// tick of the next read.
@@ -99,8 +112,8 @@ impl Tracked {
             requested: None,
             unresponsive: false,
             surplus: 0,
-            fills: Vec::with_capacity(MAX_FILLS),
-            state: None,
+            pending: std::collections::VecDeque::with_capacity(8),
+            alive_ns: 0,
             next_probe: 0,
             check_every: 1,
             next_check: 0,

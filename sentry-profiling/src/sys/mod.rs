@@ -30,8 +30,8 @@ pub(crate) use signal::{
 };
 #[cfg(profiling_supported)]
 pub(crate) use thread::{
-    ThreadInfo, ThreadState, current_tid, kernel_release, list_threads, own_cpu_time_ns,
-    read_thread_identity, realtime_ns, thread_cpu_time_ns,
+    ThreadInfo, current_tid, kernel_release, list_threads, own_cpu_time_ns, read_thread_identity,
+    realtime_ns, thread_cpu_time_ns, thread_waiting,
 };
 
 /// Without a sampler there is nothing a forked child could wait for.

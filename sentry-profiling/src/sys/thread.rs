@@ -38,34 +38,17 @@ pub(crate) fn read_thread_identity(tid: i32) -> Option<ThreadInfo> {
     parse_stat(tid, &stat)
 }
 
-/// A thread's scheduler state, read from an open `/proc/self/task/<tid>/stat`
-/// (one `pread` per look).
-#[derive(Debug)]
-pub(crate) struct ThreadState {
-    file: std::fs::File,
-    buf: Vec<u8>,
-}
-
-impl ThreadState {
-    /// Opens thread `tid`'s stat file; `None` if it has exited.
-    pub(crate) fn open(tid: i32) -> Option<Self> {
-        let file = std::fs::File::open(format!("/proc/self/task/{tid}/stat")).ok()?;
-        Some(Self {
-            file,
-            buf: vec![0; 512],
-        })
-    }
-
-    /// Whether the thread is waiting in the kernel (`S` or `D`) rather than
-    /// running or runnable; `None` if it has exited or cannot be read.
-    pub(crate) fn waiting(&mut self) -> Option<bool> {
-        use std::os::unix::fs::FileExt;
-        let n = self.file.read_at(&mut self.buf, 0).ok()?;
-        let stat = self.buf.get(..n)?;
-        let close = stat.iter().rposition(|&b| b == b')')?;
-        let state = *stat.get(close + 2)?;
-        Some(matches!(state, b'S' | b'D'))
-    }
+/// Whether thread `tid` is waiting in the kernel (state `S` or `D` in
+/// `/proc/self/task/<tid>/stat`) rather than running or runnable; `None` if
+/// it has exited or cannot be read. `buf` is reused between calls.
+pub(crate) fn thread_waiting(tid: i32, buf: &mut Vec<u8>) -> Option<bool> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(format!("/proc/self/task/{tid}/stat")).ok()?;
+    buf.clear();
+    file.read_to_end(buf).ok()?;
+    let close = buf.iter().rposition(|&b| b == b')')?;
+    let state = *buf.get(close + 2)?;
+    Some(matches!(state, b'S' | b'D'))
 }
 
 fn parse_stat(tid: i32, stat: &str) -> Option<ThreadInfo> {
