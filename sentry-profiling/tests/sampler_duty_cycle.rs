@@ -3,11 +3,13 @@
 //! (wall-clock semantics), whether running threads sample themselves with
 //! CPU-time timers or the sampler thread signals them.
 //!
-//! The thread alternates 4 ms of computing in `duty_compute` with 4 ms
-//! blocked in `duty_wait`; its own CPU clock says what share it ran. That
-//! share must match the share of its samples in `duty_compute` to within
-//! 0.12, every sample must be in one of the two, and the thread must get
-//! about 101 samples per second.
+//! The thread alternates computing in `duty_compute` with waiting blocked in
+//! `duty_wait` (4 ms each; then 1 ms computing and 3 ms waiting, bursts
+//! shorter than the kernel's 4 ms scheduler tick, at which CPU timers are
+//! checked); its own CPU clock says what share it ran. That share must
+//! match the share of its samples in `duty_compute` to within 0.12, every
+//! sample must be in one of the two, and the thread must get about 101
+//! samples per second.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,26 +51,26 @@ fn duty_wait(rx: &Receiver<()>, for_: Duration) {
 
 /// Alternates computing and waiting until `stop`; returns the share of wall
 /// time the thread spent on a CPU.
-fn duty_loop(stop: &AtomicBool) -> f64 {
+fn duty_loop(stop: &AtomicBool, on: Duration, off: Duration) -> f64 {
     let (_keep, rx) = channel::<()>();
     let wall = Instant::now();
     let cpu = thread_cpu();
     while !stop.load(Ordering::Relaxed) {
-        std::hint::black_box(duty_compute(Duration::from_millis(4)));
-        duty_wait(&rx, Duration::from_millis(4));
+        std::hint::black_box(duty_compute(on));
+        duty_wait(&rx, off);
     }
     (thread_cpu() - cpu).as_secs_f64() / wall.elapsed().as_secs_f64()
 }
 
 /// Samples the duty-cycle thread for `RUN`; returns (samples, computing,
 /// waiting, CPU share).
-fn run(config: SamplerConfig) -> (usize, usize, usize, f64, Duration) {
+fn run(config: SamplerConfig, on: Duration, off: Duration) -> (usize, usize, usize, f64, Duration) {
     let stop = Arc::new(AtomicBool::new(false));
     let thread = {
         let stop = Arc::clone(&stop);
         std::thread::Builder::new()
             .name(NAME.to_owned())
-            .spawn(move || duty_loop(&stop))
+            .spawn(move || duty_loop(&stop, on, off))
             .unwrap()
     };
     std::thread::sleep(Duration::from_millis(50));
@@ -116,8 +118,12 @@ fn config_timers(stats: &sentry_profiling::SamplerStats) -> bool {
     stats.samples_timer > 0
 }
 
-fn check(config: SamplerConfig, what: &str) {
-    let (total, computing, waiting, share, elapsed) = run(config);
+fn check(config: SamplerConfig, on_ms: u64, off_ms: u64, what: &str) {
+    let (total, computing, waiting, share, elapsed) = run(
+        config,
+        Duration::from_millis(on_ms),
+        Duration::from_millis(off_ms),
+    );
     let expected = f64::from(HZ) * elapsed.as_secs_f64();
     assert!(
         (total as f64 - expected).abs() <= expected * 0.15,
@@ -138,9 +144,13 @@ fn check(config: SamplerConfig, what: &str) {
 
 #[test]
 fn samples_split_between_running_and_waiting_as_the_thread_did() {
-    check(SamplerConfig::default().frequency_hz(HZ), "CPU-time timers");
+    let timers = || SamplerConfig::default().frequency_hz(HZ);
+    check(timers(), 4, 4, "CPU-time timers, 4 ms on, 4 ms off");
+    check(timers(), 1, 3, "CPU-time timers, 1 ms on, 3 ms off");
     check(
-        SamplerConfig::default().frequency_hz(HZ).cpu_timers(false),
-        "sampler thread only",
+        timers().cpu_timers(false),
+        4,
+        4,
+        "sampler thread only, 4 ms on, 4 ms off",
     );
 }

@@ -447,11 +447,14 @@ impl Worker {
             insert(t, Pending::Sample(sample));
             running = 1;
         }
-        // The timer fired again before the slot was read: the thread ran
+        // The timer fired again before the slot was read, or more periods
+        // passed than the kernel signalled (overruns): the thread ran
         // through, and its latest stack stands in for those periods.
+        // Beyond this tick's periods they cancel fills held from earlier
+        // ticks, or are owed to later ones (at most 2).
         let stand_ins = match &t.last_stack {
-            Some(_) if missed > 0 => missed.min(periods.saturating_sub(running).max(1)),
-            _ => 0,
+            Some(_) => missed.min(periods + 2),
+            None => 0,
         };
         if stand_ins > 0 {
             let stack = t.last_stack.clone().unwrap_or_else(|| Arc::from(&[][..]));

@@ -52,8 +52,9 @@ counters! {
     samples_captured,
     /// Of those, captures raised by the thread's own CPU-time timer.
     samples_timer,
-    /// Timer expiries that found the thread's previous capture not yet
-    /// read; its latest stack was recorded for them.
+    /// Timer periods without a capture of their own (the thread's previous
+    /// capture was not read yet, or the kernel counted them as overruns);
+    /// the thread's latest stack was recorded for them.
     samples_timer_missed,
     /// Threads for which no CPU-time timer could be created; they are
     /// signalled from the sampler thread instead.

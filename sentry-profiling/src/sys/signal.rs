@@ -451,6 +451,18 @@ fn handler_is_ours(sig: i32) -> bool {
     current_action(sig).is_some_and(|a| a.sa_sigaction == handler as *const () as usize)
 }
 
+/// The start of the kernel's `siginfo_t` for a POSIX timer's signal
+/// (x86_64, aarch64), as far as the handler reads it.
+#[repr(C)]
+struct TimerSigInfo {
+    signo: i32,
+    errno: i32,
+    code: i32,
+    _pad0: i32,
+    timer_id: i32,
+    overrun: i32,
+}
+
 /// The kernel's `siginfo_t` layout for a queued signal (x86_64, aarch64).
 #[repr(C)]
 struct QueuedSigInfo {
@@ -671,18 +683,25 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
     }
     // SAFETY: `info` is a valid siginfo for this delivery. For both codes
     // accepted the value sits where `si_value()` reads it (the `_rt` and
-    // `_timer` members share that offset); the sender's pid is only in `_rt`.
-    let (timer, pid, index) = unsafe {
+    // `_timer` members share that offset); the sender's pid is only in `_rt`,
+    // the overrun count only in `_timer`, read through `TimerSigInfo`, a
+    // prefix of the kernel's 128-byte siginfo.
+    let (timer, pid, overrun, index) = unsafe {
         let code = (*info).si_code;
         if code != SI_QUEUE && code != SI_TIMER {
             return;
         }
-        let pid = if code == SI_QUEUE {
-            (*info).si_pid()
+        let (pid, overrun) = if code == SI_QUEUE {
+            ((*info).si_pid(), 0)
         } else {
-            0
+            (0, (*info.cast::<TimerSigInfo>()).overrun)
         };
-        (code == SI_TIMER, pid, (*info).si_value().sival_ptr as usize)
+        (
+            code == SI_TIMER,
+            pid,
+            overrun,
+            (*info).si_value().sival_ptr as usize,
+        )
     };
     if (!timer && pid != OWN_PID.load(Ordering::Relaxed))
         || index >= ARENA_LEN.load(Ordering::Acquire)
@@ -699,6 +718,13 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
         // A signal that outlived its slot's binding (a timer deleted, or a
         // sampler stopped, while it was pending).
         return;
+    }
+    // Periods of CPU time that passed between two of the kernel's checks
+    // (made at its scheduler tick, while the thread runs) come as one signal
+    // with the others counted as overruns: each is a sample owed.
+    if overrun > 0 {
+        slot.missed
+            .fetch_add(overrun.unsigned_abs(), Ordering::Relaxed);
     }
     if slot
         .state
