@@ -19,7 +19,9 @@
 //!   stayed off the CPU for a whole tick after running, or, for a thread
 //!   that never waits that long, when its scheduler state says it sleeps
 //!   (looked at every `PROBE_EVERY` periods at most). Until that capture
-//!   arrives its fills wait for it;
+//!   arrives its fills wait for it. While the answers stay the same, the
+//!   thread is asked less and less often (down to every `MAX_ASK_EVERY`
+//!   periods) and taken to wait where it did;
 //! - a thread that stays parked has its CPU clock read less and less often,
 //!   down to every `MAX_CHECK_EVERY` periods;
 //! - a tick that comes late (the sampler thread was not given a core in
@@ -57,6 +59,10 @@ const ABANDON_AFTER: Duration = Duration::from_millis(500);
 
 /// Most sampling periods between two reads of a parked thread's CPU clock.
 const MAX_CHECK_EVERY: u64 = 16;
+
+/// Most periods between two questions to a thread about where it waits,
+/// while its answers stay the same.
+const MAX_ASK_EVERY: u64 = 128;
 
 /// Most missed periods one tick records samples for.
 const MAX_CATCH_UP: u32 = 100;
@@ -549,6 +555,11 @@ impl Worker {
             probe(t, tick_no, now, &mut self.stat_buf, c);
         } else {
             t.alive_ns = t.alive_ns.max(tick_ts);
+            if !t.parked_fresh && !t.unresponsive && tick_no < t.next_ask {
+                // It waited in the same place the last times it was asked:
+                // take it to be there again.
+                t.parked_fresh = t.parked.is_some();
+            }
             if !t.parked_fresh && !t.unresponsive {
                 // Off the CPU for a whole tick since it last ran: waiting
                 // in the kernel, or runnable but not given a core (more
@@ -698,6 +709,14 @@ impl Worker {
         if timer || t.timer.is_none() || request.is_some_and(|r| r.as_sample) {
             return Harvested::Running(sample_of(t, cap.timestamp_ns, stack, cap.context, false));
         }
+        // The same answer as last time: ask less often (up to once a
+        // second at 101 Hz); another one: ask at every chance again.
+        t.ask_every = if t.parked.as_ref() == Some(&stack) {
+            (t.ask_every * 2).min(MAX_ASK_EVERY)
+        } else {
+            1
+        };
+        t.next_ask = self.tick_no + t.ask_every;
         t.parked = Some(stack);
         t.parked_fresh = true;
         Harvested::Parked
@@ -757,7 +776,7 @@ impl Worker {
 /// Asks a thread that keeps running now and then where it waits, if it is
 /// waiting in the kernel right now (at most every `PROBE_EVERY` ticks).
 fn probe(t: &mut Tracked, tick_no: u64, now: Instant, buf: &mut Vec<u8>, c: &Counters) {
-    if t.unresponsive || t.requested.is_some() || tick_no < t.next_probe {
+    if t.unresponsive || t.requested.is_some() || tick_no < t.next_probe.max(t.next_ask) {
         return;
     }
     t.next_probe = tick_no + PROBE_EVERY;

@@ -83,9 +83,14 @@ pub(super) struct Tracked {
     /// which the thread is known to have been alive.
     pub(super) pending: std::collections::VecDeque<Pending>,
     pub(super) alive_ns: u64,
-    /// The tick before which the thread's scheduler state is not looked at
-    /// again.
+    /// The period before which the thread's scheduler state is not looked
+    /// at again.
     pub(super) next_probe: u64,
+    /// Periods between two questions about where the thread waits (longer
+    /// while the answers stay the same), and the period before which it is
+    /// not asked again.
+    pub(super) ask_every: u64,
+    pub(super) next_ask: u64,
     /// Ticks between CPU clock reads while the thread stays parked, and the
     /// tick of the next read.
     pub(super) check_every: u64,
@@ -115,6 +120,8 @@ impl Tracked {
             pending: std::collections::VecDeque::with_capacity(8),
             alive_ns: 0,
             next_probe: 0,
+            ask_every: 1,
+            next_ask: 0,
             check_every: 1,
             next_check: 0,
             gone: false,
