@@ -5,7 +5,9 @@
 //! The truth comes from instrumentation outside the profiler: a tower layer
 //! placed outside everything else records, for every poll of every request's
 //! future, the OS thread and the wall-clock interval. A sample taken on
-//! thread T at time t belongs to the request being polled on T at t.
+//! thread T at time t belongs to the request being polled on T at t, if its
+//! stack shows request code (a sample that stands for time a thread spent
+//! waiting shows where it waits, and belongs to no request).
 //!
 //! What Sentry shows for a transaction is what its UI selects: the chunk
 //! samples whose `thread_id` equals the transaction's `thread.id` and whose
@@ -205,7 +207,20 @@ pub fn measure(mode: ThreadAttribution, rounds: usize) -> Accuracy {
 struct Shown {
     thread: String,
     ts: f64,
+    /// Whether its stack is in request-handling code (see [`REQUEST_CODE`]).
+    work: bool,
 }
+
+/// Function-name fragments of the code a request's future runs when polled:
+/// a sample taken while a request was polled shows one of them, a sample of
+/// a thread waiting (a worker parked in the runtime) shows none.
+const REQUEST_CODE: [&str; 5] = [
+    "sentry_profiling_examples::",
+    "sentry_profiling_tests::attribution",
+    "axum::",
+    "hyper::",
+    "tower",
+];
 
 fn score(
     mode: ThreadAttribution,
@@ -227,9 +242,18 @@ fn score(
                         .is_none()
             });
             if !fill_in {
+                let work = stack.as_array().is_some_and(|f| {
+                    f.iter().any(|i| {
+                        frames[i.as_u64().unwrap_or(0) as usize]
+                            .get("function")
+                            .and_then(Value::as_str)
+                            .is_some_and(|name| REQUEST_CODE.iter().any(|m| name.contains(m)))
+                    })
+                });
                 samples.push(Shown {
                     thread: s["thread_id"].as_str().unwrap_or_default().to_owned(),
                     ts: s["timestamp"].as_f64().unwrap_or(0.0),
+                    work,
                 });
             }
         }
@@ -266,10 +290,16 @@ fn score(
                 .any(|p| p.start <= ts && ts <= p.end && tid.is_none_or(|t| t == p.tid))
         })
     };
-    // The true owner of each sample.
+    // The true owner of each sample: the request polled where and when it
+    // was taken, if it shows that request's code running. A sample that
+    // stands for time its thread spent waiting (recorded with the stack it
+    // waits in) belongs to no request.
     let owner: Vec<Option<u64>> = samples
         .iter()
         .map(|s| {
+            if !s.work {
+                return None;
+            }
             let n: u64 = s.thread.parse().unwrap_or(0);
             if sentry_profiling::attribution::is_lane(n) {
                 let id = *lane_owner.get(s.thread.as_str())?;

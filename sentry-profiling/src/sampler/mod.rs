@@ -335,10 +335,24 @@ enum Harvested {
     /// A sample of running code (a timer capture, or a capture of a thread
     /// without a timer), not emitted yet: the thread's held fills go first.
     Running(Sample),
+    /// Two of them (both slots were full), the older first.
+    Running2(Sample, Sample),
     /// The answer to a request for the thread's parked stack.
     Parked,
     /// A capture spent learning the thread's stack bounds.
     Discarded,
+}
+
+impl Harvested {
+    /// The samples of running code it holds, oldest first.
+    fn running(self) -> impl Iterator<Item = Sample> {
+        let (a, b) = match self {
+            Self::Running(a) => (Some(a), None),
+            Self::Running2(a, b) => (Some(a), Some(b)),
+            _ => (None, None),
+        };
+        a.into_iter().chain(b)
+    }
 }
 
 impl Worker {
@@ -435,7 +449,7 @@ impl Worker {
         let period_ns = self.period.as_nanos() as u64;
         let t = self.threads.get_mut(idx);
         if t.timer.is_none() {
-            if let Harvested::Running(sample) = harvested {
+            for sample in harvested.running() {
                 t.pending.push_back(Pending::Sample(sample));
             }
             // Whatever was held when the thread lost its timer goes first.
@@ -447,11 +461,11 @@ impl Worker {
         let missed = t.slot.map_or(0, |s| s.take_missed());
         let mut last_ts = 0;
         let mut running = 0;
-        if let Harvested::Running(sample) = harvested {
+        for sample in harvested.running() {
             last_ts = sample.timestamp_ns();
             t.alive_ns = t.alive_ns.max(last_ts);
             insert(t, Pending::Sample(sample));
-            running = 1;
+            running += 1;
         }
         // The timer fired again before the slot was read, or more periods
         // passed than the kernel signalled (overruns): the thread ran
@@ -459,15 +473,19 @@ impl Worker {
         // Beyond this tick's periods they cancel fills held from earlier
         // ticks, or are owed to later ones (at most 2).
         let stand_ins = match &t.last_stack {
-            Some(_) => missed.min(periods + 2),
-            None => 0,
+            Some(_) if running > 0 => missed.min(periods + 2),
+            _ => 0,
         };
         if stand_ins > 0 {
             let stack = t.last_stack.clone().unwrap_or_else(|| Arc::from(&[][..]));
-            let context = t.context_slot.map_or(0, crate::context::read);
-            for i in 0..stand_ins {
-                let grid = tick_ts.saturating_sub(u64::from(stand_ins - 1 - i) * period_ns);
-                last_ts = grid.max(last_ts + 1);
+            let context = t.last_context;
+            // Right after the capture they repeat, a microsecond apart: its
+            // periods were used up around it, running what it shows, and no
+            // request may get a moment it was not running. (Without a
+            // capture of its own this tick, what the thread ran is not known
+            // well enough.)
+            for _ in 0..stand_ins {
+                last_ts += 1_000;
                 insert(
                     t,
                     Pending::Sample(sample_of(t, last_ts, stack.clone(), context, true)),
@@ -493,25 +511,19 @@ impl Worker {
             }
         } else {
             let uncovered = periods - covered;
-            let context = t.context_slot.map_or(0, crate::context::read);
             for i in 0..uncovered {
                 if t.surplus > 0 {
                     t.surplus -= 1;
                     continue;
                 }
                 let timestamp_ns = tick_ts.saturating_sub(u64::from(uncovered - 1 - i) * period_ns);
-                insert(
-                    t,
-                    Pending::Fill {
-                        timestamp_ns,
-                        context,
-                    },
-                );
+                insert(t, Pending::Fill { timestamp_ns });
             }
         }
         if covered > 0 {
             // Alive and running.
             t.parked_fresh = false;
+            t.preempted = false;
             t.check_every = 1;
             t.next_check = tick_no + 1;
             flush(&self.tx, c, t);
@@ -550,6 +562,7 @@ impl Worker {
             // It ran without filling a timer period. This tick's fill waits
             // one tick: the thread may be parking somewhere new.
             t.parked_fresh = false;
+            t.preempted = false;
             t.check_every = 1;
             t.alive_ns = t.alive_ns.max(tick_ts.saturating_sub(1));
             probe(t, tick_no, now, &mut self.stat_buf, c);
@@ -564,15 +577,22 @@ impl Worker {
                 // Off the CPU for a whole tick since it last ran: waiting
                 // in the kernel, or runnable but not given a core (more
                 // runnable threads than cores).
-                if sys::thread_waiting(t.info.tid, &mut self.stat_buf) == Some(true) {
-                    // Ask where it waits; its fills wait for the answer.
-                    request(t, false, now, c);
-                } else {
-                    // Preempted: it stands where it last ran, as far as known.
-                    t.parked = t.last_stack.clone();
+                let context_now = t.context_slot.map_or(0, crate::context::read);
+                if sys::thread_waiting(t.info.tid, &mut self.stat_buf) == Some(false)
+                    && context_now == t.last_context
+                    && t.last_stack.is_some()
+                {
+                    // Preempted, in what it last ran: it stands there.
+                    t.preempted = true;
                     t.parked_fresh = true;
+                } else {
+                    // Ask where it waits (or, preempted in something else,
+                    // where it stopped: the answer comes when it runs again);
+                    // its fills wait for the answer.
+                    request(t, false, now, c);
                 }
             } else {
+                t.parked_verified = t.parked_fresh && !t.preempted;
                 t.check_every = (t.check_every * 2).min(MAX_CHECK_EVERY);
             }
         }
@@ -627,12 +647,20 @@ impl Worker {
                 c.dropped_no_slot.add(1);
                 return false;
             };
+            // The second slot is a bonus: without it (the process-wide
+            // limit reached) a capture that finds the first one full is
+            // counted as missed.
+            let second = Slot::acquire(cap);
             let (lo, hi) = t.stack_bounds.unwrap_or((0, 0));
-            if !slot.bind(t.info.tid, lo, hi) {
+            if !slot.bind(t.info.tid, lo, hi, second) {
                 let _ = Slot::release(slot);
+                if let Some(second) = second {
+                    let _ = Slot::release(second);
+                }
                 return false;
             }
             t.slot = Some(slot);
+            t.slot2 = second.filter(|s| s.bind(t.info.tid, lo, hi, None));
             t.cpu_seen_ns = sys::thread_cpu_time_ns(t.info.tid).unwrap_or(0);
             if timers {
                 match sys::CpuTimer::create(t.info.tid, slot) {
@@ -659,8 +687,28 @@ impl Worker {
     /// Reads the thread's slot if the handler filled it, emits what it
     /// holds, and re-arms it.
     fn harvest(&mut self, idx: usize, c: &Counters) -> Harvested {
+        // The older capture first, when both slots are full.
         let t = self.threads.get_mut(idx);
-        let Some(slot) = t.slot else {
+        let slots = [t.slot, t.slot2];
+        let filled = |s: Option<&'static Slot>| s.and_then(|s| s.filled_at());
+        let order = match (filled(slots[0]), filled(slots[1])) {
+            (Some(a), Some(b)) if b < a => [1, 0],
+            _ => [0, 1],
+        };
+        let first = self.harvest_slot(idx, slots[order[0]], c);
+        let second = self.harvest_slot(idx, slots[order[1]], c);
+        match (first, second) {
+            (Harvested::Running(a), Harvested::Running(b)) => Harvested::Running2(a, b),
+            (Harvested::Running(a), _) | (_, Harvested::Running(a)) => Harvested::Running(a),
+            (Harvested::Parked, _) | (_, Harvested::Parked) => Harvested::Parked,
+            (Harvested::Discarded, _) | (_, Harvested::Discarded) => Harvested::Discarded,
+            _ => Harvested::Nothing,
+        }
+    }
+
+    /// [`Worker::harvest`] for one of the thread's slots.
+    fn harvest_slot(&mut self, idx: usize, slot: Option<&'static Slot>, c: &Counters) -> Harvested {
+        let Some(slot) = slot else {
             return Harvested::Nothing;
         };
         let frames = &mut self.frames;
@@ -692,7 +740,9 @@ impl Worker {
         slot.rearm(lo, hi);
         // Any capture proves the thread takes the signal again.
         t.unresponsive = false;
-        let request = if timer { None } else { t.requested.take() };
+        // A timer capture also ends a question about where the thread waits:
+        // it runs, and the question's signal may have found the slot full.
+        let request = t.requested.take();
         c.handler_ns.add(cap.handler_ns);
         if !keep {
             return Harvested::Discarded;
@@ -702,6 +752,7 @@ impl Worker {
             _ => Arc::from(&self.frames[..]),
         };
         t.last_stack = Some(stack.clone());
+        t.last_context = cap.context;
         c.samples_captured.add(1);
         if timer {
             c.samples_timer.add(1);
@@ -718,7 +769,10 @@ impl Worker {
         };
         t.next_ask = self.tick_no + t.ask_every;
         t.parked = Some(stack);
+        t.parked_context = cap.context;
         t.parked_fresh = true;
+        t.parked_verified = false;
+        t.preempted = false;
         Harvested::Parked
     }
 
@@ -739,7 +793,11 @@ impl Worker {
             let seen = sys::completion_seq();
             let waiting = (0..self.threads.len()).any(|i| {
                 let t = self.threads.get_mut(i);
-                t.requested.is_some() && t.slot.is_some_and(|s| s.state() != sys::SlotState::Done)
+                t.requested.is_some()
+                    && [t.slot, t.slot2]
+                        .into_iter()
+                        .flatten()
+                        .all(|s| s.state() != sys::SlotState::Done)
             });
             let now = Instant::now();
             if !waiting || now >= until {
@@ -756,14 +814,14 @@ impl Worker {
             let harvested = self.harvest(idx, c);
             let t = self.threads.get_mut(idx);
             t.requested = None;
-            if let Harvested::Running(sample) = harvested {
+            for sample in harvested.running() {
                 t.alive_ns = t.alive_ns.max(sample.timestamp_ns());
                 insert(t, Pending::Sample(sample));
             }
             if sys::thread_cpu_time_ns(t.info.tid).is_some() {
                 t.alive_ns = u64::MAX;
             }
-            flush(&self.tx, c, t);
+            flush_with(&self.tx, c, t, true);
             // Fills after the thread was last seen alive are dropped.
             t.pending.clear();
             t.surplus = 0;
@@ -816,29 +874,64 @@ fn insert(t: &mut Tracked, item: Pending) {
 
 /// Emits `t`'s queued samples from the oldest while they may leave: a
 /// sample of running code always, a fill once the thread is known alive at
-/// its time and is not being asked where it waits. Fills get the stack the
-/// thread waits in (or, not known yet, its latest stack); without any stack
-/// they are dropped.
+/// its time and where it waits is known (not being asked). Fills get the stack the
+/// thread waits in (or, not known yet, its latest stack), with the context
+/// word captured along with that stack while it is known to stand there
+/// (0 otherwise): they stand for time the thread spent waiting, not for
+/// what it ran at the fill's tick. Without any stack they are dropped.
 fn flush(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked) {
+    flush_with(tx, c, t, false);
+}
+
+/// [`flush`]; with `force`, fills also leave while the thread's waiting
+/// place is unknown (with its latest stack), as at stop.
+fn flush_with(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, force: bool) {
+    // Where the thread waits is being asked (its fills wait for the
+    // answer), or not known: never learned (its latest stack is of running
+    // code, which a fill must not pretend), or learned inside a request it
+    // has run on since (a place that request's code waited in, not where the
+    // thread idles). Fills of an unknown place wait for it to be learned,
+    // unless a later sample of running code is queued: then they leave with
+    // the place last learned, filed under no request, or are dropped.
     let asking = t.requested.is_some_and(|r| !r.as_sample);
-    let stack = t.parked.clone().or_else(|| t.last_stack.clone());
+    let unknown =
+        !t.preempted && (t.parked.is_none() || (!t.parked_fresh && t.parked_context != 0));
+    let stack = match &t.parked {
+        Some(parked) if !t.preempted => Some(parked.clone()),
+        _ if force => t.last_stack.clone(),
+        _ => None,
+    };
+    // The context word only where the thread is known to stand now: a
+    // request's lane must not get time its thread spent elsewhere.
+    let context = if t.preempted {
+        t.last_context
+    } else if t.parked_fresh && t.parked_verified {
+        t.parked_context
+    } else {
+        0
+    };
     while let Some(front) = t.pending.front() {
         let overfull = t.pending.len() > MAX_PENDING;
         if let Pending::Fill { timestamp_ns, .. } = front {
-            if !overfull && (*timestamp_ns > t.alive_ns || asking) {
+            let blocked = *timestamp_ns > t.alive_ns
+                || asking
+                || (unknown
+                    && !force
+                    && !t.pending.iter().any(|p| matches!(p, Pending::Sample(_))));
+            if blocked && !overfull {
                 break;
             }
         }
         match t.pending.pop_front() {
             Some(Pending::Sample(sample)) => emit(tx, c, sample),
-            Some(Pending::Fill {
-                timestamp_ns,
-                context,
-            }) => {
-                if let Some(stack) = &stack {
-                    c.samples_idle.add(1);
-                    emit_for(tx, c, t, timestamp_ns, stack.clone(), context, true);
-                }
+            Some(Pending::Fill { timestamp_ns }) => {
+                let (stack, context) = match (&stack, unknown && !force) {
+                    (Some(s), false) => (s.clone(), context),
+                    (Some(s), true) if t.parked.is_some() => (s.clone(), 0),
+                    _ => continue,
+                };
+                c.samples_idle.add(1);
+                emit_for(tx, c, t, timestamp_ns, stack, context, true);
             }
             None => break,
         }

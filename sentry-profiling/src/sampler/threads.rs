@@ -33,8 +33,9 @@ pub(super) struct Requested {
 #[derive(Debug)]
 pub(super) enum Pending {
     /// A tick at which the thread was not captured, to be recorded with the
-    /// stack it waits in once the thread is known alive at or after it.
-    Fill { timestamp_ns: u64, context: u64 },
+    /// stack it waits in (and the context word captured with that stack)
+    /// once the thread is known alive at or after it.
+    Fill { timestamp_ns: u64 },
     /// A sample of running code.
     Sample(super::Sample),
 }
@@ -58,17 +59,29 @@ pub(super) struct Tracked {
     pub(super) name: Arc<str>,
     /// The thread's CPU clock at the last reading.
     pub(super) cpu_seen_ns: u64,
-    /// The stack of the latest capture.
+    /// The stack of the latest capture, and the context word captured with
+    /// it.
     pub(super) last_stack: Option<Arc<[u64]>>,
-    /// Where the thread waits when it is not running, and whether that is
-    /// still current (the thread has not run since it was taken).
+    pub(super) last_context: u64,
+    /// Where the thread waits when it is not running, the context word
+    /// captured with it, and whether that is still current (the thread has
+    /// not run since it was taken).
     pub(super) parked: Option<Arc<[u64]>>,
+    pub(super) parked_context: u64,
     pub(super) parked_fresh: bool,
+    /// A check after the waiting stack was taken found the thread had not
+    /// run since: it was taken while the thread waited, not while it ran.
+    pub(super) parked_verified: bool,
+    /// The thread was last seen runnable but not running (preempted): until
+    /// it runs again it stands where it last ran.
+    pub(super) preempted: bool,
     /// Where the thread publishes its context word (see `crate::context`).
     pub(super) context_slot: Option<u32>,
     pub(super) stack_bounds: Option<(usize, usize)>,
-    /// The capture slot bound to the thread, and its CPU-time timer.
+    /// The capture slots bound to the thread (the second is filled while
+    /// the first waits to be read), and its CPU-time timer.
     pub(super) slot: Option<&'static Slot>,
+    pub(super) slot2: Option<&'static Slot>,
     pub(super) timer: Option<sys::CpuTimer>,
     /// Whether the timer is armed (the sampler is not paused).
     pub(super) timer_armed: bool,
@@ -107,11 +120,16 @@ impl Tracked {
             info,
             cpu_seen_ns: 0,
             last_stack: None,
+            last_context: 0,
             parked: None,
+            parked_context: 0,
+            parked_verified: false,
+            preempted: false,
             parked_fresh: false,
             context_slot: None,
             stack_bounds: None,
             slot: None,
+            slot2: None,
             timer: None,
             timer_armed: false,
             requested: None,
@@ -134,7 +152,7 @@ impl Tracked {
     fn release(&mut self) {
         self.timer = None;
         self.timer_armed = false;
-        if let Some(slot) = self.slot.take() {
+        for slot in [self.slot.take(), self.slot2.take()].into_iter().flatten() {
             let _ = Slot::release(slot);
         }
     }

@@ -61,6 +61,9 @@ use std::time::Duration;
 
 use super::thread::clock_ns;
 
+/// [`Slot::sibling`] when the slot has none.
+const NO_SIBLING: u32 = u32::MAX;
+
 /// How many slots can ever exist in the process.
 pub(crate) const MAX_SLOTS: usize = 4096;
 
@@ -198,8 +201,12 @@ pub(crate) struct Slot {
     /// The thread the slot is bound to; the handler of any other thread
     /// leaves the slot alone.
     tid: AtomicI32,
-    /// Timer signals that found the slot full since the sampler last looked.
+    /// Timer signals that found the slot (and its sibling) full since the
+    /// sampler last looked.
     missed: AtomicU32,
+    /// Index of the second slot bound to the same thread, which the handler
+    /// fills when this one is full; `NO_SIBLING` if none.
+    sibling: AtomicU32,
     /// Bounds of the target thread's stack mapping, set by the sampler.
     stack_lo: AtomicUsize,
     stack_hi: AtomicUsize,
@@ -246,6 +253,7 @@ impl Slot {
             state: AtomicU32::new(SlotState::Free as u32),
             tid: AtomicI32::new(0),
             missed: AtomicU32::new(0),
+            sibling: AtomicU32::new(NO_SIBLING),
             stack_lo: AtomicUsize::new(0),
             stack_hi: AtomicUsize::new(0),
             captured: UnsafeCell::new(Captured::default()),
@@ -277,6 +285,7 @@ impl Slot {
                         .is_ok()
                     {
                         slot.tid.store(0, Ordering::Relaxed);
+                        slot.sibling.store(NO_SIBLING, Ordering::Relaxed);
                         ARENA_POOL
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
@@ -295,12 +304,16 @@ impl Slot {
     }
 
     /// Binds a free slot to thread `tid`, whose stack mapping is `[lo, hi)`
-    /// (`0, 0` when unknown), and arms it. Returns false if it was not free.
-    pub(crate) fn bind(&self, tid: i32, lo: usize, hi: usize) -> bool {
+    /// (`0, 0` when unknown), and arms it; `sibling` is the thread's other
+    /// slot, which the handler fills when this one is full. Returns false if
+    /// it was not free.
+    pub(crate) fn bind(&self, tid: i32, lo: usize, hi: usize, sibling: Option<&Slot>) -> bool {
         if self.state() != SlotState::Free {
             return false;
         }
         self.tid.store(tid, Ordering::Relaxed);
+        self.sibling
+            .store(sibling.map_or(NO_SIBLING, |s| s.index), Ordering::Relaxed);
         self.missed.store(0, Ordering::Relaxed);
         self.stack_lo.store(lo, Ordering::Relaxed);
         self.stack_hi.store(hi, Ordering::Relaxed);
@@ -330,6 +343,13 @@ impl Slot {
     /// Timer signals that found the slot full since the last call.
     pub(crate) fn take_missed(&self) -> u32 {
         self.missed.swap(0, Ordering::Relaxed)
+    }
+
+    /// When the handler filled the slot, the capture's timestamp.
+    pub(crate) fn filled_at(&self) -> Option<u64> {
+        // SAFETY: as in `take`: Done (Acquire) makes `captured` the handler's
+        // finished write, untouched until the slot is re-armed.
+        (self.state() == SlotState::Done).then(|| unsafe { (*self.captured.get()).timestamp_ns })
     }
 
     /// If the handler has finished, hands its output to `f`. The slot stays
@@ -726,21 +746,42 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
         slot.missed
             .fetch_add(overrun.unsigned_abs(), Ordering::Relaxed);
     }
-    if slot
-        .state
-        .compare_exchange(
-            SlotState::Requested as u32,
-            SlotState::Writing as u32,
-            Ordering::Acquire,
-            Ordering::Relaxed,
-        )
-        .is_err()
-    {
-        if timer {
-            slot.missed.fetch_add(1, Ordering::Relaxed);
+    let claim = |s: &Slot| {
+        s.state
+            .compare_exchange(
+                SlotState::Requested as u32,
+                SlotState::Writing as u32,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    };
+    let slot = if claim(slot) {
+        slot
+    } else {
+        // Full: the thread's second slot, if it has one and it is empty.
+        let sibling = slot.sibling.load(Ordering::Relaxed) as usize;
+        let other = if sibling < ARENA_LEN.load(Ordering::Acquire) {
+            ARENA[sibling].load(Ordering::Acquire)
+        } else {
+            std::ptr::null_mut()
+        };
+        // SAFETY: arena entries point at leaked, never-freed slots.
+        match unsafe { other.as_ref() } {
+            Some(other)
+                if other.tid.load(Ordering::Relaxed) == slot.tid.load(Ordering::Relaxed)
+                    && claim(other) =>
+            {
+                other
+            }
+            _ => {
+                if timer {
+                    slot.missed.fetch_add(1, Ordering::Relaxed);
+                }
+                return;
+            }
         }
-        return;
-    }
+    };
 
     let started_ns = clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0);
     // SAFETY: `ucontext` is the kernel's ucontext_t for this delivery.
