@@ -242,14 +242,23 @@ fn score(
                         .is_none()
             });
             if !fill_in {
-                let work = stack.as_array().is_some_and(|f| {
-                    f.iter().any(|i| {
+                let names: Vec<&str> = stack
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|i| {
                         frames[i.as_u64().unwrap_or(0) as usize]
                             .get("function")
                             .and_then(Value::as_str)
-                            .is_some_and(|name| REQUEST_CODE.iter().any(|m| name.contains(m)))
                     })
-                });
+                    .collect();
+                // A stack without any named frame (an unwind that stopped at
+                // once, a program counter outside known code) cannot be
+                // judged, and counts as work.
+                let work = names.is_empty()
+                    || names
+                        .iter()
+                        .any(|name| REQUEST_CODE.iter().any(|m| name.contains(m)));
                 samples.push(Shown {
                     thread: s["thread_id"].as_str().unwrap_or_default().to_owned(),
                     ts: s["timestamp"].as_f64().unwrap_or(0.0),

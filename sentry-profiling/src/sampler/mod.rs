@@ -727,7 +727,15 @@ impl Worker {
         let timer = cap.flags & sys::FLAG_TIMER != 0;
         let mut keep = true;
         if off_stack {
-            if self.threads.learn_bounds(idx, cap.regs.sp as usize) {
+            let sp = cap.regs.sp as usize;
+            // Bounds just learned, or learned through the thread's other slot
+            // after this one was armed: spent, the next capture counts.
+            let stale = self
+                .threads
+                .get_mut(idx)
+                .stack_bounds
+                .is_some_and(|(lo, hi)| (lo..hi).contains(&sp));
+            if self.threads.learn_bounds(idx, sp) || stale {
                 keep = false;
             } else {
                 self.frames.clear();
