@@ -1,36 +1,46 @@
 //! The sampler: a dedicated thread that ticks against absolute deadlines,
 //! harvests what the signal handler captured, unwinds it and emits
-//! [`Sample`]s into a bounded queue, one per thread per tick (wall-clock
-//! semantics).
+//! [`Sample`]s into a bounded queue, one per thread per sampling period
+//! (wall-clock semantics), each thread's in time order.
 //!
 //! Running threads sample themselves: each has a CPU-time timer
 //! ([`sys::CpuTimer`]) whose signal the kernel raises on the thread's own
-//! core after every period of CPU time, so the sampler never interrupts a
-//! thread on another core. A thread's timer captures are its samples of
-//! running code, one per period of CPU time it used, which is the running
-//! share of its wall-clock samples. Its other ticks (when it was not
-//! running) are "fills", recorded with the stack it waits in:
+//! core after every period of CPU time, and two capture slots, so the
+//! sampler never interrupts a thread on another core to sample running
+//! code. A thread's timer captures are its samples of running code, one per
+//! period of CPU time it used (periods the kernel reports as overruns, or
+//! that found both slots full, are stand-ins repeating the capture's
+//! stack): the running share of its wall-clock samples. Its other periods
+//! are "fills", samples that stand for time it was not running, recorded
+//! with the stack it waits in:
 //!
 //! - a fill is held until the thread is known to be alive at or after its
 //!   tick (a later capture, or its CPU clock read), so no sample outlives its
-//!   thread, and a capture beyond one per tick cancels the newest fill;
+//!   thread, and captures beyond the tick's periods cancel the newest fills;
 //! - where the thread waits is learned by signalling it while it waits in
 //!   the kernel, so the signal interrupts no running code: once it has
-//!   stayed off the CPU for a whole tick after running, or, for a thread
-//!   that never waits that long, when its scheduler state says it sleeps
-//!   (looked at every `PROBE_EVERY` periods at most). Until that capture
-//!   arrives its fills wait for it. While the answers stay the same, the
-//!   thread is asked less and less often (down to every `MAX_ASK_EVERY`
-//!   periods) and taken to wait where it did;
+//!   stayed off the CPU for a whole tick after running (its scheduler state
+//!   telling waiting from preempted), or, for a thread that never waits that
+//!   long, when its scheduler state says it sleeps (looked at every
+//!   `PROBE_EVERY` periods at most). Until that capture arrives its fills
+//!   wait for it. While the answers stay the same, the thread is asked less
+//!   and less often (down to every `MAX_ASK_EVERY` periods);
+//! - a preempted thread stands where it last ran, and a thread never seen
+//!   waiting is taken to be preempted when it does not run;
+//! - a fill is filed under a request (its context word) only where the
+//!   thread is known to stand in it, so a request's lane never gets time its
+//!   thread spent elsewhere;
 //! - a thread that stays parked has its CPU clock read less and less often,
 //!   down to every `MAX_CHECK_EVERY` periods;
 //! - a tick that comes late (the sampler thread was not given a core in
-//!   time) records every thread's samples for the periods it missed, so
-//!   each thread still gets one sample per period.
+//!   time) records every thread's samples for the periods it missed (up to
+//!   `MAX_CATCH_UP`), so each thread still gets one sample per period.
 //!
 //! A thread whose timer cannot be created (the user's limit of pending
-//! signals reached) is sampled the way every thread was before timers:
-//! signalled from the sampler at each tick at which its CPU clock moved.
+//! signals reached), and every thread with `cpu_timers(false)`, is sampled
+//! the way every thread was before timers: signalled from the sampler at
+//! each tick at which its CPU clock moved, its previous stack repeated
+//! otherwise.
 
 mod sample;
 mod stats;
@@ -521,12 +531,13 @@ impl Worker {
             }
         }
         if covered > 0 {
-            // Alive and running.
+            // Alive and running: what was held until the capture leaves with
+            // what was known until then.
+            flush(&self.tx, c, t);
             t.parked_fresh = false;
-            t.preempted = false;
+            t.preempted = None;
             t.check_every = 1;
             t.next_check = tick_no + 1;
-            flush(&self.tx, c, t);
             return;
         }
         if let Some(r) = t.requested {
@@ -560,11 +571,19 @@ impl Worker {
         t.cpu_seen_ns = cpu;
         if ran {
             // It ran without filling a timer period. This tick's fill waits
-            // one tick: the thread may be parking somewhere new.
-            t.parked_fresh = false;
-            t.preempted = false;
-            t.check_every = 1;
+            // one tick (the thread may be parking somewhere new); the older
+            // ones leave with what was known.
             t.alive_ns = t.alive_ns.max(tick_ts.saturating_sub(1));
+            flush(&self.tx, c, t);
+            t.parked_fresh = false;
+            t.check_every = 1;
+            // A thread never seen waiting is taken to spend the time it does
+            // not run preempted where it last ran (filed under no request:
+            // it may have left it since).
+            t.preempted = match (&t.parked, &t.last_stack) {
+                (None, Some(stack)) => Some((stack.clone(), 0)),
+                _ => None,
+            };
             probe(t, tick_no, now, &mut self.stat_buf, c);
         } else {
             t.alive_ns = t.alive_ns.max(tick_ts);
@@ -583,7 +602,7 @@ impl Worker {
                     && t.last_stack.is_some()
                 {
                     // Preempted, in what it last ran: it stands there.
-                    t.preempted = true;
+                    t.preempted = t.last_stack.clone().map(|s| (s, t.last_context));
                     t.parked_fresh = true;
                 } else {
                     // Ask where it waits (or, preempted in something else,
@@ -592,7 +611,7 @@ impl Worker {
                     request(t, false, now, c);
                 }
             } else {
-                t.parked_verified = t.parked_fresh && !t.preempted;
+                t.parked_verified = t.parked_fresh && t.preempted.is_none();
                 t.check_every = (t.check_every * 2).min(MAX_CHECK_EVERY);
             }
         }
@@ -780,7 +799,7 @@ impl Worker {
         t.parked_context = cap.context;
         t.parked_fresh = true;
         t.parked_verified = false;
-        t.preempted = false;
+        t.preempted = None;
         Harvested::Parked
     }
 
@@ -902,44 +921,52 @@ fn flush_with(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, force: boo
     // unless a later sample of running code is queued: then they leave with
     // the place last learned, filed under no request, or are dropped.
     let asking = t.requested.is_some_and(|r| !r.as_sample);
-    let unknown =
-        !t.preempted && (t.parked.is_none() || (!t.parked_fresh && t.parked_context != 0));
-    let stack = match &t.parked {
-        Some(parked) if !t.preempted => Some(parked.clone()),
-        _ if force => t.last_stack.clone(),
-        _ => None,
+    // The stack fills get, their context word (only where the thread is
+    // known to stand now: a request's lane must not get time its thread
+    // spent elsewhere), and whether that place is known.
+    let (stack, context, known) = match (&t.preempted, &t.parked) {
+        (Some((stack, context)), _) => (Some(stack.clone()), *context, true),
+        (None, Some(parked)) => {
+            let context = if t.parked_fresh && t.parked_verified {
+                t.parked_context
+            } else {
+                0
+            };
+            (
+                Some(parked.clone()),
+                context,
+                t.parked_fresh || t.parked_context == 0,
+            )
+        }
+        (None, None) => (t.last_stack.clone().filter(|_| force), 0, false),
     };
-    // The context word only where the thread is known to stand now: a
-    // request's lane must not get time its thread spent elsewhere.
-    let context = if t.preempted {
-        t.last_context
-    } else if t.parked_fresh && t.parked_verified {
-        t.parked_context
-    } else {
+    let mut later_samples = if known || force {
         0
+    } else {
+        t.pending
+            .iter()
+            .filter(|p| matches!(p, Pending::Sample(_)))
+            .count()
     };
     while let Some(front) = t.pending.front() {
         let overfull = t.pending.len() > MAX_PENDING;
         if let Pending::Fill { timestamp_ns, .. } = front {
-            let blocked = *timestamp_ns > t.alive_ns
-                || asking
-                || (unknown
-                    && !force
-                    && !t.pending.iter().any(|p| matches!(p, Pending::Sample(_))));
+            let blocked =
+                *timestamp_ns > t.alive_ns || asking || (!known && !force && later_samples == 0);
             if blocked && !overfull {
                 break;
             }
         }
         match t.pending.pop_front() {
-            Some(Pending::Sample(sample)) => emit(tx, c, sample),
+            Some(Pending::Sample(sample)) => {
+                later_samples = later_samples.saturating_sub(1);
+                emit(tx, c, sample);
+            }
             Some(Pending::Fill { timestamp_ns }) => {
-                let (stack, context) = match (&stack, unknown && !force) {
-                    (Some(s), false) => (s.clone(), context),
-                    (Some(s), true) if t.parked.is_some() => (s.clone(), 0),
-                    _ => continue,
-                };
+                let Some(stack) = &stack else { continue };
+                let context = if known || force { context } else { 0 };
                 c.samples_idle.add(1);
-                emit_for(tx, c, t, timestamp_ns, stack, context, true);
+                emit_for(tx, c, t, timestamp_ns, stack.clone(), context, true);
             }
             None => break,
         }

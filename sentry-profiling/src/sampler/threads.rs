@@ -72,9 +72,10 @@ pub(super) struct Tracked {
     /// A check after the waiting stack was taken found the thread had not
     /// run since: it was taken while the thread waited, not while it ran.
     pub(super) parked_verified: bool,
-    /// The thread was last seen runnable but not running (preempted): until
-    /// it runs again it stands where it last ran.
-    pub(super) preempted: bool,
+    /// The thread was last seen runnable but not running (preempted): the
+    /// stack it stands in (where it last ran) and the context word its fills
+    /// get.
+    pub(super) preempted: Option<(Arc<[u64]>, u64)>,
     /// Where the thread publishes its context word (see `crate::context`).
     pub(super) context_slot: Option<u32>,
     pub(super) stack_bounds: Option<(usize, usize)>,
@@ -124,7 +125,7 @@ impl Tracked {
             parked: None,
             parked_context: 0,
             parked_verified: false,
-            preempted: false,
+            preempted: None,
             parked_fresh: false,
             context_slot: None,
             stack_bounds: None,
