@@ -684,7 +684,8 @@ impl Worker {
             if timers {
                 match sys::CpuTimer::create(t.info.tid, slot) {
                     Ok(timer) => t.timer = Some(timer),
-                    Err(libc::ESRCH) => t.gone = true,
+                    // An exited thread's CPU clock is an invalid clock.
+                    Err(_) if sys::thread_cpu_time_ns(t.info.tid).is_none() => t.gone = true,
                     Err(_) => c.timers_failed.add(1),
                 }
             }
@@ -693,10 +694,13 @@ impl Worker {
             if !t.timer_armed {
                 t.timer_armed = timer.set(period);
                 if !t.timer_armed {
-                    // The thread exited between its listing and now, or the
-                    // kernel refused: sample it from here instead.
                     t.timer = None;
-                    c.timers_failed.add(1);
+                    if sys::thread_cpu_time_ns(t.info.tid).is_none() {
+                        t.gone = true;
+                    } else {
+                        // The kernel refused: sample it from here instead.
+                        c.timers_failed.add(1);
+                    }
                 }
             }
         }
