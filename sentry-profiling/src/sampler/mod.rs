@@ -540,17 +540,11 @@ impl Worker {
             t.next_check = tick_no + 1;
             return;
         }
-        if let Some(r) = t.requested {
-            if now.duration_since(r.since) < ABANDON_AFTER {
-                c.samples_late.add(1);
-                return;
-            }
-            // Unanswered: record the held ticks with what is known, and stop
-            // asking until the thread answers.
-            t.requested = None;
-            t.unresponsive = true;
-            c.signals_abandoned.add(1);
-            flush(&self.tx, c, t);
+        match awaiting_answer(t, now, c) {
+            Some(true) => return,
+            // Given up: record the held ticks with what is known.
+            Some(false) => flush(&self.tx, c, t),
+            None => {}
         }
         if tick_no < t.next_check {
             return;
@@ -623,14 +617,8 @@ impl Worker {
     /// moved, its previous stack repeated otherwise.
     fn untimed(&mut self, idx: usize, tick_ts: u64, now: Instant, c: &Counters) {
         let t = self.threads.get_mut(idx);
-        if let Some(r) = t.requested {
-            if now.duration_since(r.since) < ABANDON_AFTER {
-                c.samples_late.add(1);
-                return;
-            }
-            t.requested = None;
-            t.unresponsive = true;
-            c.signals_abandoned.add(1);
+        if awaiting_answer(t, now, c) == Some(true) {
+            return;
         }
         let Some(cpu) = sys::thread_cpu_time_ns(t.info.tid) else {
             t.gone = true;
@@ -860,6 +848,22 @@ impl Worker {
             t.next_check = 0;
         }
     }
+}
+
+/// Whether a signal the sampler sent `t` is still awaited: `None` if none
+/// was sent, `Some(true)` while it may still be answered (counted late),
+/// `Some(false)` when it has just been given up on: the thread is then not
+/// asked again until it answers.
+fn awaiting_answer(t: &mut Tracked, now: Instant, c: &Counters) -> Option<bool> {
+    let r = t.requested?;
+    if now.duration_since(r.since) < ABANDON_AFTER {
+        c.samples_late.add(1);
+        return Some(true);
+    }
+    t.requested = None;
+    t.unresponsive = true;
+    c.signals_abandoned.add(1);
+    Some(false)
 }
 
 /// Asks a thread that keeps running now and then where it waits, if it is

@@ -701,11 +701,11 @@ unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc::c_void) {
     if info.is_null() || ucontext.is_null() {
         return;
     }
-    // SAFETY: `info` is a valid siginfo for this delivery. For both codes
-    // accepted the value sits where `si_value()` reads it (the `_rt` and
-    // `_timer` members share that offset); the sender's pid is only in `_rt`,
-    // the overrun count only in `_timer`, read through `TimerSigInfo`, a
-    // prefix of the kernel's 128-byte siginfo.
+    // For both codes accepted the value sits where `si_value()` reads it
+    // (the `_rt` and `_timer` members share that offset); the sender's pid is
+    // only in `_rt`, the overrun count only in `_timer`, read through
+    // `TimerSigInfo`, a prefix of the kernel's 128-byte siginfo.
+    // SAFETY: `info` is a valid siginfo for this delivery, read as above.
     let (timer, pid, overrun, index) = unsafe {
         let code = (*info).si_code;
         if code != SI_QUEUE && code != SI_TIMER {
