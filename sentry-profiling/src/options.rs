@@ -34,7 +34,9 @@ pub struct SamplerConfig {
     /// When false, or where a timer cannot be created, the sampler thread
     /// signals each thread whose CPU clock moved, at every tick: one
     /// cross-core interrupt per sample, for kernels or sandboxes whose
-    /// per-thread CPU timers misbehave.
+    /// per-thread CPU timers misbehave. That mode also leans towards running
+    /// code on a loaded machine: a thread signalled while it waits for a core
+    /// takes the signal when it runs again.
     pub cpu_timers: bool,
 }
 
