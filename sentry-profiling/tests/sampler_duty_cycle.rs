@@ -17,6 +17,9 @@
 //! leans towards running code (0.58 against a CPU share of 0.34, measured
 //! while another build ran).
 
+#[path = "support/names.rs"]
+mod names;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, channel};
@@ -97,15 +100,7 @@ fn run(config: SamplerConfig, on: Duration, off: Duration) -> (usize, usize, usi
     let (mut total, mut computing, mut waiting) = (0, 0, 0);
     for s in samples.iter().filter(|s| &**s.thread_name() == NAME) {
         total += 1;
-        let names: Vec<String> = s
-            .frames()
-            .iter()
-            .map(|&a| {
-                sym.function(&modules, a)
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
-            })
-            .collect();
+        let names = names::function_names(&mut sym, &modules, s);
         if names.iter().any(|n| n.ends_with("duty_compute")) {
             computing += 1;
         } else if names.iter().any(|n| n.ends_with("duty_wait")) {

@@ -1,6 +1,9 @@
 //! Unwinds this test binary's own threads: a known chain of never-inlined
 //! functions must appear in order, and stacks must reach the thread's root.
 
+#[path = "support/names.rs"]
+mod names;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -61,15 +64,7 @@ fn unwinds_known_chain_in_order_to_the_thread_root() {
         .filter(|s| s.thread_name().starts_with("chain-"))
     {
         total += 1;
-        let names: Vec<String> = s
-            .frames()
-            .iter()
-            .map(|&a| {
-                sym.function(&modules, a)
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
-            })
-            .collect();
+        let names = names::function_names(&mut sym, &modules, s);
         let pos = |needle: &str| names.iter().position(|n| n.ends_with(needle));
         if let (Some(l), Some(m), Some(o)) =
             (pos("leaf_burn"), pos("middle_step"), pos("outer_entry"))
