@@ -71,6 +71,10 @@ fn print_summary(settings: &Settings, stats: Option<sentry_profiling::ProfilerSt
                 summary.chunks,
                 summary.transactions
             );
+            match sentry_profiling_examples::write_preview(&settings.envelope_dir, stats.as_ref()) {
+                Ok(page) => println!("  what Sentry will show, per request: {}", page.display()),
+                Err(e) => println!("  no preview page: {e}"),
+            }
             for file in [
                 sentry_profiling_examples::PPROF_FILE,
                 sentry_profiling_examples::OTLP_FILE,

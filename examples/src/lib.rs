@@ -11,6 +11,7 @@ use axum::Router;
 use axum::extract::Path;
 use axum::routing::get;
 use sentry_profiling::{EnvelopeDirTransport, ProfileLifecycle, ProfilingIntegration};
+pub use sentry_profiling_preview::{EnvelopeItem, ParsedEnvelope, parse_envelope};
 use tracing_subscriber::prelude::*;
 
 /// Burns about `ms` milliseconds of CPU on the calling thread.
@@ -227,61 +228,32 @@ pub fn summarize_envelopes(dir: &std::path::Path) -> EnvelopeSummary {
     summary
 }
 
-/// One item of a parsed envelope.
-#[derive(Debug, Clone)]
-pub struct EnvelopeItem {
-    /// The item header.
-    pub header: serde_json::Value,
-    /// The payload bytes.
-    pub payload: Vec<u8>,
-}
-
-/// A parsed envelope.
-#[derive(Debug, Clone)]
-pub struct ParsedEnvelope {
-    /// The envelope header.
-    pub header: serde_json::Value,
-    /// Its items.
-    pub items: Vec<EnvelopeItem>,
-}
-
-/// Parses Sentry's envelope format (header line, then items each with a
-/// header line and a payload of `length` bytes or up to the next newline).
-pub fn parse_envelope(bytes: &[u8]) -> ParsedEnvelope {
-    let mut rest = bytes;
-    let line = |rest: &mut &[u8]| -> Option<Vec<u8>> {
-        if rest.is_empty() {
-            return None;
-        }
-        let end = rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
-        let out = rest[..end].to_vec();
-        *rest = rest.get(end + 1..).unwrap_or(&[]);
-        Some(out)
-    };
-    let header = line(&mut rest)
-        .and_then(|l| serde_json::from_slice(&l).ok())
-        .unwrap_or(serde_json::Value::Null);
-    let mut items = Vec::new();
-    while let Some(h) = line(&mut rest) {
-        if h.is_empty() {
-            continue;
-        }
-        let Ok(header) = serde_json::from_slice::<serde_json::Value>(&h) else {
-            break;
-        };
-        let payload = match header.get("length").and_then(|l| l.as_u64()) {
-            Some(len) => {
-                let len = (len as usize).min(rest.len());
-                let p = rest[..len].to_vec();
-                rest = &rest[len..];
-                if rest.first() == Some(&b'\n') {
-                    rest = &rest[1..];
-                }
-                p
-            }
-            None => line(&mut rest).unwrap_or_default(),
-        };
-        items.push(EnvelopeItem { header, payload });
+/// Writes the profiler's counters beside the envelopes (as
+/// [`sentry_profiling_preview::STATS_FILE`]) and the preview page, which
+/// shows for each transaction of the run what Sentry will show for it.
+/// Returns the page's path.
+pub fn write_preview(
+    dir: &std::path::Path,
+    stats: Option<&sentry_profiling::ProfilerStats>,
+) -> Result<PathBuf, String> {
+    if let Some(s) = stats {
+        let counters = serde_json::json!({
+            "session_sampled": s.session_sampled,
+            "chunks_sent": s.chunks_sent,
+            "samples_sent": s.samples_sent,
+            "samples_captured": s.sampler.samples_captured,
+            "samples_dropped_queue_full": s.sampler.dropped_queue_full,
+            "samples_single_thread": s.samples_single_thread,
+            "chunks_without_transport": s.chunks_without_transport,
+            "lane_events_dropped": s.lane_events_dropped,
+            "exports_sent": s.exports_sent,
+            "exports_failed": s.exports_failed,
+        });
+        let path = dir.join(sentry_profiling_preview::STATS_FILE);
+        std::fs::write(&path, counters.to_string())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    ParsedEnvelope { header, items }
+    sentry_profiling_preview::write_page(dir)
+        .map(|(path, _)| path)
+        .map_err(|e| e.to_string())
 }

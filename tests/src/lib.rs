@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use sentry_core::Transport;
 use sentry_core::protocol::Envelope;
 pub use sentry_profiling_examples::{EnvelopeItem, ParsedEnvelope, parse_envelope};
+pub use sentry_profiling_preview::{timestamp_secs, transaction_window};
 use serde_json::Value;
 
 pub use relay::{ChunkItem, relay_violations};
@@ -350,55 +351,4 @@ pub fn functions_in_window(
                 .collect()
         })
         .collect()
-}
-
-/// A Sentry timestamp as Unix seconds: either a number or an RFC 3339 UTC
-/// string (`2026-01-02T03:04:05.678Z`), as the SDK writes both.
-pub fn timestamp_secs(v: &Value) -> Option<f64> {
-    if let Some(f) = v.as_f64() {
-        return Some(f);
-    }
-    let s = v.as_str()?.strip_suffix('Z')?;
-    let (date, time) = s.split_once('T')?;
-    let mut d = date.split('-').map(|x| x.parse::<i64>());
-    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
-    let mut t = time.splitn(3, ':');
-    let (h, min) = (
-        t.next()?.parse::<i64>().ok()?,
-        t.next()?.parse::<i64>().ok()?,
-    );
-    let sec: f64 = t.next()?.parse().ok()?;
-    // Days since the epoch for a proleptic Gregorian date (civil calendar).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some((days * 86_400 + h * 3_600 + min * 60) as f64 + sec)
-}
-
-/// A transaction's `[start, end]` in Unix seconds.
-pub fn transaction_window(tx: &Value) -> Option<(f64, f64)> {
-    Some((
-        timestamp_secs(tx.get("start_timestamp")?)?,
-        timestamp_secs(tx.get("timestamp")?)?,
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_both_timestamp_forms() {
-        assert_eq!(timestamp_secs(&Value::from(12.5)), Some(12.5));
-        let t = timestamp_secs(&Value::from("2026-11-22T11:56:33.797392362Z")).unwrap();
-        assert!((t - 1_795_348_593.797_392).abs() < 1e-3, "{t}");
-        assert_eq!(
-            timestamp_secs(&Value::from("1970-01-01T00:00:00Z")),
-            Some(0.0)
-        );
-    }
 }

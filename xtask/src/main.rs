@@ -16,6 +16,9 @@
 //! - `bench [--quick]`: every benchmark in `benches/`, pprof-rs's framehop
 //!   variant and the overhead comparison, with a report written to
 //!   `target/benchmarks/report.md`; `--quick` is a smoke run of the benches.
+//! - `view [ENVELOPE_DIR]` (default `sentry-envelopes`): writes
+//!   `ENVELOPE_DIR/profile.html`, the offline page that shows what Sentry
+//!   will show for each transaction of a run (`sentry-profiling-preview`).
 //! - `overhead [ROUNDS] [SECONDS]`: the example service under `wrk`, profiling
 //!   off and on in alternating rounds (needs `wrk`: `apt-get install wrk`).
 
@@ -172,6 +175,17 @@ fn main() -> ExitCode {
             args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000),
             args.get(3).and_then(|a| a.parse().ok()).unwrap_or(60),
         ),
+        Some("view") => cargo(
+            &[
+                "run",
+                "--quiet",
+                "-p",
+                "sentry-profiling-preview",
+                "--",
+                args.get(1).map_or("sentry-envelopes", String::as_str),
+            ],
+            &[],
+        ),
         Some("overhead") => {
             let rounds = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5);
             let secs = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10);
@@ -181,7 +195,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <test|ci|bench [--quick]|stress [SECONDS] [HZ] [CHUNK_SECONDS]|overhead [ROUNDS] [SECONDS]>"
+                "usage: cargo xtask <test|ci|bench [--quick]|stress [SECONDS] [HZ] [CHUNK_SECONDS]|overhead [ROUNDS] [SECONDS]|view [ENVELOPE_DIR]>"
             );
             false
         }

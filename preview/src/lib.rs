@@ -1,0 +1,387 @@
+//! See a run's profiles without Sentry: an offline HTML page, built from a
+//! directory of Sentry envelopes, that shows for every transaction the
+//! flame graph Sentry would show for it.
+//!
+//! Sentry shows a transaction's profile as the samples of the chunks with
+//! its `profiler_id`, on its `thread.id`, inside its `[start, end]` window,
+//! each weighted by the time to the next sample on that thread. The page
+//! applies exactly that rule, so what it shows for a request is what the
+//! transaction's "Profile" view in Sentry will show once the envelopes are
+//! sent, and a request whose profile would be empty in Sentry is empty
+//! here too.
+//!
+//! The page lists the transactions, slowest first, with name, duration,
+//! status, samples and time spent waiting (suspended at an `.await` or
+//! queued for a worker, drawn grey), each with its flame graph; one flame
+//! graph per transaction name (all its transactions merged, as Sentry's
+//! aggregate flame graph); one per OS thread; and the profiler's counters.
+//! It has no external resources: the data is embedded, and a few hundred
+//! lines of inline script draw the flame graphs as SVG when they are
+//! opened.
+//!
+//! ```no_run
+//! let dir = std::path::Path::new("sentry-envelopes");
+//! match sentry_profiling_preview::write_page(dir) {
+//!     Ok((path, summary)) => println!("{} ({} transactions)", path.display(), summary.transactions),
+//!     Err(e) => eprintln!("no preview: {e}"),
+//! }
+//! ```
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod envelope;
+mod flame;
+mod model;
+mod names;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value, json};
+
+pub use envelope::{EnvelopeItem, ParsedEnvelope, parse_envelope};
+pub use model::{timestamp_secs, transaction_window};
+
+use flame::Flame;
+use model::{Run, weighted};
+
+/// The page's file name in the envelope directory.
+pub const PAGE_FILE: &str = "profile.html";
+
+/// A file of counters (one JSON object of numbers) that a run may leave
+/// beside its envelopes; the page shows them as the profiler's counters.
+/// The example service writes `sentry_profiling::stats()` there.
+pub const STATS_FILE: &str = "profiler-stats.json";
+
+/// The frame fill-in samples of a suspended request carry.
+const WAITING_PREFIX: &str = "(suspended";
+
+/// Transactions that get a flame graph of their own, at most (the slowest
+/// ones); the rest are listed, and counted in their name's flame graph.
+const MAX_TRANSACTION_FLAMES: usize = 2_000;
+
+/// Bytes of flame graph data the page may embed, at most: it keeps the page
+/// under 20 MB and quick to open however long the run.
+const MAX_FLAME_BYTES: usize = 12 * 1024 * 1024;
+
+/// Nodes narrower than this share of their graph are left out (their
+/// weight stays in the parent): they would be under a pixel wide.
+const MIN_NODE_SHARE: f64 = 0.0005;
+
+/// Thread ids from here up are lanes (requests), not OS threads.
+const LANE_BASE: u64 = 1_000_000_000;
+
+/// Why no page was made.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum PreviewError {
+    /// The directory could not be read.
+    Read {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The directory holds no `*.envelope` file.
+    NoEnvelopes {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// The envelopes hold no profile chunk (profiling was off, not
+    /// sampled, or the run sent no chunk yet).
+    NoChunks {
+        /// The directory.
+        dir: PathBuf,
+        /// Transactions found.
+        transactions: usize,
+        /// Files or items that could not be read.
+        problems: Vec<String>,
+    },
+    /// The page could not be written.
+    Write {
+        /// The page's path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for PreviewError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Read { dir, source } => write!(f, "cannot read {}: {source}", dir.display()),
+            Self::NoEnvelopes { dir } => write!(
+                f,
+                "{} holds no *.envelope file: point it at the directory a run wrote its envelopes to",
+                dir.display()
+            ),
+            Self::NoChunks {
+                dir,
+                transactions,
+                problems,
+            } => {
+                write!(
+                    f,
+                    "{} holds no profile chunk ({transactions} transactions): was the profiling session sampled, and did the run shut down cleanly?",
+                    dir.display()
+                )?;
+                for p in problems.iter().take(5) {
+                    write!(f, "\n  unreadable: {p}")?;
+                }
+                Ok(())
+            }
+            Self::Write { path, source } => {
+                write!(f, "cannot write {}: {source}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for PreviewError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Read { source, .. } | Self::Write { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// What a page shows, in numbers.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Summary {
+    /// Transactions found.
+    pub transactions: usize,
+    /// Transactions whose window shows at least one sample of their
+    /// profiler and thread, as Sentry selects them.
+    pub linked: usize,
+    /// Transactions with a flame graph of their own on the page.
+    pub flame_graphs: usize,
+    /// Profile chunks read.
+    pub chunks: usize,
+    /// Samples in them.
+    pub samples: usize,
+    /// Files or items that could not be read, each with why.
+    pub problems: Vec<String>,
+}
+
+/// A built page.
+#[derive(Debug, Clone)]
+pub struct Preview {
+    html: String,
+    summary: Summary,
+}
+
+impl Preview {
+    /// The page, one self-contained HTML document.
+    pub fn html(&self) -> &str {
+        &self.html
+    }
+
+    /// What it shows, in numbers.
+    pub fn summary(&self) -> &Summary {
+        &self.summary
+    }
+}
+
+/// Builds the page for the envelopes in `dir`.
+pub fn build(dir: &Path) -> Result<Preview, PreviewError> {
+    let run = Run::read(dir).map_err(|source| PreviewError::Read {
+        dir: dir.to_owned(),
+        source,
+    })?;
+    if run.envelope_files == 0 {
+        return Err(PreviewError::NoEnvelopes {
+            dir: dir.to_owned(),
+        });
+    }
+    if run.chunks == 0 {
+        return Err(PreviewError::NoChunks {
+            dir: dir.to_owned(),
+            transactions: run.transactions.len(),
+            problems: run.problems,
+        });
+    }
+    let stats = read_stats(&dir.join(STATS_FILE));
+    let (data, summary) = page_data(&run, stats, dir);
+    Ok(Preview {
+        html: render(&data),
+        summary,
+    })
+}
+
+/// Builds the page for `dir` and writes it there as [`PAGE_FILE`].
+pub fn write_page(dir: &Path) -> Result<(PathBuf, Summary), PreviewError> {
+    let preview = build(dir)?;
+    let path = dir.join(PAGE_FILE);
+    std::fs::write(&path, preview.html()).map_err(|source| PreviewError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    Ok((path, preview.summary))
+}
+
+/// The counters file, if there is a readable one.
+fn read_stats(path: &Path) -> Option<Map<String, Value>> {
+    let bytes = std::fs::read(path).ok()?;
+    match serde_json::from_slice::<Value>(&bytes).ok()? {
+        Value::Object(m) => Some(m),
+        _ => None,
+    }
+}
+
+fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Value, Summary) {
+    let waiting: Vec<u32> = run
+        .names
+        .list
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.starts_with(WAITING_PREFIX))
+        .map(|(i, _)| i as u32)
+        .collect();
+    let mut summary = Summary {
+        transactions: run.transactions.len(),
+        chunks: run.chunks,
+        samples: run.samples,
+        problems: run.problems.clone(),
+        ..Summary::default()
+    };
+
+    // Each transaction's flame graph, by Sentry's rule, and per name all of
+    // its transactions merged (as Sentry's aggregate flame graph).
+    let mut routes: BTreeMap<&str, (usize, Flame)> = BTreeMap::new();
+    let mut rows: Vec<(&model::Transaction, Flame)> = Vec::with_capacity(run.transactions.len());
+    for tx in &run.transactions {
+        let route = routes.entry(tx.name.as_str()).or_default();
+        route.0 += 1;
+        let mut flame = Flame::default();
+        if let (Some(pid), Some(tid)) = (&tx.profiler_id, &tx.thread_id) {
+            if let Some(tl) = run.timelines.get(&(pid.clone(), tid.clone())) {
+                for (stack, w) in weighted(tl, tx.start, tx.end) {
+                    let stack = &run.stacks[stack as usize];
+                    flame.add(stack, w);
+                    route.1.add(stack, w);
+                }
+            }
+        }
+        rows.push((tx, flame));
+    }
+    summary.linked = rows.iter().filter(|(_, f)| f.samples() > 0).count();
+    rows.sort_by(|a, b| (b.0.end - b.0.start).total_cmp(&(a.0.end - a.0.start)));
+
+    let mut tx_out = Vec::with_capacity(rows.len());
+    let mut budget = MAX_FLAME_BYTES;
+    for (tx, flame) in &rows {
+        let mut tree = Value::Null;
+        if flame.samples() > 0 && summary.flame_graphs < MAX_TRANSACTION_FLAMES {
+            let t = flame.to_json(MIN_NODE_SHARE);
+            let size = t.to_string().len();
+            if size <= budget {
+                budget -= size;
+                summary.flame_graphs += 1;
+                tree = t;
+            }
+        }
+        let waited: f64 = waiting.iter().map(|&n| flame.weight_of(n)).sum();
+        tx_out.push(json!({
+            "n": tx.name,
+            "op": tx.op,
+            "d": ms(tx.end - tx.start),
+            "s": tx.status,
+            "c": flame.samples(),
+            "w": ms(waited),
+            "t": tx.thread_id,
+            "at": tx.start,
+            "f": tree,
+        }));
+    }
+    let mut routes: Vec<(&str, (usize, Flame))> = routes.into_iter().collect();
+    routes.sort_by(|a, b| b.1.1.total().total_cmp(&a.1.1.total()));
+    let routes_out: Vec<Value> = routes
+        .into_iter()
+        .map(|(name, (count, flame))| {
+            json!({"n": name, "k": count, "c": flame.samples(), "d": ms(flame.total()), "f": flame.to_json(MIN_NODE_SHARE)})
+        })
+        .collect();
+
+    // OS threads over the whole run (lanes are shown by their transactions).
+    let mut threads: Vec<(&String, Flame)> = Vec::new();
+    let mut per_thread: HashMap<&String, Flame> = HashMap::new();
+    for ((_, tid), tl) in &run.timelines {
+        if tid.parse::<u64>().is_ok_and(|t| t >= LANE_BASE) {
+            continue;
+        }
+        let flame = per_thread.entry(tid).or_default();
+        for (stack, w) in weighted(tl, f64::NEG_INFINITY, f64::INFINITY) {
+            flame.add(&run.stacks[stack as usize], w);
+        }
+    }
+    threads.extend(per_thread);
+    threads.sort_by(|a, b| b.1.total().total_cmp(&a.1.total()).then(a.0.cmp(b.0)));
+    let threads_out: Vec<Value> = threads
+        .into_iter()
+        .map(|(tid, flame)| {
+            json!({
+                "id": tid,
+                "n": run.thread_names.get(tid).map_or("", String::as_str),
+                "c": flame.samples(),
+                "d": ms(flame.total()),
+                "f": flame.to_json(MIN_NODE_SHARE),
+            })
+        })
+        .collect();
+
+    let short: Vec<String> = run
+        .names
+        .list
+        .iter()
+        .map(|n| names::short_name(n))
+        .collect();
+    let full: Map<String, Value> = run
+        .names
+        .list
+        .iter()
+        .zip(&short)
+        .enumerate()
+        .filter(|(_, (f, s))| f != s)
+        .map(|(i, (f, _))| (i.to_string(), Value::from(f.as_str())))
+        .collect();
+    let counters = stats.unwrap_or_else(|| {
+        let mut m = Map::new();
+        m.insert("chunks".into(), run.chunks.into());
+        m.insert("samples".into(), run.samples.into());
+        m
+    });
+    let data = json!({
+        "dir": dir.display().to_string(),
+        "names": short,
+        "full": full,
+        "tx": tx_out,
+        "routes": routes_out,
+        "threads": threads_out,
+        "counters": counters,
+        "summary": {
+            "transactions": summary.transactions,
+            "linked": summary.linked,
+            "flame_graphs": summary.flame_graphs,
+            "chunks": summary.chunks,
+            "samples": summary.samples,
+            "envelope_files": run.envelope_files,
+        },
+        "problems": summary.problems,
+    });
+    (data, summary)
+}
+
+fn ms(seconds: f64) -> f64 {
+    (seconds * 1e6).round() / 1e3
+}
+
+/// The page: the template with the data embedded as JSON (every `<`
+/// escaped, so no string in it can close the script element).
+fn render(data: &Value) -> String {
+    let json = data.to_string().replace('<', "\\u003c");
+    PAGE.replace("/*DATA*/", &json)
+}
+
+const PAGE: &str = include_str!("page.html");
