@@ -2,19 +2,27 @@
 //! root down, written compactly for the page (`[name id, weight in µs,
 //! [children]]`, heaviest child first).
 
+use std::collections::HashMap;
+
 use serde_json::{Value, json};
 
 #[derive(Debug, Clone)]
 struct Node {
     name: u32,
     weight: f64,
-    children: Vec<Node>,
+    children: Vec<u32>,
 }
 
-/// A flame graph of weighted stacks (weights in seconds).
+/// Stands for the root as a parent.
+const ROOT: u32 = u32::MAX;
+
+/// A flame graph of weighted stacks (weights in seconds), its nodes in an
+/// arena found by (parent, name).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Flame {
-    children: Vec<Node>,
+    nodes: Vec<Node>,
+    roots: Vec<u32>,
+    index: HashMap<(u32, u32), u32>,
     total: f64,
     samples: usize,
 }
@@ -27,21 +35,23 @@ impl Flame {
             return;
         }
         self.total += weight;
-        let mut level = &mut self.children;
+        let mut parent = ROOT;
         for &name in stack {
-            let i = match level.iter().position(|n| n.name == name) {
-                Some(i) => i,
-                None => {
-                    level.push(Node {
-                        name,
-                        weight: 0.0,
-                        children: Vec::new(),
-                    });
-                    level.len() - 1
+            let next = self.nodes.len() as u32;
+            let i = *self.index.entry((parent, name)).or_insert(next);
+            if i == next {
+                self.nodes.push(Node {
+                    name,
+                    weight: 0.0,
+                    children: Vec::new(),
+                });
+                match parent {
+                    ROOT => self.roots.push(i),
+                    p => self.nodes[p as usize].children.push(i),
                 }
-            };
-            level[i].weight += weight;
-            level = &mut level[i].children;
+            }
+            self.nodes[i as usize].weight += weight;
+            parent = i;
         }
     }
 
@@ -58,33 +68,46 @@ impl Flame {
     /// Weight of the nodes named `name` at any depth, counted once per
     /// path (a recursive function is not counted twice).
     pub(crate) fn weight_of(&self, name: u32) -> f64 {
-        fn walk(nodes: &[Node], name: u32) -> f64 {
-            nodes
-                .iter()
-                .map(|n| {
-                    if n.name == name {
-                        n.weight
-                    } else {
-                        walk(&n.children, name)
-                    }
-                })
-                .sum()
+        let mut sum = 0.0;
+        let mut todo: Vec<u32> = self.roots.clone();
+        while let Some(i) = todo.pop() {
+            let n = &self.nodes[i as usize];
+            if n.name == name {
+                sum += n.weight;
+            } else {
+                todo.extend(&n.children);
+            }
         }
-        walk(&self.children, name)
+        sum
     }
 
     /// The tree as the page reads it, leaving out nodes lighter than
     /// `min_share` of the total (too narrow to see; their weight stays in
     /// their parent).
     pub(crate) fn to_json(&self, min_share: f64) -> Value {
-        fn level(nodes: &[Node], min: f64) -> Value {
-            let mut kept: Vec<&Node> = nodes.iter().filter(|c| c.weight >= min).collect();
+        let min = self.total * min_share;
+        let level = |ids: &[u32]| -> Vec<&Node> {
+            let mut kept: Vec<&Node> = ids
+                .iter()
+                .map(|&i| &self.nodes[i as usize])
+                .filter(|n| n.weight >= min)
+                .collect();
             kept.sort_by(|a, b| b.weight.total_cmp(&a.weight));
-            kept.into_iter()
-                .map(|n| json!([n.name, micros(n.weight), level(&n.children, min)]))
-                .collect()
+            kept
+        };
+        fn write<'a>(n: &'a Node, level: &dyn Fn(&[u32]) -> Vec<&'a Node>) -> Value {
+            let kids: Vec<Value> = level(&n.children)
+                .into_iter()
+                .map(|c| write(c, level))
+                .collect();
+            json!([n.name, micros(n.weight), kids])
         }
-        level(&self.children, self.total * min_share)
+        Value::Array(
+            level(&self.roots)
+                .into_iter()
+                .map(|n| write(n, &level))
+                .collect(),
+        )
     }
 }
 

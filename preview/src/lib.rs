@@ -385,3 +385,163 @@ fn render(data: &Value) -> String {
 }
 
 const PAGE: &str = include_str!("page.html");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("preview-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn envelope(items: &[(&str, String)]) -> Vec<u8> {
+        let mut out = b"{}\n".to_vec();
+        for (kind, payload) in items {
+            out.extend(format!("{{\"type\":\"{kind}\",\"length\":{}}}\n", payload.len()).bytes());
+            out.extend(payload.bytes());
+            out.push(b'\n');
+        }
+        out
+    }
+
+    fn chunk(profiler: &str, samples: &[(f64, &str, u32)]) -> String {
+        let samples: Vec<Value> = samples
+            .iter()
+            .map(|(ts, tid, stack)| json!({"timestamp": ts, "thread_id": tid, "stack_id": stack}))
+            .collect();
+        json!({
+            "version": "2", "profiler_id": profiler, "platform": "rust",
+            "profile": {
+                "frames": [{"function": "main", "instruction_addr": "0x10"},
+                           {"function": "app::burn_cpu", "instruction_addr": "0x20"},
+                           {"function": "(suspended: awaiting or queued)", "instruction_addr": "0x1"}],
+                "stacks": [[1, 0], [2]],
+                "samples": samples,
+                "thread_metadata": {"1000000000": {"name": "GET /work"}, "77": {"name": "tokio-rt-worker"}},
+            }
+        })
+        .to_string()
+    }
+
+    fn transaction(profiler: &str, tid: &str, start: f64, end: f64) -> String {
+        json!({
+            "transaction": "GET /work", "start_timestamp": start, "timestamp": end,
+            "contexts": {"profile": {"type": "profile", "profiler_id": profiler},
+                         "trace": {"op": "http.server", "status": "ok", "data": {"thread.id": tid}}},
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn a_transaction_shows_its_threads_samples_in_its_window_weighted_as_sentry_does() {
+        let dir = temp_dir("weights");
+        let p = "a".repeat(32);
+        let samples = [
+            (10.00, "1000000000", 0),
+            (10.01, "1000000000", 0),
+            (10.02, "1000000000", 1),
+            (10.03, "1000000000", 0),
+            (10.50, "1000000000", 0),
+            (10.00, "77", 0),
+            (10.05, "77", 0),
+        ];
+        std::fs::write(
+            dir.join("1.envelope"),
+            envelope(&[
+                ("profile_chunk", chunk(&p, &samples)),
+                ("transaction", transaction(&p, "1000000000", 10.0, 10.03)),
+            ]),
+        )
+        .unwrap();
+        let preview = build(&dir).unwrap();
+        let s = preview.summary();
+        assert_eq!(
+            (s.transactions, s.linked, s.chunks, s.samples),
+            (1, 1, 1, 7)
+        );
+        let html = preview.html();
+        // 4 samples in the window; 30 ms of weight, 10 of them waiting.
+        assert!(html.contains("\"c\":4"), "{html}");
+        assert!(
+            html.contains("\"d\":30.0") && html.contains("\"w\":10.0"),
+            "{html}"
+        );
+        assert!(
+            !html.contains("</script><"),
+            "data cannot close its script element"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn bad_directories_get_a_clear_error_and_bad_files_are_listed() {
+        let dir = temp_dir("bad");
+        let missing = dir.join("missing");
+        assert!(matches!(build(&missing), Err(PreviewError::Read { .. })));
+        std::fs::write(dir.join("notes.txt"), "not an envelope").unwrap();
+        let e = build(&dir).unwrap_err();
+        assert!(matches!(e, PreviewError::NoEnvelopes { .. }), "{e}");
+        assert!(e.to_string().contains("no *.envelope"), "{e}");
+
+        let p = "b".repeat(32);
+        std::fs::write(
+            dir.join("1.envelope"),
+            envelope(&[("transaction", transaction(&p, "1", 1.0, 2.0))]),
+        )
+        .unwrap();
+        let e = build(&dir).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PreviewError::NoChunks {
+                    transactions: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+
+        let mut truncated =
+            envelope(&[("profile_chunk", chunk(&p, &[(1.0, "1", 0), (1.5, "1", 0)]))]);
+        truncated.truncate(truncated.len() / 2);
+        std::fs::write(dir.join("2.envelope"), truncated).unwrap();
+        std::fs::write(dir.join("3.envelope"), b"\x00\xffgarbage").unwrap();
+        std::fs::write(
+            dir.join("4.envelope"),
+            envelope(&[("profile_chunk", "{\"profile\":{}}".into())]),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("5.envelope"),
+            envelope(&[("profile_chunk", chunk(&p, &[(1.0, "1", 0), (1.5, "1", 9)]))]),
+        )
+        .unwrap();
+        let e = build(&dir).unwrap_err();
+        let PreviewError::NoChunks { problems, .. } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        assert!(
+            problems[0].starts_with("2.envelope") && problems[0].contains("cut short"),
+            "{problems:?}"
+        );
+        assert!(problems[3].contains("missing stack"), "{problems:?}");
+
+        std::fs::write(
+            dir.join("6.envelope"),
+            envelope(&[("profile_chunk", chunk(&p, &[(1.0, "1", 0), (1.5, "1", 0)]))]),
+        )
+        .unwrap();
+        let (page, summary) = write_page(&dir).unwrap();
+        assert_eq!(
+            (summary.chunks, summary.transactions, summary.linked),
+            (1, 1, 1)
+        );
+        assert_eq!(summary.problems.len(), 4);
+        assert!(std::fs::read_to_string(page).unwrap().contains("cut short"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -57,7 +57,14 @@ fn machine() -> String {
     )
 }
 
-const BENCHES: [&str; 5] = ["sampler", "per_sample", "growth", "encode", "attribution"];
+const BENCHES: [&str; 6] = [
+    "sampler",
+    "per_sample",
+    "growth",
+    "encode",
+    "attribution",
+    "preview",
+];
 
 /// Runs everything and writes the report.
 pub(crate) fn full() -> Result<(), String> {
