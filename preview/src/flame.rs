@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use serde_json::{Value, json};
+use std::fmt::Write as _;
 
 #[derive(Debug, Clone)]
 struct Node {
@@ -81,33 +81,38 @@ impl Flame {
         sum
     }
 
-    /// The tree as the page reads it, leaving out nodes lighter than
+    /// Writes the tree as the page reads it, leaving out nodes lighter than
     /// `min_share` of the total (too narrow to see; their weight stays in
     /// their parent).
-    pub(crate) fn to_json(&self, min_share: f64) -> Value {
+    pub(crate) fn write_json(&self, min_share: f64, out: &mut String) {
         let min = self.total * min_share;
-        let level = |ids: &[u32]| -> Vec<&Node> {
-            let mut kept: Vec<&Node> = ids
-                .iter()
-                .map(|&i| &self.nodes[i as usize])
-                .filter(|n| n.weight >= min)
-                .collect();
-            kept.sort_by(|a, b| b.weight.total_cmp(&a.weight));
-            kept
-        };
-        fn write<'a>(n: &'a Node, level: &dyn Fn(&[u32]) -> Vec<&'a Node>) -> Value {
-            let kids: Vec<Value> = level(&n.children)
-                .into_iter()
-                .map(|c| write(c, level))
-                .collect();
-            json!([n.name, micros(n.weight), kids])
+        self.write_level(&self.roots, min, out);
+    }
+
+    fn write_level(&self, ids: &[u32], min: f64, out: &mut String) {
+        let mut kept: Vec<&Node> = ids
+            .iter()
+            .map(|&i| &self.nodes[i as usize])
+            .filter(|n| n.weight >= min)
+            .collect();
+        kept.sort_by(|a, b| b.weight.total_cmp(&a.weight));
+        out.push('[');
+        for (k, n) in kept.into_iter().enumerate() {
+            if k > 0 {
+                out.push(',');
+            }
+            let _ = write!(out, "[{},{},", n.name, micros(n.weight));
+            self.write_level(&n.children, min, out);
+            out.push(']');
         }
-        Value::Array(
-            level(&self.roots)
-                .into_iter()
-                .map(|n| write(n, &level))
-                .collect(),
-        )
+        out.push(']');
+    }
+
+    /// [`Flame::write_json`] into a new string.
+    pub(crate) fn to_json(&self, min_share: f64) -> String {
+        let mut out = String::new();
+        self.write_json(min_share, &mut out);
+        out
     }
 }
 
@@ -129,10 +134,9 @@ mod tests {
         assert_eq!(f.samples(), 4);
         assert!((f.total() - 0.030_01).abs() < 1e-9);
         assert!((f.weight_of(1) - 0.030).abs() < 1e-9);
-        let v = f.to_json(0.001);
         assert_eq!(
-            v,
-            json!([[0, 30010, [[1, 30000, [[3, 20000, []], [2, 10000, []]]]]]])
+            f.to_json(0.001),
+            "[[0,30010,[[1,30000,[[3,20000,[]],[2,10000,[]]]]]]]"
         );
     }
 }

@@ -35,6 +35,7 @@ mod model;
 mod names;
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
@@ -230,7 +231,7 @@ fn read_stats(path: &Path) -> Option<Map<String, Value>> {
     }
 }
 
-fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Value, Summary) {
+fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (String, Summary) {
     let waiting: Vec<u32> = run
         .names
         .list
@@ -269,21 +270,20 @@ fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Value
     summary.linked = rows.iter().filter(|(_, f)| f.samples() > 0).count();
     rows.sort_by(|a, b| (b.0.end - b.0.start).total_cmp(&(a.0.end - a.0.start)));
 
-    let mut tx_out = Vec::with_capacity(rows.len());
+    let mut tx_out: Vec<String> = Vec::with_capacity(rows.len());
     let mut budget = MAX_FLAME_BYTES;
     for (tx, flame) in &rows {
-        let mut tree = Value::Null;
+        let mut tree = String::from("null");
         if flame.samples() > 0 && summary.flame_graphs < MAX_TRANSACTION_FLAMES {
             let t = flame.to_json(MIN_NODE_SHARE);
-            let size = t.to_string().len();
-            if size <= budget {
-                budget -= size;
+            if t.len() <= budget {
+                budget -= t.len();
                 summary.flame_graphs += 1;
                 tree = t;
             }
         }
         let waited: f64 = waiting.iter().map(|&n| flame.weight_of(n)).sum();
-        tx_out.push(json!({
+        let row = json!({
             "n": tx.name,
             "op": tx.op,
             "d": ms(tx.end - tx.start),
@@ -292,15 +292,16 @@ fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Value
             "w": ms(waited),
             "t": tx.thread_id,
             "at": tx.start,
-            "f": tree,
-        }));
+        });
+        tx_out.push(with_tree(&row, &tree));
     }
     let mut routes: Vec<(&str, (usize, Flame))> = routes.into_iter().collect();
     routes.sort_by(|a, b| b.1.1.total().total_cmp(&a.1.1.total()));
-    let routes_out: Vec<Value> = routes
+    let routes_out: Vec<String> = routes
         .into_iter()
         .map(|(name, (count, flame))| {
-            json!({"n": name, "k": count, "c": flame.samples(), "d": ms(flame.total()), "f": flame.to_json(MIN_NODE_SHARE)})
+            let row = json!({"n": name, "k": count, "c": flame.samples(), "d": ms(flame.total())});
+            with_tree(&row, &flame.to_json(MIN_NODE_SHARE))
         })
         .collect();
 
@@ -318,16 +319,16 @@ fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Value
     }
     threads.extend(per_thread);
     threads.sort_by(|a, b| b.1.total().total_cmp(&a.1.total()).then(a.0.cmp(b.0)));
-    let threads_out: Vec<Value> = threads
+    let threads_out: Vec<String> = threads
         .into_iter()
         .map(|(tid, flame)| {
-            json!({
+            let row = json!({
                 "id": tid,
                 "n": run.thread_names.get(tid).map_or("", String::as_str),
                 "c": flame.samples(),
                 "d": ms(flame.total()),
-                "f": flame.to_json(MIN_NODE_SHARE),
-            })
+            });
+            with_tree(&row, &flame.to_json(MIN_NODE_SHARE))
         })
         .collect();
 
@@ -356,9 +357,6 @@ fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Value
         "dir": dir.display().to_string(),
         "names": short,
         "full": full,
-        "tx": tx_out,
-        "routes": routes_out,
-        "threads": threads_out,
         "counters": counters,
         "summary": {
             "transactions": summary.transactions,
@@ -370,7 +368,30 @@ fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Value
         },
         "problems": summary.problems,
     });
+    // The rows, each with its tree, go in as written (a page can hold
+    // millions of tree nodes: no `Value` for each).
+    let mut data = data.to_string();
+    data.pop();
+    for (key, rows) in [
+        ("tx", tx_out),
+        ("routes", routes_out),
+        ("threads", threads_out),
+    ] {
+        let _ = write!(data, ",\"{key}\":[{}]", rows.join(","));
+    }
+    data.push('}');
     (data, summary)
+}
+
+/// A row object (`{...}`, serialised) with its flame graph tree added as
+/// `f` (`null` or a tree written by [`Flame::write_json`]).
+fn with_tree(row: &Value, tree: &str) -> String {
+    let mut out = row.to_string();
+    out.pop();
+    out.push_str(",\"f\":");
+    out.push_str(tree);
+    out.push('}');
+    out
 }
 
 fn ms(seconds: f64) -> f64 {
@@ -379,8 +400,8 @@ fn ms(seconds: f64) -> f64 {
 
 /// The page: the template with the data embedded as JSON (every `<`
 /// escaped, so no string in it can close the script element).
-fn render(data: &Value) -> String {
-    let json = data.to_string().replace('<', "\\u003c");
+fn render(data: &str) -> String {
+    let json = data.replace('<', "\\u003c");
     PAGE.replace("/*DATA*/", &json)
 }
 
