@@ -15,8 +15,10 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
+
+use sentry_profiling_preview::envelope_bytes;
+use sentry_profiling_tests::browser::{chromium, headless};
 
 const THREADS: u64 = 16;
 const HZ: u64 = 101;
@@ -32,16 +34,6 @@ impl Rng {
         self.0 ^= self.0 << 17;
         self.0 % n
     }
-}
-
-fn envelope(items: &[(&str, String)]) -> Vec<u8> {
-    let mut out = b"{}\n".to_vec();
-    for (kind, payload) in items {
-        out.extend(format!("{{\"type\":\"{kind}\",\"length\":{}}}\n", payload.len()).bytes());
-        out.extend(payload.bytes());
-        out.push(b'\n');
-    }
-    out
 }
 
 /// Writes the run's envelopes into `dir`; returns (samples, transactions).
@@ -128,44 +120,25 @@ fn write_run(dir: &Path, seconds: u64, transactions: u64) -> (usize, usize) {
     );
     std::fs::write(
         dir.join("000000.envelope"),
-        envelope(&[("profile_chunk", chunk)]),
+        envelope_bytes(&[("profile_chunk", chunk.as_bytes())]),
     )
     .unwrap();
     for (i, tx) in tx_items.into_iter().enumerate() {
         std::fs::write(
             dir.join(format!("{:06}.envelope", i + 1)),
-            envelope(&[("transaction", tx)]),
+            envelope_bytes(&[("transaction", tx.as_bytes())]),
         )
         .unwrap();
     }
     (count, transactions as usize)
 }
 
-fn chromium() -> Option<std::path::PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join("chromium"))
-        .find(|p| p.is_file())
-}
-
 /// Loads the page in headless Chromium; returns the wall time and the
 /// script time the page reports.
 fn render(browser: &Path, page: &Path, fragment: &str, profile: &Path) -> (f64, Option<f64>) {
     let started = Instant::now();
-    let out = Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--dump-dom",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(format!("file://{}#{fragment}", page.display()))
+    let url = format!("file://{}#{fragment}", page.display());
+    let out = headless(browser, profile, &url, &["--dump-dom".into()])
         .output()
         .expect("run chromium");
     let wall = started.elapsed().as_secs_f64();
@@ -197,7 +170,9 @@ fn main() {
     match chromium() {
         Some(browser) => {
             let profile = dir.join("chromium-profile");
-            for fragment in ["", "expand=all"] {
+            // The smoke run only opens it: drawing every graph takes a while.
+            let fragments: &[&str] = if smoke { &[""] } else { &["", "expand=all"] };
+            for fragment in fragments {
                 let (wall, script) = render(&browser, &page, fragment, &profile);
                 println!(
                     "chromium, {}: {wall:.2} s to load and render (page script: {} ms)",

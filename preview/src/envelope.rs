@@ -94,6 +94,20 @@ pub fn parse_envelope(bytes: &[u8]) -> ParsedEnvelope {
     }
 }
 
+/// Writes an envelope of `(type, payload)` items, each with its `length`
+/// (the inverse of [`parse_envelope`]; the header is empty).
+pub fn envelope_bytes(items: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = b"{}\n".to_vec();
+    for (kind, payload) in items {
+        let header = serde_json::json!({"type": kind, "length": payload.len()});
+        out.extend(header.to_string().bytes());
+        out.push(b'\n');
+        out.extend_from_slice(payload);
+        out.push(b'\n');
+    }
+    out
+}
+
 fn next_line<'a>(rest: &mut &'a [u8]) -> Option<&'a [u8]> {
     if rest.is_empty() {
         return None;

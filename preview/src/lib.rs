@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
-pub use envelope::{EnvelopeItem, ParsedEnvelope, parse_envelope};
+pub use envelope::{EnvelopeItem, ParsedEnvelope, envelope_bytes, parse_envelope};
 pub use model::{timestamp_secs, transaction_window};
 
 use flame::Flame;
@@ -419,13 +419,8 @@ mod tests {
     }
 
     fn envelope(items: &[(&str, String)]) -> Vec<u8> {
-        let mut out = b"{}\n".to_vec();
-        for (kind, payload) in items {
-            out.extend(format!("{{\"type\":\"{kind}\",\"length\":{}}}\n", payload.len()).bytes());
-            out.extend(payload.bytes());
-            out.push(b'\n');
-        }
-        out
+        let items: Vec<(&str, &[u8])> = items.iter().map(|(k, p)| (*k, p.as_bytes())).collect();
+        envelope_bytes(&items)
     }
 
     fn chunk(profiler: &str, samples: &[(f64, &str, u32)]) -> String {

@@ -5,6 +5,7 @@
 //! `relay.rs`, which the stress run shares).
 
 pub mod attribution;
+pub mod browser;
 pub mod fake_sentry;
 mod relay;
 

@@ -7,21 +7,13 @@
 //! Chromium is Debian's `chromium` (`.ci/run` installs it). Without it the
 //! test says so and passes, except under CI (`CI` set), where it fails.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use sentry_profiling_tests::browser::{chromium, headless};
 use sentry_profiling_tests::{http_get, local_settings, run_example_service};
 
 const WORK: &str = "GET /work/{ms}";
-
-fn chromium() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .flat_map(|name| std::env::split_paths(&path).map(move |d| d.join(name)))
-        .find(|p| p.is_file())
-}
 
 /// What the browser made of the page: the DOM after its scripts ran, and
 /// what Chromium logged (console messages included).
@@ -34,27 +26,8 @@ struct Rendered {
 /// beside it.
 fn render(browser: &Path, page: &Path, fragment: &str, profile_dir: &Path) -> Rendered {
     let url = format!("file://{}#{fragment}", page.display());
-    // The flags a sandboxed, offline root session needs: no sandbox, no
-    // GPU, no background connections.
-    let common = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--enable-logging=stderr",
-        "--v=0",
-        "--window-size=1400,1800",
-    ];
     let run = |extra: &[String]| {
-        let out = Command::new(browser)
-            .args(common)
-            .arg(format!("--user-data-dir={}", profile_dir.display()))
-            .args(extra)
-            .arg(&url)
+        let out = headless(browser, profile_dir, &url, extra)
             .output()
             .expect("run chromium");
         assert!(out.status.success(), "chromium failed: {out:?}");
