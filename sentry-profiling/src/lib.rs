@@ -120,6 +120,7 @@ mod sampler;
 #[cfg(not(profiling_supported))]
 #[path = "sampler/unsupported.rs"]
 mod sampler;
+pub mod sentry_view;
 mod symbolize;
 mod sys;
 mod transaction_profile;
