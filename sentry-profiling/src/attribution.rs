@@ -183,7 +183,10 @@ impl Lanes {
             let mut pushed = 0;
             let mut last = None;
             while t <= end {
-                let i = times.partition_point(|&x| x < t.saturating_sub(period_ns / 2));
+                // A sample from before the lane began (stamped before its
+                // start was) does not cover its first tick.
+                let from = t.saturating_sub(period_ns / 2).max(info.start_ns);
+                let i = times.partition_point(|&x| x < from);
                 let covered = times.get(i).is_some_and(|&x| x <= t + period_ns / 2);
                 if !covered {
                     chunk.push_synthetic(t, lane, &stack);

@@ -247,6 +247,10 @@ pub mod hooks {
     /// `lane` and `name` identify the root span; with transaction-based
     /// profiling they decide (deterministically) whether it is profiled.
     pub fn root_span_started(lane: u64, name: &str) -> Option<String> {
+        // The lane begins now, before the profiler resumes: resuming wakes
+        // the sampler thread, which on a busy machine can take this
+        // thread's core for a while, and the lane must cover that time.
+        ROOT_STARTED.with(|c| c.set((lane, now_ns())));
         let rt = crate::runtime::current()?;
         rt.root_started(lane, name)
             .then(|| rt.profiler_id().map(str::to_owned))
@@ -301,12 +305,20 @@ pub mod hooks {
     /// Never blocks.
     pub fn lane_started(lane: u64, link: crate::attribution::LaneLink) {
         if let Some(rt) = crate::runtime::current() {
+            let (root_lane, root_ns) = ROOT_STARTED.with(std::cell::Cell::get);
+            let start_ns = if root_lane == lane { root_ns } else { now_ns() };
             rt.lane_event(crate::attribution::LaneEvent::Started {
                 lane,
                 link: std::sync::Arc::new(link),
-                start_ns: now_ns(),
+                start_ns,
             });
         }
+    }
+
+    thread_local! {
+        /// The lane whose root span last called [`root_span_started`] on
+        /// this thread, and when.
+        static ROOT_STARTED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
     }
 
     /// The root span holding `lane` closed. Never blocks.
