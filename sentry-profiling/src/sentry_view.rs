@@ -117,6 +117,8 @@ pub struct ProfileChunk {
     pub samples: Vec<RawSample>,
     /// `thread_metadata` names, by thread id.
     pub thread_names: HashMap<String, String>,
+    /// Indices into `samples` by thread id, each list in time order.
+    by_thread: HashMap<String, Vec<usize>>,
 }
 
 fn hex(v: &Value) -> Option<u64> {
@@ -200,6 +202,13 @@ impl ProfileChunk {
                 stack_id,
             });
         }
+        let mut by_thread: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, s) in samples.iter().enumerate() {
+            by_thread.entry(s.thread_id.clone()).or_default().push(i);
+        }
+        for list in by_thread.values_mut() {
+            list.sort_by_key(|&i| samples[i].timestamp_ns);
+        }
         let thread_names = p
             .get("thread_metadata")
             .and_then(Value::as_object)
@@ -216,7 +225,14 @@ impl ProfileChunk {
             stacks,
             samples,
             thread_names,
+            by_thread,
         })
+    }
+
+    /// The thread ids that have samples in this chunk (OS threads and
+    /// lanes; see [`is_lane_thread_id`]).
+    pub fn thread_ids(&self) -> impl Iterator<Item = &str> {
+        self.by_thread.keys().map(String::as_str)
     }
 
     /// Earliest and latest sample timestamps (what Sentry indexes the chunk
@@ -243,6 +259,8 @@ pub struct TransactionWindow {
     pub start_ns: u64,
     /// `timestamp`, nanoseconds since the Unix epoch.
     pub end_ns: u64,
+    /// The trace context's `status` (`ok`, `internal_error`, ...), if set.
+    pub status: Option<String>,
 }
 
 impl TransactionWindow {
@@ -271,12 +289,17 @@ impl TransactionWindow {
         };
         let start_ns = time("start_timestamp")?;
         let end_ns = time("timestamp")?;
+        let status = tx
+            .pointer("/contexts/trace/status")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         Ok(Self {
             name,
             profiler_id,
             thread_id,
             start_ns,
             end_ns,
+            status,
         })
     }
 
@@ -398,15 +421,21 @@ pub fn what_sentry_shows<'a>(
         if chunk.profiler_id != profiler_id {
             continue;
         }
-        for s in &chunk.samples {
-            if s.thread_id == thread_id && (start_ns..=end_ns).contains(&s.timestamp_ns) {
-                samples.push(WeightedSample {
-                    timestamp_ns: s.timestamp_ns,
-                    weight_ns: 0,
-                    chunk: ci,
-                    stack_id: s.stack_id,
-                });
+        let Some(list) = chunk.by_thread.get(thread_id) else {
+            continue;
+        };
+        let from = list.partition_point(|&i| chunk.samples[i].timestamp_ns < start_ns);
+        for &i in &list[from..] {
+            let s = &chunk.samples[i];
+            if s.timestamp_ns > end_ns {
+                break;
             }
+            samples.push(WeightedSample {
+                timestamp_ns: s.timestamp_ns,
+                weight_ns: 0,
+                chunk: ci,
+                stack_id: s.stack_id,
+            });
         }
     }
     // Relay sorts each chunk's samples by time; vroom keeps that order
@@ -488,6 +517,9 @@ mod tests {
         assert_eq!(shown.total_ns() / 1_000_000, 50);
         assert_eq!(shown.weight_where(|f| f.is_synthetic()) / 1_000_000, 30);
         assert_eq!(shown.thread_name(), Some("GET /x"));
+        let mut ids: Vec<&str> = chunks[0].thread_ids().collect();
+        ids.sort_unstable();
+        assert_eq!(ids, vec!["7", "8"]);
         assert!(
             what_sentry_shows(&chunks, "q", "7", 0, u64::MAX)
                 .samples

@@ -22,7 +22,8 @@ use crate::chunk::Chunk;
 /// polling a request's lane.
 pub(crate) const RUNNING_REQUEST_FRAME: u64 = u64::MAX - 1;
 
-/// The function name shown for [`RUNNING_REQUEST_FRAME`].
+/// The function name of the frame standing for a worker polling a
+/// request (a root frame, alone in its stack).
 pub const RUNNING_REQUEST_FUNCTION: &str = "(running a request)";
 
 /// The `instruction_addr` written for the suspended frame.
