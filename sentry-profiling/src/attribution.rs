@@ -45,7 +45,15 @@ static NEXT_LANE: AtomicU64 = AtomicU64::new(LANE_BASE);
 
 /// Allocates a new lane id.
 pub fn new_lane() -> u64 {
-    NEXT_LANE.fetch_add(1, Ordering::Relaxed)
+    let lane = NEXT_LANE.fetch_add(1, Ordering::Relaxed);
+    // A lane begins when its root span is created (see `hooks::lane_started`).
+    LANE_CREATED.with(|c| c.set((lane, crate::hooks::now_ns())));
+    lane
+}
+
+thread_local! {
+    /// The lane this thread last allocated, and when.
+    pub(crate) static LANE_CREATED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
 }
 
 /// Whether a context word names a lane.

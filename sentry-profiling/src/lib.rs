@@ -305,8 +305,18 @@ pub mod hooks {
     /// Never blocks.
     pub fn lane_started(lane: u64, link: crate::attribution::LaneLink) {
         if let Some(rt) = crate::runtime::current() {
-            let (root_lane, root_ns) = ROOT_STARTED.with(std::cell::Cell::get);
-            let start_ns = if root_lane == lane { root_ns } else { now_ns() };
+            // The lane began when its root span was created or, created on
+            // another thread, when it was first entered here (before the
+            // profiler resumed); whatever came first on this thread.
+            let mut start_ns = now_ns();
+            for (l, t) in [
+                crate::attribution::LANE_CREATED.with(std::cell::Cell::get),
+                ROOT_STARTED.with(std::cell::Cell::get),
+            ] {
+                if l == lane {
+                    start_ns = start_ns.min(t);
+                }
+            }
             rt.lane_event(crate::attribution::LaneEvent::Started {
                 lane,
                 link: std::sync::Arc::new(link),
@@ -331,7 +341,7 @@ pub mod hooks {
         }
     }
 
-    fn now_ns() -> u64 {
+    pub(crate) fn now_ns() -> u64 {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
