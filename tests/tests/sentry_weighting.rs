@@ -273,6 +273,33 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                 polled as f64 / 1e6
             );
             burn_ratios.push(ratio);
+            // Where the rest went: samples of burn_cpu the sampler filed
+            // under the OS thread (no request) while that thread was
+            // polling this request.
+            let misfiled = parsed
+                .iter()
+                .flat_map(|c| c.samples.iter().map(move |smp| (c, smp)))
+                .filter(|(c, smp)| {
+                    !is_lane_thread_id(&smp.thread_id)
+                        && c.stacks[smp.stack_id].iter().any(|&f| {
+                            c.frames[f]
+                                .function
+                                .as_deref()
+                                .is_some_and(|n| n.contains("burn_cpu"))
+                        })
+                        && smp.thread_id.parse::<u64>().is_ok_and(|tid| {
+                            polls.iter().any(|p| {
+                                p.0 == tid
+                                    && p.3 == trace
+                                    && p.1 <= smp.timestamp_ns
+                                    && smp.timestamp_ns <= p.2
+                            })
+                        })
+                })
+                .count();
+            eprintln!(
+                "  {misfiled} burn_cpu samples of this request filed under its worker's OS thread"
+            );
             // Never more burn_cpu than the request was being polled (one
             // period of slack for where the samples fall): nothing of
             // another request's work is shown in this one. (Not N: on a
