@@ -45,7 +45,15 @@ static NEXT_LANE: AtomicU64 = AtomicU64::new(LANE_BASE);
 
 /// Allocates a new lane id.
 pub fn new_lane() -> u64 {
-    NEXT_LANE.fetch_add(1, Ordering::Relaxed)
+    let lane = NEXT_LANE.fetch_add(1, Ordering::Relaxed);
+    // A lane begins when its root span is created (see `hooks::lane_started`).
+    LANE_CREATED.with(|c| c.set((lane, crate::hooks::now_ns())));
+    lane
+}
+
+thread_local! {
+    /// The lane this thread last allocated, and when.
+    pub(crate) static LANE_CREATED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
 }
 
 /// Whether a context word names a lane.
@@ -183,7 +191,10 @@ impl Lanes {
             let mut pushed = 0;
             let mut last = None;
             while t <= end {
-                let i = times.partition_point(|&x| x < t.saturating_sub(period_ns / 2));
+                // A sample from before the lane began (stamped before its
+                // start was) does not cover its first tick.
+                let from = t.saturating_sub(period_ns / 2).max(info.start_ns);
+                let i = times.partition_point(|&x| x < from);
                 let covered = times.get(i).is_some_and(|&x| x <= t + period_ns / 2);
                 if !covered {
                     chunk.push_synthetic(t, lane, &stack);
@@ -198,6 +209,14 @@ impl Lanes {
             // has at most one sample of its own (or one fill-in), so it gets
             // a fill-in at its end, or at its start.
             if let Some(lane_end) = info.end_ns.filter(|&e| e <= until_ns && e >= chunk_start) {
+                // Sentry weights a sample by the time to the next one on its
+                // thread: a sample at the request's end gives the lane's last
+                // sample its duration.
+                if times.last().copied().max(last).is_none_or(|t| t < lane_end) {
+                    chunk.push_synthetic(lane_end, lane, &stack);
+                    pushed += 1;
+                    last = Some(lane_end);
+                }
                 let mut count = times.len() + pushed;
                 let start = info.start_ns.max(chunk_start);
                 for t in [lane_end, start, lane_end.saturating_add(1)] {
@@ -299,16 +318,20 @@ mod tests {
             end_ns: 1_000 + 45_000,
         });
         lanes.fill_suspended(&mut chunk, 10_000, 1_000_000);
-        assert_eq!(chunk.len(), 4 + 3, "ticks 2, 3 and 4 were filled in");
+        assert_eq!(
+            chunk.len(),
+            4 + 3 + 1,
+            "ticks 2, 3 and 4 were filled in, and the lane's end"
+        );
         let keys = lanes.thread_keys(&chunk, ThreadAttribution::Lanes);
         let lane_samples = keys.iter().flatten().filter(|(k, _)| *k == lane).count();
-        assert_eq!(lane_samples, 5);
+        assert_eq!(lane_samples, 6);
         assert_eq!(keys[2], Some((9, None)), "outside a lane: its OS thread");
         let os = lanes.thread_keys(&chunk, ThreadAttribution::OsThreads);
         assert_eq!(os[0], Some((7, None)));
         assert_eq!(
             os.iter().filter(|k| k.is_none()).count(),
-            3,
+            4,
             "fill-ins need lanes"
         );
     }
@@ -317,7 +340,8 @@ mod tests {
     fn a_lane_older_than_the_chunk_is_filled_from_the_chunk_start() {
         // The request began half a period before the sampler's first sample
         // and slept throughout: 1.3 periods of it are inside the chunk, and
-        // it gets two fill-ins (the lane's own grid would have given one).
+        // it gets two fill-ins (the lane's own grid would have given one),
+        // and a third at its end.
         let lane = new_lane();
         let mut lanes = Lanes::default();
         lanes.apply(LaneEvent::Started {
@@ -334,7 +358,7 @@ mod tests {
         });
         lanes.fill_suspended(&mut chunk, 10_000, 1_000_000);
         let keys = lanes.thread_keys(&chunk, ThreadAttribution::Lanes);
-        assert_eq!(keys.iter().flatten().filter(|(k, _)| *k == lane).count(), 2);
+        assert_eq!(keys.iter().flatten().filter(|(k, _)| *k == lane).count(), 3);
     }
 
     #[test]

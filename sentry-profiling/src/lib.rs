@@ -120,6 +120,7 @@ mod sampler;
 #[cfg(not(profiling_supported))]
 #[path = "sampler/unsupported.rs"]
 mod sampler;
+pub mod sentry_view;
 mod symbolize;
 mod sys;
 mod transaction_profile;
@@ -246,6 +247,10 @@ pub mod hooks {
     /// `lane` and `name` identify the root span; with transaction-based
     /// profiling they decide (deterministically) whether it is profiled.
     pub fn root_span_started(lane: u64, name: &str) -> Option<String> {
+        // The lane begins now, before the profiler resumes: resuming wakes
+        // the sampler thread, which on a busy machine can take this
+        // thread's core for a while, and the lane must cover that time.
+        ROOT_STARTED.with(|c| c.set((lane, now_ns())));
         let rt = crate::runtime::current()?;
         rt.root_started(lane, name)
             .then(|| rt.profiler_id().map(str::to_owned))
@@ -300,12 +305,30 @@ pub mod hooks {
     /// Never blocks.
     pub fn lane_started(lane: u64, link: crate::attribution::LaneLink) {
         if let Some(rt) = crate::runtime::current() {
+            // The lane began when its root span was created or, created on
+            // another thread, when it was first entered here (before the
+            // profiler resumed); whatever came first on this thread.
+            let mut start_ns = now_ns();
+            for (l, t) in [
+                crate::attribution::LANE_CREATED.with(std::cell::Cell::get),
+                ROOT_STARTED.with(std::cell::Cell::get),
+            ] {
+                if l == lane {
+                    start_ns = start_ns.min(t);
+                }
+            }
             rt.lane_event(crate::attribution::LaneEvent::Started {
                 lane,
                 link: std::sync::Arc::new(link),
-                start_ns: now_ns(),
+                start_ns,
             });
         }
+    }
+
+    thread_local! {
+        /// The lane whose root span last called [`root_span_started`] on
+        /// this thread, and when.
+        static ROOT_STARTED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
     }
 
     /// The root span holding `lane` closed. Never blocks.
@@ -318,7 +341,7 @@ pub mod hooks {
         }
     }
 
-    fn now_ns() -> u64 {
+    pub(crate) fn now_ns() -> u64 {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)

@@ -582,6 +582,7 @@ impl Runtime {
             attribution: config.attribution,
             period_ns: 1_000_000_000 / u64::from(config.sampler.frequency_hz.max(1)),
             filled_until_ns: 0,
+            meter: Default::default(),
             exporters: config
                 .exports
                 .iter()
@@ -702,6 +703,7 @@ struct ChunkWriter<'a> {
     period_ns: u64,
     /// Where the last chunk's lane fill-ins ended.
     filled_until_ns: u64,
+    meter: crate::chunk::ProcessMeter,
     exporters: Vec<Exporter>,
     service_name: String,
     v1: Option<V1State>,
@@ -730,6 +732,7 @@ impl ChunkWriter<'_> {
     }
 
     fn drain(&mut self, sampler: &Sampler) {
+        self.meter.measure_into(&mut self.chunk);
         let modules = sampler.modules();
         for s in sampler.try_iter() {
             self.push(&s, &modules);
@@ -872,6 +875,7 @@ impl ChunkWriter<'_> {
             self.record_exports(counts);
         }
         let keys = self.lanes.thread_keys(&chunk, self.attribution);
+        let keys = crate::encode::synthetic::mark_running_requests(&mut chunk, keys);
         let pieces = encode_chunk(
             &self.meta,
             &chunk,

@@ -13,8 +13,9 @@
 //! samples whose `thread_id` equals the transaction's `thread.id` and whose
 //! timestamp is inside the transaction's `[start, end]`. Precision is the
 //! share of those that belong to the request; recall is the share of the
-//! request's samples that are shown. Fill-in samples of suspended lanes are
-//! not samples the sampler took and are left out of both.
+//! request's samples that are shown. Synthetic samples (fill-ins of
+//! suspended lanes, a worker's "running a request") are not samples the
+//! sampler took and are left out of both.
 //!
 //! A sample filed under a lane does not say which thread took it; it belongs
 //! to the lane's request when that request was being polled at that moment
@@ -235,11 +236,10 @@ fn score(
         let stacks = p["stacks"].as_array().cloned().unwrap_or_default();
         for s in p["samples"].as_array().into_iter().flatten() {
             let stack = &stacks[s["stack_id"].as_u64().unwrap_or(0) as usize];
+            // Synthetic samples (a suspended lane's fill-in, a worker's
+            // "running a request") have one frame, marked not in-app.
             let fill_in = stack.as_array().is_some_and(|f| {
-                f.len() == 1
-                    && frames[f[0].as_u64().unwrap_or(0) as usize]
-                        .get("instruction_addr")
-                        .is_none()
+                f.len() == 1 && frames[f[0].as_u64().unwrap_or(0) as usize]["in_app"] == false
             });
             if !fill_in {
                 let names: Vec<&str> = stack

@@ -91,6 +91,41 @@ pub fn relay_violations(chunk: &ChunkItem) -> Vec<String> {
                 .is_some(),
         "client_sdk {name, version} missing",
     );
+    // `measurements`: a map of name to `{unit, values}`; the unit one of
+    // Relay's `MeasurementUnit`s, each value a `value` (a number, or a
+    // string holding one) and, in format V2, a `timestamp` in seconds.
+    if let Some(m) = p.get("measurements") {
+        let units = [
+            "nanosecond",
+            "ns",
+            "hertz",
+            "hz",
+            "byte",
+            "percent",
+            "nanojoule",
+            "nj",
+        ];
+        let ok = m.as_object().is_some_and(|m| {
+            m.values().all(|series| {
+                series
+                    .get("unit")
+                    .and_then(Value::as_str)
+                    .is_some_and(|u| units.contains(&u))
+                    && series
+                        .get("values")
+                        .and_then(Value::as_array)
+                        .is_some_and(|vals| {
+                            vals.iter().all(|v| {
+                                v.get("value").is_some_and(|x| {
+                                    x.is_number()
+                                        || x.as_str().is_some_and(|s| s.parse::<f64>().is_ok())
+                                }) && v.get("timestamp").is_none_or(Value::is_number)
+                            })
+                        })
+            })
+        });
+        check(ok, "measurements not in the form Relay reads");
+    }
     let accepted = ["macho", "symbolic", "sourcemap", "proguard", "jvm"];
     for img in p
         .pointer("/debug_meta/images")

@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use crate::Sample;
 
+pub(crate) mod measurements;
+use measurements::Measurement;
+pub(crate) use measurements::ProcessMeter;
+
 /// The longest span of sample timestamps in one chunk. Sentry's ingestion
 /// rejects chunks spanning more than 66 s.
 pub const MAX_CHUNK_DURATION: Duration = Duration::from_secs(60);
@@ -38,6 +42,8 @@ pub struct Chunk {
     /// threads that had the same id (see [`Chunk::holds_other_thread`]).
     thread_starts: HashMap<u32, u64>,
     first_ns: Option<u64>,
+    /// Process measurements taken while the chunk collected samples.
+    measurements: Vec<Measurement>,
 }
 
 impl Chunk {
@@ -174,6 +180,11 @@ impl Chunk {
             out.samples.push(ChunkSample { stack, ..*s });
         }
         out
+    }
+
+    /// The process measurements taken during the chunk, in time order.
+    pub(crate) fn measurements(&self) -> &[Measurement] {
+        &self.measurements
     }
 
     /// Timestamp of the newest sample.

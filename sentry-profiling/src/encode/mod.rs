@@ -3,4 +3,5 @@
 pub(crate) mod otlp;
 pub(crate) mod pprof;
 pub(crate) mod sentry_chunk;
+pub(crate) mod synthetic;
 pub(crate) mod view;

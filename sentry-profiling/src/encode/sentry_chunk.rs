@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::attribution::{SUSPENDED_FRAME, SUSPENDED_FUNCTION};
+use super::synthetic::synthetic_frame;
 use crate::chunk::{Chunk, ChunkSample};
 use crate::symbolize::Symbolizer;
 use crate::unwind::{ModuleInfo, ModuleSet};
@@ -71,14 +71,98 @@ struct Payload<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     environment: Option<&'a str>,
     client_sdk: ClientSdk,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    measurements: Option<ChunkMeasurements>,
     debug_meta: DebugMeta,
     profile: Profile<'a>,
 }
 
+/// The chunk's `measurements`, in the form Relay's `relay-profiling`
+/// reads for format V2 (a map of name to `{unit, values}`, each value a
+/// `timestamp` in Unix seconds and a `value`) and keeps when it re-writes
+/// the chunk. `cpu_usage` and `memory_footprint` are the names Sentry's
+/// profile page charts.
 #[derive(Serialize)]
+struct ChunkMeasurements {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu_usage: Option<Series>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_footprint: Option<Series>,
+}
+
+#[derive(Serialize)]
+struct Series {
+    unit: &'static str,
+    values: Vec<SeriesValue>,
+}
+
+#[derive(Serialize)]
+struct SeriesValue {
+    timestamp: f64,
+    value: f64,
+}
+
+impl ChunkMeasurements {
+    /// The chunk's measurements taken within `[from, to]` (ns); `None`
+    /// when there are none.
+    fn of(chunk: &Chunk, (from, to): (u64, u64)) -> Option<Self> {
+        let taken = chunk
+            .measurements()
+            .iter()
+            .filter(|m| (from..=to).contains(&m.timestamp_ns));
+        let series =
+            |unit, value: &dyn Fn(&crate::chunk::measurements::Measurement) -> Option<f64>| {
+                let values: Vec<SeriesValue> = taken
+                    .clone()
+                    .filter_map(|m| {
+                        value(m).map(|value| SeriesValue {
+                            timestamp: m.timestamp_ns as f64 / 1e9,
+                            value,
+                        })
+                    })
+                    .collect();
+                (!values.is_empty()).then_some(Series { unit, values })
+            };
+        let cpu_usage = series("percent", &|m| m.cpu_usage_percent);
+        let memory_footprint = series("byte", &|m| m.memory_footprint_bytes.map(|b| b as f64));
+        (cpu_usage.is_some() || memory_footprint.is_some()).then_some(Self {
+            cpu_usage,
+            memory_footprint,
+        })
+    }
+}
+
+#[derive(Serialize, Clone, Copy)]
 struct ClientSdk {
     name: &'static str,
     version: &'static str,
+}
+
+/// The chunk's `client_sdk`: the Sentry SDK that sends it, as its
+/// transactions name it (`sentry.rust` and the linked `sentry-core`
+/// version), not this crate.
+///
+/// Sentry keys SDK bookkeeping on this (`ProjectSDK`, and the per-SDK
+/// minimum versions `task.py::_is_deprecated` applies to profile chunks,
+/// matched on the name's first two dot-separated parts). Chunks that said
+/// `sentry.rust 0.1.0` beside transactions saying `sentry.rust 0.49.5`
+/// made the project look like it ran an ancient sentry-rust, and would be
+/// the first filtered if Sentry ever set a minimum for `sentry.rust`
+/// chunks; the version of the SDK actually linked is the one such a
+/// minimum would be about. The version is read from `sentry-core`'s default
+/// user agent (`sentry.rust/<version>`), which an application's own
+/// `user_agent` option does not change.
+fn client_sdk() -> ClientSdk {
+    static SDK: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    let (name, version) = SDK.get_or_init(|| {
+        let agent = sentry_core::ClientOptions::default().user_agent;
+        let (name, version) = agent
+            .split_once('/')
+            .filter(|(n, v)| !n.is_empty() && !v.is_empty())
+            .unwrap_or(("sentry.rust", env!("CARGO_PKG_VERSION")));
+        (name.to_owned(), version.to_owned())
+    });
+    ClientSdk { name, version }
 }
 
 #[derive(Serialize)]
@@ -156,12 +240,17 @@ fn as_string<S: serde::Serializer>(id: &u64, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(id)
 }
 
+/// A frame. Every frame has an `instruction_addr`: Symbolicator requires
+/// one on each frame of a native chunk (see [`super::synthetic`]).
 #[derive(Serialize)]
 struct Frame {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    instruction_addr: Option<String>,
+    instruction_addr: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     function: Option<Arc<str>>,
+    /// Set (to false) only on synthetic frames: Symbolicator replaces it on
+    /// the frames it symbolicates, and decides from the image.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    in_app: Option<bool>,
 }
 
 #[derive(Serialize)]
@@ -234,12 +323,20 @@ fn encode_chunk_limited(
     let dropped_single = real - kept_real;
     order.sort_by_key(|&i| chunk.samples()[i].timestamp_ns);
     let mut out = Vec::new();
+    let span_ns = match (order.first(), order.last()) {
+        (Some(&a), Some(&b)) => (
+            chunk.samples()[a].timestamp_ns,
+            chunk.samples()[b].timestamp_ns,
+        ),
+        _ => (0, 0),
+    };
     let mut encoder = Encoder {
         meta,
         chunk,
         modules,
         symbolizer,
         keyed: &keyed,
+        span_ns,
     };
     encoder.range(&order, limit, &mut out);
     if let Some(first) = out.first_mut() {
@@ -255,6 +352,8 @@ struct Encoder<'a, 's> {
     modules: &'a ModuleSet,
     symbolizer: Option<&'s mut Symbolizer>,
     keyed: &'a [(u64, Option<Arc<str>>)],
+    /// Earliest and latest sample of the whole chunk.
+    span_ns: (u64, u64),
 }
 
 impl Encoder<'_, '_> {
@@ -264,6 +363,19 @@ impl Encoder<'_, '_> {
         if order.is_empty() {
             return;
         }
+        // Measurements go with the piece whose samples surround them; the
+        // first and last pieces also take those before and after all
+        // samples.
+        let first = self.chunk.samples()[order[0]].timestamp_ns;
+        let last = self.chunk.samples()[order[order.len() - 1]].timestamp_ns;
+        let measured = (
+            if first == self.span_ns.0 { 0 } else { first },
+            if last == self.span_ns.1 {
+                u64::MAX
+            } else {
+                last
+            },
+        );
         let piece = encode_one(
             self.meta,
             self.chunk,
@@ -271,6 +383,7 @@ impl Encoder<'_, '_> {
             &mut self.symbolizer,
             self.keyed,
             order,
+            measured,
         );
         if piece.json.len() <= limit || order.len() < 4 {
             out.push(piece);
@@ -331,10 +444,11 @@ pub(crate) fn build_body<'a>(
                 .iter()
                 .map(|&addr| {
                     *frame_map.entry(addr).or_insert_with(|| {
-                        if addr == SUSPENDED_FRAME {
+                        if let Some((out, name)) = synthetic_frame(addr) {
                             frames.push(Frame {
-                                instruction_addr: None,
-                                function: Some(Arc::from(SUSPENDED_FUNCTION)),
+                                instruction_addr: format!("{out:#x}"),
+                                function: Some(Arc::from(name)),
+                                in_app: Some(false),
                             });
                             return (frames.len() - 1) as u32;
                         }
@@ -347,8 +461,9 @@ pub(crate) fn build_body<'a>(
                             .as_mut()
                             .and_then(|sym| sym.function(modules, addr));
                         frames.push(Frame {
-                            instruction_addr: Some(format!("{addr:#x}")),
+                            instruction_addr: format!("{addr:#x}"),
                             function,
+                            in_app: None,
                         });
                         (frames.len() - 1) as u32
                     })
@@ -408,8 +523,10 @@ fn encode_one(
     symbolizer: &mut Option<&mut Symbolizer>,
     keyed: &[(u64, Option<Arc<str>>)],
     order: &[usize],
+    measured: (u64, u64),
 ) -> EncodedChunk {
     let chunk_id = new_id();
+    let measurements = ChunkMeasurements::of(chunk, measured);
     let body = build_body(chunk, modules, symbolizer, keyed, order, SampleTime::Unix);
     let payload = Payload {
         version: "2",
@@ -418,10 +535,8 @@ fn encode_one(
         platform: PLATFORM,
         release: &meta.release,
         environment: meta.environment.as_deref(),
-        client_sdk: ClientSdk {
-            name: "sentry.rust",
-            version: env!("CARGO_PKG_VERSION"),
-        },
+        client_sdk: client_sdk(),
+        measurements,
         debug_meta: DebugMeta {
             images: body.images,
         },
@@ -601,6 +716,25 @@ mod tests {
     }
 
     #[test]
+    fn client_sdk_is_the_linked_sentry_sdk() {
+        let c = chunk_with(&[(1, 1, vec![0x10]), (2, 1, vec![0x10])]);
+        let out = encode_chunk(&meta(), &c, &ModuleSet::default(), None, &by_tid);
+        let v: serde_json::Value = serde_json::from_slice(&out[0].json).unwrap();
+        // What the sentry crate puts in its transactions' `sdk`.
+        let agent = sentry_core::ClientOptions::default().user_agent;
+        assert_eq!(
+            format!(
+                "{}/{}",
+                v["client_sdk"]["name"].as_str().unwrap(),
+                v["client_sdk"]["version"].as_str().unwrap()
+            ),
+            agent
+        );
+        assert_eq!(v["client_sdk"]["name"], "sentry.rust");
+        assert_ne!(v["client_sdk"]["version"], env!("CARGO_PKG_VERSION"));
+    }
+
+    #[test]
     fn splits_oversize_chunks_by_time_without_losing_samples() {
         let samples: Vec<_> = (0..400u64)
             .map(|i| {
@@ -638,9 +772,11 @@ mod tests {
         use proptest::prelude::*;
         use serde_json::Value;
 
-        use super::super::{ChunkMeta, SUSPENDED_FRAME, SUSPENDED_FUNCTION, encode_chunk, new_id};
+        use super::super::{ChunkMeta, encode_chunk, new_id};
         use super::by_tid;
+        use crate::attribution::{SUSPENDED_FRAME, SUSPENDED_FUNCTION};
         use crate::chunk::Chunk;
+        use crate::encode::synthetic::SUSPENDED_ADDRESS;
         use crate::symbolize::Symbolizer;
         use crate::unwind::ModuleSet;
         use crate::{Sample, debug_id_from_build_id};
@@ -789,12 +925,16 @@ mod tests {
                     let mut addrs = Vec::new();
                     for f in stack.as_array().unwrap() {
                         let f = &frames[f.as_u64().unwrap() as usize];
-                        match f["instruction_addr"].as_str() {
-                            Some(a) => addrs.push(u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap()),
-                            None => {
-                                prop_assert_eq!(f["function"].as_str(), Some(SUSPENDED_FUNCTION));
-                                addrs.push(SUSPENDED_FRAME);
-                            }
+                        // Every frame has a hex address; the synthetic one's
+                        // lies below every mapping and is not in-app.
+                        let a = f["instruction_addr"].as_str().expect("every frame has instruction_addr");
+                        let addr = u64::from_str_radix(a.strip_prefix("0x").unwrap(), 16).unwrap();
+                        if f["function"].as_str() == Some(SUSPENDED_FUNCTION) && f["in_app"] == false {
+                            prop_assert_eq!(addr, SUSPENDED_ADDRESS);
+                            addrs.push(SUSPENDED_FRAME);
+                        } else {
+                            prop_assert!(f.get("in_app").is_none());
+                            addrs.push(addr);
                         }
                     }
                     got.push((s["thread_id"].as_str().unwrap().to_owned(), addrs, (ts * 1e6).round() as u64));
@@ -830,7 +970,10 @@ mod tests {
                 // modules the frames fall in.
                 let mut wanted_images = HashSet::new();
                 for f in frames {
-                    let Some(a) = f["instruction_addr"].as_str() else { continue };
+                    if f.get("in_app").is_some() {
+                        continue;
+                    }
+                    let a = f["instruction_addr"].as_str().unwrap();
                     let addr = u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap();
                     if let Some(m) = modules.find(addr) {
                         wanted_images.insert(m.path.clone());

@@ -5,13 +5,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::attribution::{LaneLink, Lanes, SUSPENDED_FRAME, SUSPENDED_FUNCTION};
+use super::synthetic::synthetic_frame;
+use crate::attribution::{LaneLink, Lanes};
 use crate::chunk::Chunk;
 use crate::symbolize::Symbolizer;
 use crate::unwind::{ModuleInfo, ModuleSet};
 
-/// A frame: a code address (absent for a lane's "suspended" frame), its
-/// function if symbolised, and its module.
+/// A frame: a code address (for a synthetic frame such as a lane's
+/// "suspended", an address below every mapping), its function if
+/// symbolised, and its module.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ViewFrame {
     /// Code address (for callers, return address − 1).
@@ -73,10 +75,10 @@ impl ProfileView {
                 .iter()
                 .map(|&addr| {
                     *frame_index.entry(addr).or_insert_with(|| {
-                        let frame = if addr == SUSPENDED_FRAME {
+                        let frame = if let Some((out, name)) = synthetic_frame(addr) {
                             ViewFrame {
-                                address: None,
-                                function: Some(Arc::from(SUSPENDED_FUNCTION)),
+                                address: Some(out),
+                                function: Some(Arc::from(name)),
                                 module: None,
                             }
                         } else {
