@@ -114,7 +114,7 @@ fn write_run(dir: &Path, seconds: u64, transactions: u64) -> (usize, usize) {
         ));
     }
     let chunk = format!(
-        "{{\"version\":\"2\",\"profiler_id\":\"{profiler}\",\"platform\":\"rust\",\"profile\":{{\"frames\":[{}],\"stacks\":[{}],\"samples\":[{samples}],\"thread_metadata\":{{}}}}}}",
+        "{{\"version\":\"2\",\"profiler_id\":\"{profiler}\",\"chunk_id\":\"c\",\"platform\":\"rust\",\"profile\":{{\"frames\":[{}],\"stacks\":[{}],\"samples\":[{samples}],\"thread_metadata\":{{}}}}}}",
         frames.join(","),
         stacks.join(",")
     );

@@ -9,29 +9,29 @@ use std::fmt::Write as _;
 #[derive(Debug, Clone)]
 struct Node {
     name: u32,
-    weight: f64,
+    weight: u64,
     children: Vec<u32>,
 }
 
 /// Stands for the root as a parent.
 const ROOT: u32 = u32::MAX;
 
-/// A flame graph of weighted stacks (weights in seconds), its nodes in an
+/// A flame graph of weighted stacks (weights in nanoseconds), its nodes in an
 /// arena found by (parent, name).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Flame {
     nodes: Vec<Node>,
     roots: Vec<u32>,
     index: HashMap<(u32, u32), u32>,
-    total: f64,
+    total: u64,
     samples: usize,
 }
 
 impl Flame {
     /// Adds one stack (name ids, root first) with its weight.
-    pub(crate) fn add(&mut self, stack: &[u32], weight: f64) {
+    pub(crate) fn add(&mut self, stack: &[u32], weight: u64) {
         self.samples += 1;
-        if weight <= 0.0 {
+        if weight == 0 {
             return;
         }
         self.total += weight;
@@ -42,7 +42,7 @@ impl Flame {
             if i == next {
                 self.nodes.push(Node {
                     name,
-                    weight: 0.0,
+                    weight: 0,
                     children: Vec::new(),
                 });
                 match parent {
@@ -55,8 +55,8 @@ impl Flame {
         }
     }
 
-    /// Total weight, in seconds.
-    pub(crate) fn total(&self) -> f64 {
+    /// Total weight, in nanoseconds.
+    pub(crate) fn total(&self) -> u64 {
         self.total
     }
 
@@ -67,8 +67,8 @@ impl Flame {
 
     /// Weight of the nodes named `name` at any depth, counted once per
     /// path (a recursive function is not counted twice).
-    pub(crate) fn weight_of(&self, name: u32) -> f64 {
-        let mut sum = 0.0;
+    pub(crate) fn weight_of(&self, name: u32) -> u64 {
+        let mut sum = 0;
         let mut todo: Vec<u32> = self.roots.clone();
         while let Some(i) = todo.pop() {
             let n = &self.nodes[i as usize];
@@ -85,17 +85,17 @@ impl Flame {
     /// `min_share` of the total (too narrow to see; their weight stays in
     /// their parent).
     pub(crate) fn write_json(&self, min_share: f64, out: &mut String) {
-        let min = self.total * min_share;
+        let min = (self.total as f64 * min_share) as u64;
         self.write_level(&self.roots, min, out);
     }
 
-    fn write_level(&self, ids: &[u32], min: f64, out: &mut String) {
+    fn write_level(&self, ids: &[u32], min: u64, out: &mut String) {
         let mut kept: Vec<&Node> = ids
             .iter()
             .map(|&i| &self.nodes[i as usize])
             .filter(|n| n.weight >= min)
             .collect();
-        kept.sort_by(|a, b| b.weight.total_cmp(&a.weight));
+        kept.sort_by_key(|n| std::cmp::Reverse(n.weight));
         out.push('[');
         for (k, n) in kept.into_iter().enumerate() {
             if k > 0 {
@@ -116,8 +116,8 @@ impl Flame {
     }
 }
 
-fn micros(seconds: f64) -> u64 {
-    (seconds * 1e6).round() as u64
+fn micros(ns: u64) -> u64 {
+    (ns + 500) / 1_000
 }
 
 #[cfg(test)]
@@ -127,13 +127,13 @@ mod tests {
     #[test]
     fn merges_by_name_from_the_root_and_prunes_narrow_nodes() {
         let mut f = Flame::default();
-        f.add(&[0, 1, 2], 0.010);
-        f.add(&[0, 1, 3], 0.020);
-        f.add(&[0, 4], 0.000_01);
-        f.add(&[5], 0.0);
+        f.add(&[0, 1, 2], 10_000_000);
+        f.add(&[0, 1, 3], 20_000_000);
+        f.add(&[0, 4], 10_000);
+        f.add(&[5], 0);
         assert_eq!(f.samples(), 4);
-        assert!((f.total() - 0.030_01).abs() < 1e-9);
-        assert!((f.weight_of(1) - 0.030).abs() < 1e-9);
+        assert_eq!(f.total(), 30_010_000);
+        assert_eq!(f.weight_of(1), 30_000_000);
         assert_eq!(
             f.to_json(0.001),
             "[[0,30010,[[1,30000,[[3,20000,[]],[2,10000,[]]]]]]]"

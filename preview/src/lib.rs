@@ -34,17 +34,17 @@ mod flame;
 mod model;
 mod names;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
 pub use envelope::{EnvelopeItem, ParsedEnvelope, envelope_bytes, parse_envelope};
-pub use model::{timestamp_secs, transaction_window};
 
 use flame::Flame;
-use model::{Run, weighted};
+use model::Run;
+use sentry_profiling::sentry_view::is_lane_thread_id;
 
 /// The page's file name in the envelope directory.
 pub const PAGE_FILE: &str = "profile.html";
@@ -68,9 +68,6 @@ const MAX_FLAME_BYTES: usize = 12 * 1024 * 1024;
 /// Nodes narrower than this share of their graph are left out (their
 /// weight stays in the parent): they would be under a pixel wide.
 const MIN_NODE_SHARE: f64 = 0.0005;
-
-/// Thread ids from here up are lanes (requests), not OS threads.
-const LANE_BASE: u64 = 1_000_000_000;
 
 /// Why no page was made.
 #[derive(Debug)]
@@ -196,7 +193,7 @@ pub fn build(dir: &Path) -> Result<Preview, PreviewError> {
             dir: dir.to_owned(),
         });
     }
-    if run.chunks == 0 {
+    if run.chunks.is_empty() {
         return Err(PreviewError::NoChunks {
             dir: dir.to_owned(),
             transactions: run.transactions.len(),
@@ -242,11 +239,12 @@ fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Strin
         .collect();
     let mut summary = Summary {
         transactions: run.transactions.len(),
-        chunks: run.chunks,
+        chunks: run.chunks.len(),
         samples: run.samples,
         problems: run.problems.clone(),
         ..Summary::default()
     };
+    let mut stack = Vec::new();
 
     // Each transaction's flame graph, by Sentry's rule, and per name all of
     // its transactions merged (as Sentry's aggregate flame graph).
@@ -256,19 +254,17 @@ fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Strin
         let route = routes.entry(tx.name.as_str()).or_default();
         route.0 += 1;
         let mut flame = Flame::default();
-        if let (Some(pid), Some(tid)) = (&tx.profiler_id, &tx.thread_id) {
-            if let Some(tl) = run.timelines.get(&(pid.clone(), tid.clone())) {
-                for (stack, w) in weighted(tl, tx.start, tx.end) {
-                    let stack = &run.stacks[stack as usize];
-                    flame.add(stack, w);
-                    route.1.add(stack, w);
-                }
+        if let Some(w) = &tx.window {
+            for s in run.shown(&w.profiler_id, &w.thread_id, w.start_ns, w.end_ns) {
+                run.stack_names(&s, &mut stack);
+                flame.add(&stack, s.weight_ns);
+                route.1.add(&stack, s.weight_ns);
             }
         }
         rows.push((tx, flame));
     }
     summary.linked = rows.iter().filter(|(_, f)| f.samples() > 0).count();
-    rows.sort_by(|a, b| (b.0.end - b.0.start).total_cmp(&(a.0.end - a.0.start)));
+    rows.sort_by_key(|(tx, _)| std::cmp::Reverse(tx.duration_ns()));
 
     let mut tx_out: Vec<String> = Vec::with_capacity(rows.len());
     let mut budget = MAX_FLAME_BYTES;
@@ -282,21 +278,20 @@ fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Strin
                 tree = t;
             }
         }
-        let waited: f64 = waiting.iter().map(|&n| flame.weight_of(n)).sum();
+        let waited: u64 = waiting.iter().map(|&n| flame.weight_of(n)).sum();
         let row = json!({
             "n": tx.name,
             "op": tx.op,
-            "d": ms(tx.end - tx.start),
+            "d": ms(tx.duration_ns()),
             "s": tx.status,
             "c": flame.samples(),
             "w": ms(waited),
-            "t": tx.thread_id,
-            "at": tx.start,
+            "t": tx.window.as_ref().map(|w| w.thread_id.as_str()),
         });
         tx_out.push(with_tree(&row, &tree));
     }
     let mut routes: Vec<(&str, (usize, Flame))> = routes.into_iter().collect();
-    routes.sort_by(|a, b| b.1.1.total().total_cmp(&a.1.1.total()));
+    routes.sort_by_key(|(_, (_, f))| std::cmp::Reverse(f.total()));
     let routes_out: Vec<String> = routes
         .into_iter()
         .map(|(name, (count, flame))| {
@@ -306,25 +301,25 @@ fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Strin
         .collect();
 
     // OS threads over the whole run (lanes are shown by their transactions).
-    let mut threads: Vec<(&String, Flame)> = Vec::new();
-    let mut per_thread: HashMap<&String, Flame> = HashMap::new();
-    for ((_, tid), tl) in &run.timelines {
-        if tid.parse::<u64>().is_ok_and(|t| t >= LANE_BASE) {
+    let mut threads: Vec<(&str, &str, Flame)> = Vec::new();
+    for (profiler, tid, name) in run.threads() {
+        if is_lane_thread_id(tid) {
             continue;
         }
-        let flame = per_thread.entry(tid).or_default();
-        for (stack, w) in weighted(tl, f64::NEG_INFINITY, f64::INFINITY) {
-            flame.add(&run.stacks[stack as usize], w);
+        let mut flame = Flame::default();
+        for s in run.shown(profiler, tid, 0, u64::MAX) {
+            run.stack_names(&s, &mut stack);
+            flame.add(&stack, s.weight_ns);
         }
+        threads.push((tid, name, flame));
     }
-    threads.extend(per_thread);
-    threads.sort_by(|a, b| b.1.total().total_cmp(&a.1.total()).then(a.0.cmp(b.0)));
+    threads.sort_by(|a, b| b.2.total().cmp(&a.2.total()).then(a.0.cmp(b.0)));
     let threads_out: Vec<String> = threads
         .into_iter()
-        .map(|(tid, flame)| {
+        .map(|(tid, name, flame)| {
             let row = json!({
                 "id": tid,
-                "n": run.thread_names.get(tid).map_or("", String::as_str),
+                "n": name,
                 "c": flame.samples(),
                 "d": ms(flame.total()),
             });
@@ -349,7 +344,7 @@ fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Strin
         .collect();
     let counters = stats.unwrap_or_else(|| {
         let mut m = Map::new();
-        m.insert("chunks".into(), run.chunks.into());
+        m.insert("chunks".into(), run.chunks.len().into());
         m.insert("samples".into(), run.samples.into());
         m
     });
@@ -383,6 +378,11 @@ fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Strin
     (data, summary)
 }
 
+/// Milliseconds, to the microsecond.
+fn ms(ns: u64) -> f64 {
+    (ns / 1_000) as f64 / 1e3
+}
+
 /// A row object (`{...}`, serialised) with its flame graph tree added as
 /// `f` (`null` or a tree written by [`Flame::write_json`]).
 fn with_tree(row: &Value, tree: &str) -> String {
@@ -392,10 +392,6 @@ fn with_tree(row: &Value, tree: &str) -> String {
     out.push_str(tree);
     out.push('}');
     out
-}
-
-fn ms(seconds: f64) -> f64 {
-    (seconds * 1e6).round() / 1e3
 }
 
 /// The page: the template with the data embedded as JSON (every `<`
@@ -429,7 +425,7 @@ mod tests {
             .map(|(ts, tid, stack)| json!({"timestamp": ts, "thread_id": tid, "stack_id": stack}))
             .collect();
         json!({
-            "version": "2", "profiler_id": profiler, "platform": "rust",
+            "version": "2", "profiler_id": profiler, "chunk_id": "c", "platform": "rust",
             "profile": {
                 "frames": [{"function": "main", "instruction_addr": "0x10"},
                            {"function": "app::burn_cpu", "instruction_addr": "0x20"},
@@ -544,7 +540,7 @@ mod tests {
             problems[0].starts_with("2.envelope") && problems[0].contains("cut short"),
             "{problems:?}"
         );
-        assert!(problems[3].contains("missing stack"), "{problems:?}");
+        assert!(problems[3].contains("stack that does not exist"), "{problems:?}");
 
         std::fs::write(
             dir.join("6.envelope"),

@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use sentry_core::Transport;
 use sentry_core::protocol::Envelope;
 pub use sentry_profiling_examples::{EnvelopeItem, ParsedEnvelope, parse_envelope};
-pub use sentry_profiling_preview::{timestamp_secs, transaction_window};
 use serde_json::Value;
 
 pub use relay::{ChunkItem, relay_violations};
@@ -352,4 +351,18 @@ pub fn functions_in_window(
                 .collect()
         })
         .collect()
+}
+
+/// A Sentry timestamp as Unix seconds: either a number or an RFC 3339 UTC
+/// string (`2026-01-02T03:04:05.678Z`), as the SDK writes both.
+pub fn timestamp_secs(v: &Value) -> Option<f64> {
+    sentry_profiling::sentry_view::timestamp_ns(v).map(|ns| ns as f64 / 1e9)
+}
+
+/// A transaction's `[start, end]` in Unix seconds.
+pub fn transaction_window(tx: &Value) -> Option<(f64, f64)> {
+    Some((
+        timestamp_secs(tx.get("start_timestamp")?)?,
+        timestamp_secs(tx.get("timestamp")?)?,
+    ))
 }
