@@ -12,7 +12,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// How many threads can publish a context word at once; threads beyond it
 /// get fill-in behaviour without a context (their repeated samples say 0).
@@ -24,6 +24,10 @@ const UNCLAIMED: u32 = u32::MAX;
 const NONE: u32 = u32::MAX - 1;
 
 static SLOTS: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
+/// The thread id holding each slot (0: free), so that a reader holding a
+/// slot number learned before its thread exited does not read the word of
+/// the next thread that claimed it.
+static OWNERS: [AtomicU32; MAX_SLOTS] = [const { AtomicU32::new(0) }; MAX_SLOTS];
 
 /// Slot bookkeeping: who holds which slot, and which are free.
 #[derive(Default)]
@@ -44,6 +48,7 @@ struct SlotGuard {
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         SLOTS[self.slot as usize].store(0, Ordering::Relaxed);
+        OWNERS[self.slot as usize].store(0, Ordering::Release);
         if crate::sys::in_forked_child() {
             // See `publish`: never wait for a lock held across the fork.
             return;
@@ -74,6 +79,7 @@ fn claim(tid: u32) -> u32 {
     };
     t.by_tid.insert(tid, slot);
     drop(table);
+    OWNERS[slot as usize].store(tid, Ordering::Release);
     // Registers the thread-local destructor that gives the slot back.
     let _ = GUARD.try_with(|g| g.set(Some(SlotGuard { slot, tid })));
     slot
@@ -117,6 +123,22 @@ pub(crate) fn read(slot: u32) -> u64 {
         .map_or(0, |s| s.load(Ordering::Relaxed))
 }
 
+/// The context word last published in `slot` by thread `tid`; 0 if the
+/// slot is no longer that thread's.
+#[inline]
+pub(crate) fn read_for(slot: u32, tid: i32) -> u64 {
+    let i = slot as usize;
+    if i >= MAX_SLOTS || OWNERS[i].load(Ordering::Acquire) != tid as u32 {
+        return 0;
+    }
+    let value = SLOTS[i].load(Ordering::Relaxed);
+    // Claimed by another thread in between: its word, not `tid`'s.
+    if OWNERS[i].load(Ordering::Acquire) != tid as u32 {
+        return 0;
+    }
+    value
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,9 +155,12 @@ mod tests {
         rx.recv().unwrap();
         let slot = slots_by_tid()[&4_000_000];
         assert_eq!(read(slot), 42);
+        assert_eq!(read_for(slot, 4_000_000), 42);
+        assert_eq!(read_for(slot, 4_000_001), 0, "another thread's slot");
         done_tx.send(()).unwrap();
         h.join().unwrap();
         assert!(!slots_by_tid().contains_key(&4_000_000));
         assert_eq!(read(slot), 0);
+        assert_eq!(read_for(slot, 4_000_000), 0, "given back");
     }
 }

@@ -60,7 +60,7 @@ use crate::options::SamplerConfig;
 use crate::sys::{self, Slot};
 use crate::unwind::{ModuleSet, SharedModules, StackUnwinder};
 use stats::Counters;
-use threads::{MAX_PENDING, Pending, Requested, ThreadTable, Tracked};
+use threads::{AtTick, MAX_PENDING, Pending, Requested, ThreadTable, Tracked};
 
 /// How long a signalled thread may take to run the handler before the
 /// sampler stops waiting for it (a thread that blocks the signal, or is
@@ -329,8 +329,10 @@ struct Worker {
     threads: ThreadTable,
     unwinder: StackUnwinder,
     frames: Vec<u64>,
-    /// Reused to read threads' scheduler states.
+    /// Reused to read threads' scheduler and system-call states.
     stat_buf: Vec<u8>,
+    /// Reused to copy the stacks of threads blocked in the kernel.
+    copy_buf: Vec<u8>,
     /// Sampling periods elapsed so far (ticks run, and ticks missed that a
     /// later tick recorded); thread checks are scheduled in these.
     tick_no: u64,
@@ -374,6 +376,7 @@ impl Worker {
             unwinder,
             frames: Vec::with_capacity(crate::unwind::MAX_FRAMES),
             stat_buf: Vec::with_capacity(512),
+            copy_buf: Vec::new(),
             tick_no: 0,
             owed: 0,
             config,
@@ -521,13 +524,20 @@ impl Worker {
             }
         } else {
             let uncovered = periods - covered;
+            let at_tick = at_tick(t);
             for i in 0..uncovered {
                 if t.surplus > 0 {
                     t.surplus -= 1;
                     continue;
                 }
                 let timestamp_ns = tick_ts.saturating_sub(u64::from(uncovered - 1 - i) * period_ns);
-                insert(t, Pending::Fill { timestamp_ns });
+                insert(
+                    t,
+                    Pending::Fill {
+                        timestamp_ns,
+                        at_tick: at_tick.clone(),
+                    },
+                );
             }
         }
         if covered > 0 {
@@ -578,7 +588,17 @@ impl Worker {
                 (None, Some(stack)) => Some((stack.clone(), 0)),
                 _ => None,
             };
-            probe(t, tick_no, now, &mut self.stat_buf, c);
+            if !t.unresponsive && tick_no >= t.next_probe.max(t.next_ask) {
+                t.next_probe = tick_no + PROBE_EVERY;
+                if let Look::Waiting(stack, context) = self.look_blocked(idx, c) {
+                    let tick_no = self.tick_no;
+                    learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
+                }
+            }
+            let t = self.threads.get_mut(idx);
+            flush(&self.tx, c, t);
+            t.next_check = tick_no + t.check_every;
+            return;
         } else {
             t.alive_ns = t.alive_ns.max(tick_ts);
             if !t.parked_fresh && !t.unresponsive && tick_no < t.next_ask {
@@ -589,26 +609,36 @@ impl Worker {
             if !t.parked_fresh && !t.unresponsive {
                 // Off the CPU for a whole tick since it last ran: waiting
                 // in the kernel, or runnable but not given a core (more
-                // runnable threads than cores).
-                let context_now = t.context_slot.map_or(0, crate::context::read);
-                if sys::thread_waiting(t.info.tid, &mut self.stat_buf) == Some(false)
-                    && context_now == t.last_context
-                    && t.last_stack.is_some()
-                {
-                    // Preempted, in what it last ran: it stands there.
-                    t.preempted = t.last_stack.clone().map(|s| (s, t.last_context));
-                    t.parked_fresh = true;
-                } else {
-                    // Ask where it waits (or, preempted in something else,
-                    // where it stopped: the answer comes when it runs again);
-                    // its fills wait for the answer.
-                    request(t, false, now, c);
+                // runnable threads than cores). Learn which, and where it
+                // waits, without interrupting it.
+                match self.look_blocked(idx, c) {
+                    Look::Waiting(stack, context) => {
+                        let tick_no = self.tick_no;
+                        learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
+                    }
+                    Look::Running => {
+                        // Preempted: it stands where it last ran, in the
+                        // request it last ran in if it still publishes it.
+                        let t = self.threads.get_mut(idx);
+                        let context_now = t
+                            .context_slot
+                            .map_or(0, |s| crate::context::read_for(s, t.info.tid));
+                        let context = if context_now == t.last_context {
+                            context_now
+                        } else {
+                            0
+                        };
+                        t.preempted = t.last_stack.clone().map(|s| (s, context));
+                        t.parked_fresh = t.preempted.is_some();
+                    }
+                    Look::Gone => self.threads.get_mut(idx).gone = true,
                 }
             } else {
                 t.parked_verified = t.parked_fresh && t.preempted.is_none();
                 t.check_every = (t.check_every * 2).min(MAX_CHECK_EVERY);
             }
         }
+        let t = self.threads.get_mut(idx);
         flush(&self.tx, c, t);
         t.next_check = tick_no + t.check_every;
     }
@@ -637,9 +667,61 @@ impl Worker {
             }
             _ => {
                 t.cpu_seen_ns = cpu;
-                request(t, true, now, c);
+                // A thread blocked in the kernel is read from here; only one
+                // seen running is signalled (see `SamplerConfig::cpu_timers`).
+                match self.look_blocked(idx, c) {
+                    Look::Waiting(stack, context) => {
+                        let t = self.threads.get_mut(idx);
+                        t.last_stack = Some(stack.clone());
+                        t.last_context = context;
+                        emit_for(&self.tx, c, t, tick_ts, stack, context, false);
+                    }
+                    Look::Running => request(self.threads.get_mut(idx), true, now, c),
+                    Look::Gone => self.threads.get_mut(idx).gone = true,
+                }
             }
         }
+    }
+
+    /// Learns where thread `idx` waits, if it is blocked in the kernel,
+    /// without interrupting it (see `sys::syscall_state`): the stack it
+    /// waits in and the context word it publishes.
+    fn look_blocked(&mut self, idx: usize, c: &Counters) -> Look {
+        let cap = self.config.stack_copy_bytes;
+        let t = self.threads.get_mut(idx);
+        let tid = t.info.tid;
+        let context_slot = t.context_slot;
+        let known_bounds = t.stack_bounds;
+        let Some(cpu_before) = sys::thread_cpu_time_ns(tid) else {
+            return Look::Gone;
+        };
+        let (sp, pc) = match sys::syscall_state(tid, &mut self.stat_buf) {
+            Some(sys::SyscallState::Blocked { sp, pc, .. }) => (sp, pc),
+            Some(sys::SyscallState::Running) => return Look::Running,
+            None if sys::thread_cpu_time_ns(tid).is_none() => return Look::Gone,
+            // Unreadable (a hardened /proc): nothing is learned.
+            None => return Look::Running,
+        };
+        let top = match known_bounds {
+            Some((lo, hi)) if (lo..hi).contains(&(sp as usize)) => Some(hi),
+            _ => self.threads.stack_top(sp as usize),
+        };
+        let len = top.map_or(0, |hi| (hi.saturating_sub(sp as usize)).min(cap));
+        self.copy_buf.resize(len, 0);
+        let copied = sys::read_own_memory(sp, &mut self.copy_buf[..len]);
+        let context = context_slot.map_or(0, |s| crate::context::read_for(s, tid));
+        if sys::thread_cpu_time_ns(tid) != Some(cpu_before) {
+            // It woke up while its stack was read: the copy may mix two
+            // moments.
+            c.waits_raced.add(1);
+            return Look::Running;
+        }
+        let start = Instant::now();
+        self.unwinder
+            .unwind_blocked(pc, sp, &self.copy_buf[..copied], &mut self.frames);
+        c.unwind_ns.add(start.elapsed().as_nanos() as u64);
+        c.waits_read.add(1);
+        Look::Waiting(Arc::from(&self.frames[..]), context)
     }
 
     /// Gives a thread its slot and timer, and arms the timer, if not done
@@ -850,6 +932,61 @@ impl Worker {
     }
 }
 
+/// What [`Worker::look_blocked`] found.
+enum Look {
+    /// Blocked in the kernel: the stack it waits in, and its context word.
+    Waiting(Arc<[u64]>, u64),
+    /// Running or runnable (or it woke up while being read).
+    Running,
+    /// Exited.
+    Gone,
+}
+
+/// Records where `t` waits, just read while it was blocked there: fresh and
+/// verified (it was read while the thread did not run). The same answer as
+/// last time means it is looked at less often (down to every
+/// `MAX_ASK_EVERY` periods); another one, at every chance again.
+fn learned_waiting(t: &mut Tracked, tick_no: u64, stack: Arc<[u64]>, context: u64) {
+    let stack = match &t.parked {
+        Some(old) if **old == *stack => old.clone(),
+        _ => stack,
+    };
+    t.ask_every = if t.parked.as_ref() == Some(&stack) {
+        (t.ask_every * 2).min(MAX_ASK_EVERY)
+    } else {
+        1
+    };
+    t.next_ask = tick_no + t.ask_every;
+    t.parked = Some(stack);
+    t.parked_context = context;
+    t.parked_fresh = true;
+    t.parked_verified = true;
+    t.preempted = None;
+}
+
+/// What `t`'s published context word says about where it stands now (see
+/// [`AtTick`]).
+fn at_tick(t: &Tracked) -> AtTick {
+    let Some(slot) = t.context_slot else {
+        return AtTick::Unknown;
+    };
+    match crate::context::read_for(slot, t.info.tid) {
+        0 => AtTick::Outside,
+        context => match (&t.parked, &t.last_stack) {
+            // Blocked inside the request, where it was read waiting.
+            (Some(parked), _)
+                if t.parked_fresh && t.preempted.is_none() && t.parked_context == context =>
+            {
+                AtTick::In(parked.clone(), context)
+            }
+            (_, Some(last)) if t.last_context == context => AtTick::In(last.clone(), context),
+            // In a request it has not been captured in yet: its stack there
+            // is not known, and the fill goes to no request.
+            _ => AtTick::Outside,
+        },
+    }
+}
+
 /// Whether a signal the sampler sent `t` is still awaited: `None` if none
 /// was sent, `Some(true)` while it may still be answered (counted late),
 /// `Some(false)` when it has just been given up on: the thread is then not
@@ -864,18 +1001,6 @@ fn awaiting_answer(t: &mut Tracked, now: Instant, c: &Counters) -> Option<bool> 
     t.unresponsive = true;
     c.signals_abandoned.add(1);
     Some(false)
-}
-
-/// Asks a thread that keeps running now and then where it waits, if it is
-/// waiting in the kernel right now (at most every `PROBE_EVERY` ticks).
-fn probe(t: &mut Tracked, tick_no: u64, now: Instant, buf: &mut Vec<u8>, c: &Counters) {
-    if t.unresponsive || t.requested.is_some() || tick_no < t.next_probe.max(t.next_ask) {
-        return;
-    }
-    t.next_probe = tick_no + PROBE_EVERY;
-    if sys::thread_waiting(t.info.tid, buf) == Some(true) {
-        request(t, false, now, c);
-    }
 }
 
 /// Sends thread `t` a signal asking for its stack; `as_sample` when the
@@ -958,9 +1083,14 @@ fn flush_with(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, force: boo
     };
     while let Some(front) = t.pending.front() {
         let overfull = t.pending.len() > MAX_PENDING;
-        if let Pending::Fill { timestamp_ns, .. } = front {
-            let blocked =
-                *timestamp_ns > t.alive_ns || asking || (!known && !force && later_samples == 0);
+        if let Pending::Fill {
+            timestamp_ns,
+            at_tick,
+        } = front
+        {
+            let standing = matches!(at_tick, AtTick::In(..));
+            let blocked = *timestamp_ns > t.alive_ns
+                || (!standing && (asking || (!known && !force && later_samples == 0)));
             if blocked && !overfull {
                 break;
             }
@@ -970,9 +1100,23 @@ fn flush_with(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, force: boo
                 later_samples = later_samples.saturating_sub(1);
                 emit(tx, c, sample);
             }
-            Some(Pending::Fill { timestamp_ns }) => {
+            Some(Pending::Fill {
+                timestamp_ns,
+                at_tick: AtTick::In(stack, context),
+            }) => {
+                c.samples_idle.add(1);
+                emit_for(tx, c, t, timestamp_ns, stack, context, true);
+            }
+            Some(Pending::Fill {
+                timestamp_ns,
+                at_tick,
+            }) => {
                 let Some(stack) = &stack else { continue };
-                let context = if known || force { context } else { 0 };
+                let context = match at_tick {
+                    AtTick::Outside => 0,
+                    _ if known || force => context,
+                    _ => 0,
+                };
                 c.samples_idle.add(1);
                 emit_for(tx, c, t, timestamp_ns, stack.clone(), context, true);
             }

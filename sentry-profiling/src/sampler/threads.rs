@@ -34,10 +34,28 @@ pub(super) struct Requested {
 pub(super) enum Pending {
     /// A tick at which the thread was not captured, to be recorded with the
     /// stack it waits in (and the context word captured with that stack)
-    /// once the thread is known alive at or after it.
-    Fill { timestamp_ns: u64 },
+    /// once the thread is known alive at or after it; `at_tick` is what the
+    /// thread's published context word said at the tick.
+    Fill { timestamp_ns: u64, at_tick: AtTick },
     /// A sample of running code.
     Sample(super::Sample),
+}
+
+/// Where a thread stood at a fill's tick, as far as its published context
+/// word tells (see `crate::context`).
+#[derive(Debug, Clone)]
+pub(super) enum AtTick {
+    /// It publishes no context word: the fill gets what the thread's
+    /// captures tell.
+    Unknown,
+    /// It was inside no request, or in one it was not captured in (its
+    /// stack there is unknown): the fill is filed under no request.
+    Outside,
+    /// It was inside the request of this context word, the same one as its
+    /// latest capture, whose stack it stands in: running it, preempted in
+    /// it (a CPU-time timer does not fire while a thread waits for a core),
+    /// or blocked inside it. The fill belongs to that request.
+    In(Arc<[u64]>, u64),
 }
 
 impl Pending {
@@ -279,6 +297,22 @@ impl ThreadTable {
             }
             _ => false,
         }
+    }
+
+    /// The top of the stack mapping that holds `sp` (re-reading the
+    /// mappings at most every 5 ms when none does).
+    pub(super) fn stack_top(&mut self, sp: usize) -> Option<usize> {
+        let mut found = self.maps.find(sp);
+        if found.is_none()
+            && self
+                .maps_read
+                .is_none_or(|t| t.elapsed() > Duration::from_millis(5))
+        {
+            self.maps = sys::stack_mappings();
+            self.maps_read = Some(Instant::now());
+            found = self.maps.find(sp);
+        }
+        found.map(|(_, hi)| hi)
     }
 
     /// Drops threads that exited, with their timers and slots.
