@@ -74,6 +74,10 @@ const MAX_CHECK_EVERY: u64 = 16;
 /// while its answers stay the same.
 const MAX_ASK_EVERY: u64 = 128;
 
+/// How long a fill of a request in which no stack was captured yet waits
+/// for one before it is filed under no request.
+const REQUEST_STACK_WAIT_NS: u64 = 300_000_000;
+
 /// Most missed periods one tick records samples for.
 const MAX_CATCH_UP: u32 = 100;
 
@@ -333,6 +337,8 @@ struct Worker {
     stat_buf: Vec<u8>,
     /// Reused to copy the stacks of threads blocked in the kernel.
     copy_buf: Vec<u8>,
+    /// The latest stack captured in each request, by context word.
+    requests: RequestStacks,
     /// Sampling periods elapsed so far (ticks run, and ticks missed that a
     /// later tick recorded); thread checks are scheduled in these.
     tick_no: u64,
@@ -377,6 +383,7 @@ impl Worker {
             frames: Vec::with_capacity(crate::unwind::MAX_FRAMES),
             stat_buf: Vec::with_capacity(512),
             copy_buf: Vec::new(),
+            requests: RequestStacks::default(),
             tick_no: 0,
             owed: 0,
             config,
@@ -439,6 +446,7 @@ impl Worker {
         let tick_ts = sys::realtime_ns();
         let now = Instant::now();
         self.unwinder.refresh_modules();
+        self.threads.refresh_context_slots();
         for idx in 0..self.threads.len() {
             self.tick_thread(idx, periods, tick_ts, now, c);
         }
@@ -467,11 +475,12 @@ impl Worker {
             }
             // Whatever was held when the thread lost its timer goes first.
             t.alive_ns = u64::MAX;
-            flush(&self.tx, c, t);
+            flush(&self.tx, c, t, &self.requests);
             self.untimed(idx, tick_ts, now, c);
             return;
         }
         let missed = t.slot.map_or(0, |s| s.take_missed());
+        let looked_before = t.looked_ns.replace(tick_ts);
         let mut last_ts = 0;
         let mut running = 0;
         for sample in harvested.running() {
@@ -524,18 +533,25 @@ impl Worker {
             }
         } else {
             let uncovered = periods - covered;
-            let at_tick = at_tick(t);
-            for i in 0..uncovered {
+            for timestamp_ns in fill_times(uncovered, tick_ts, looked_before, period_ns) {
                 if t.surplus > 0 {
                     t.surplus -= 1;
                     continue;
                 }
-                let timestamp_ns = tick_ts.saturating_sub(u64::from(uncovered - 1 - i) * period_ns);
+                // What the thread's published context word was at the
+                // fill's moment (the sampler may run late).
+                let at_tick = match t.context_slot {
+                    None => AtTick::Unknown,
+                    Some(slot) => match crate::context::word_at(slot, t.info.tid, timestamp_ns) {
+                        None | Some(0) => AtTick::Outside,
+                        Some(context) => at_tick(t, &self.requests, context),
+                    },
+                };
                 insert(
                     t,
                     Pending::Fill {
                         timestamp_ns,
-                        at_tick: at_tick.clone(),
+                        at_tick,
                     },
                 );
             }
@@ -543,7 +559,7 @@ impl Worker {
         if covered > 0 {
             // Alive and running: what was held until the capture leaves with
             // what was known until then.
-            flush(&self.tx, c, t);
+            flush(&self.tx, c, t, &self.requests);
             t.parked_fresh = false;
             t.preempted = None;
             t.check_every = 1;
@@ -553,7 +569,7 @@ impl Worker {
         match awaiting_answer(t, now, c) {
             Some(true) => return,
             // Given up: record the held ticks with what is known.
-            Some(false) => flush(&self.tx, c, t),
+            Some(false) => flush(&self.tx, c, t, &self.requests),
             None => {}
         }
         if tick_no < t.next_check {
@@ -561,12 +577,12 @@ impl Worker {
         }
         let Some(cpu) = sys::thread_cpu_time_ns(t.info.tid) else {
             t.gone = true;
-            flush(&self.tx, c, t);
+            flush(&self.tx, c, t, &self.requests);
             return;
         };
         if cpu < t.cpu_seen_ns {
             // A CPU clock never goes back: the id now names another thread.
-            flush(&self.tx, c, t);
+            flush(&self.tx, c, t, &self.requests);
             t.reset_identity();
             c.threads_recycled.add(1);
             return;
@@ -578,7 +594,7 @@ impl Worker {
             // one tick (the thread may be parking somewhere new); the older
             // ones leave with what was known.
             t.alive_ns = t.alive_ns.max(tick_ts.saturating_sub(1));
-            flush(&self.tx, c, t);
+            flush(&self.tx, c, t, &self.requests);
             t.parked_fresh = false;
             t.check_every = 1;
             // A thread never seen waiting is taken to spend the time it does
@@ -596,7 +612,7 @@ impl Worker {
                 }
             }
             let t = self.threads.get_mut(idx);
-            flush(&self.tx, c, t);
+            flush(&self.tx, c, t, &self.requests);
             t.next_check = tick_no + t.check_every;
             return;
         } else {
@@ -639,7 +655,7 @@ impl Worker {
             }
         }
         let t = self.threads.get_mut(idx);
-        flush(&self.tx, c, t);
+        flush(&self.tx, c, t, &self.requests);
         t.next_check = tick_no + t.check_every;
     }
 
@@ -859,6 +875,7 @@ impl Worker {
             c.samples_timer.add(1);
         }
         if timer || t.timer.is_none() || request.is_some_and(|r| r.as_sample) {
+            self.requests.record(cap.context, &stack);
             return Harvested::Running(sample_of(t, cap.timestamp_ns, stack, cap.context, false));
         }
         // The same answer as last time: ask less often (up to once a
@@ -922,7 +939,7 @@ impl Worker {
             if sys::thread_cpu_time_ns(t.info.tid).is_some() {
                 t.alive_ns = u64::MAX;
             }
-            flush_with(&self.tx, c, t, true);
+            flush_with(&self.tx, c, t, &self.requests, true);
             // Fills after the thread was last seen alive are dropped.
             t.pending.clear();
             t.surplus = 0;
@@ -930,6 +947,21 @@ impl Worker {
             t.next_check = 0;
         }
     }
+}
+
+/// Timestamps of `n` fills of a thread looked at `now`: one period apart
+/// back from `now`, or, where that would reach back to `since` (when the
+/// thread was looked at before; a late or slow tick) or beyond, spread
+/// evenly over `(since, now]`, the time they stand for.
+fn fill_times(n: u32, now: u64, since: Option<u64>, period_ns: u64) -> impl Iterator<Item = u64> {
+    let back = u64::from(n.saturating_sub(1)).saturating_mul(period_ns);
+    let step = match since {
+        Some(since) if since < now && now.saturating_sub(back) <= since => {
+            (now - since) / u64::from(n.max(1))
+        }
+        _ => period_ns,
+    };
+    (0..n).map(move |i| now.saturating_sub(u64::from(n - 1 - i).saturating_mul(step)))
 }
 
 /// What [`Worker::look_blocked`] found.
@@ -966,24 +998,64 @@ fn learned_waiting(t: &mut Tracked, tick_no: u64, stack: Arc<[u64]>, context: u6
 
 /// What `t`'s published context word says about where it stands now (see
 /// [`AtTick`]).
-fn at_tick(t: &Tracked) -> AtTick {
-    let Some(slot) = t.context_slot else {
-        return AtTick::Unknown;
+///
+/// A thread inside a request at a tick without a capture of its own is
+/// running that request's code, preempted in it (its CPU-time timer does
+/// not run while it waits for a core), or blocked inside it: the period
+/// belongs to the request. It is recorded with the stack the thread waits
+/// in (read while blocked inside that request), or else the thread's latest
+/// capture if taken in that request, or else the request's latest capture
+/// on any thread (a request moves between threads at every `.await`), by
+/// the time the fill is recorded (what the thread last ran belongs to
+/// something else, and a request's profile must not show it); with none of
+/// them it goes to no request.
+fn at_tick(t: &Tracked, requests: &RequestStacks, context: u64) -> AtTick {
+    let stack = match (&t.parked, &t.last_stack) {
+        (Some(parked), _)
+            if t.parked_fresh && t.preempted.is_none() && t.parked_context == context =>
+        {
+            Some(parked.clone())
+        }
+        (_, Some(last)) if t.last_context == context => Some(last.clone()),
+        _ => requests.get(context),
     };
-    match crate::context::read_for(slot, t.info.tid) {
-        0 => AtTick::Outside,
-        context => match (&t.parked, &t.last_stack) {
-            // Blocked inside the request, where it was read waiting.
-            (Some(parked), _)
-                if t.parked_fresh && t.preempted.is_none() && t.parked_context == context =>
-            {
-                AtTick::In(parked.clone(), context)
+    match stack {
+        Some(stack) => AtTick::In(stack, context),
+        // No capture in the request yet (it just began): the request's
+        // stack is looked up again when the fill is recorded.
+        None => AtTick::InRequest(context),
+    }
+}
+
+/// The latest stack captured in each request (by context word), for
+/// periods a thread spends in a request without a capture of its own there.
+/// Bounded: the oldest requests are forgotten first.
+#[derive(Default)]
+struct RequestStacks {
+    by_context: std::collections::HashMap<u64, Arc<[u64]>>,
+    order: std::collections::VecDeque<u64>,
+}
+
+/// Most requests [`RequestStacks`] remembers.
+const MAX_REQUEST_STACKS: usize = 1024;
+
+impl RequestStacks {
+    fn record(&mut self, context: u64, stack: &Arc<[u64]>) {
+        if context == 0 {
+            return;
+        }
+        if self.by_context.insert(context, stack.clone()).is_none() {
+            self.order.push_back(context);
+            if self.order.len() > MAX_REQUEST_STACKS {
+                if let Some(old) = self.order.pop_front() {
+                    self.by_context.remove(&old);
+                }
             }
-            (_, Some(last)) if t.last_context == context => AtTick::In(last.clone(), context),
-            // In a request it has not been captured in yet: its stack there
-            // is not known, and the fill goes to no request.
-            _ => AtTick::Outside,
-        },
+        }
+    }
+
+    fn get(&self, context: u64) -> Option<Arc<[u64]>> {
+        self.by_context.get(&context).cloned()
     }
 }
 
@@ -1039,13 +1111,19 @@ fn insert(t: &mut Tracked, item: Pending) {
 /// word captured along with that stack while it is known to stand there
 /// (0 otherwise): they stand for time the thread spent waiting, not for
 /// what it ran at the fill's tick. Without any stack they are dropped.
-fn flush(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked) {
-    flush_with(tx, c, t, false);
+fn flush(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, requests: &RequestStacks) {
+    flush_with(tx, c, t, requests, false);
 }
 
 /// [`flush`]; with `force`, fills also leave while the thread's waiting
 /// place is unknown (with its latest stack), as at stop.
-fn flush_with(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, force: bool) {
+fn flush_with(
+    tx: &SyncSender<Sample>,
+    c: &Counters,
+    t: &mut Tracked,
+    requests: &RequestStacks,
+    force: bool,
+) {
     // Where the thread waits is being asked (its fills wait for the
     // answer), or not known: never learned (its latest stack is of running
     // code, which a fill must not pretend), or learned inside a request it
@@ -1088,8 +1166,14 @@ fn flush_with(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, force: boo
             at_tick,
         } = front
         {
-            let standing = matches!(at_tick, AtTick::In(..));
+            let standing = matches!(at_tick, AtTick::In(..) | AtTick::InRequest(_));
+            // A request that began without a capture yet: its fills wait for
+            // one (on any thread), a while.
+            let stackless = matches!(at_tick, AtTick::InRequest(context) if requests.get(*context).is_none())
+                && t.alive_ns.saturating_sub(*timestamp_ns) < REQUEST_STACK_WAIT_NS
+                && !force;
             let blocked = *timestamp_ns > t.alive_ns
+                || stackless
                 || (!standing && (asking || (!known && !force && later_samples == 0)));
             if blocked && !overfull {
                 break;
@@ -1104,6 +1188,14 @@ fn flush_with(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, force: boo
                 timestamp_ns,
                 at_tick: AtTick::In(stack, context),
             }) => {
+                c.samples_idle.add(1);
+                emit_for(tx, c, t, timestamp_ns, stack, context, true);
+            }
+            Some(Pending::Fill {
+                timestamp_ns,
+                at_tick: AtTick::InRequest(context),
+            }) if requests.get(context).is_some() => {
+                let stack = requests.get(context).unwrap_or_else(|| Arc::from(&[][..]));
                 c.samples_idle.add(1);
                 emit_for(tx, c, t, timestamp_ns, stack, context, true);
             }

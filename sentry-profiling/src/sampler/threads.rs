@@ -48,14 +48,19 @@ pub(super) enum AtTick {
     /// It publishes no context word: the fill gets what the thread's
     /// captures tell.
     Unknown,
-    /// It was inside no request, or in one it was not captured in (its
-    /// stack there is unknown): the fill is filed under no request.
+    /// It was inside no request, or that is not known any more (a tick
+    /// so late that the thread's history of words does not reach back to
+    /// the fill's moment): the fill is filed under no request.
     Outside,
     /// It was inside the request of this context word, the same one as its
     /// latest capture, whose stack it stands in: running it, preempted in
     /// it (a CPU-time timer does not fire while a thread waits for a core),
     /// or blocked inside it. The fill belongs to that request.
     In(Arc<[u64]>, u64),
+    /// Inside the request of this context word, not captured in it at the
+    /// tick: recorded with the request's latest stack if one is known by
+    /// then, otherwise as [`AtTick::Outside`].
+    InRequest(u64),
 }
 
 impl Pending {
@@ -96,6 +101,9 @@ pub(super) struct Tracked {
     pub(super) preempted: Option<(Arc<[u64]>, u64)>,
     /// Where the thread publishes its context word (see `crate::context`).
     pub(super) context_slot: Option<u32>,
+    /// When the sampler last looked at the thread at a tick (its fills
+    /// stand for the time after it).
+    pub(super) looked_ns: Option<u64>,
     pub(super) stack_bounds: Option<(usize, usize)>,
     /// The capture slots bound to the thread (the second is filled while
     /// the first waits to be read), and its CPU-time timer.
@@ -146,6 +154,7 @@ impl Tracked {
             preempted: None,
             parked_fresh: false,
             context_slot: None,
+            looked_ns: None,
             stack_bounds: None,
             slot: None,
             slot2: None,
@@ -200,6 +209,8 @@ pub(super) struct ThreadTable {
     last_names: Option<Instant>,
     maps: StackMappings,
     maps_read: Option<Instant>,
+    /// `crate::context::claims()` when context slots were last looked up.
+    claims_seen: u64,
 }
 
 impl ThreadTable {
@@ -264,8 +275,24 @@ impl ThreadTable {
             if let Some(info) = sys::read_thread_identity(tid) {
                 counters.threads_seen.add(1);
                 self.by_tid.insert(tid, self.entries.len());
-                self.entries.push(Tracked::new(info));
+                let mut t = Tracked::new(info);
+                t.context_slot = slots.get(&(tid as u32)).copied();
+                self.entries.push(t);
             }
+        }
+    }
+
+    /// Looks up the threads' context slots again if a thread claimed one
+    /// since the last look.
+    pub(super) fn refresh_context_slots(&mut self) {
+        let claims = crate::context::claims();
+        if claims == self.claims_seen {
+            return;
+        }
+        self.claims_seen = claims;
+        let slots = crate::context::slots_by_tid();
+        for t in &mut self.entries {
+            t.context_slot = slots.get(&(t.info.tid as u32)).copied();
         }
     }
 
