@@ -17,19 +17,21 @@
 //! - a fill is held until the thread is known to be alive at or after its
 //!   tick (a later capture, or its CPU clock read), so no sample outlives its
 //!   thread, and captures beyond the tick's periods cancel the newest fills;
-//! - where the thread waits is learned by signalling it while it waits in
-//!   the kernel, so the signal interrupts no running code: once it has
-//!   stayed off the CPU for a whole tick after running (its scheduler state
-//!   telling waiting from preempted), or, for a thread that never waits that
-//!   long, when its scheduler state says it sleeps (looked at every
-//!   `PROBE_EVERY` periods at most). Until that capture arrives its fills
-//!   wait for it. While the answers stay the same, the thread is asked less
-//!   and less often (down to every `MAX_ASK_EVERY` periods);
+//! - where the thread waits is read without interrupting it (a signal would
+//!   make its `poll`, `nanosleep`, timed `futex` wait… fail with `EINTR`):
+//!   the kernel shows the stack pointer and program counter of a thread
+//!   blocked in a system call, and the sampler copies and unwinds its stack
+//!   ([`Worker::look_blocked`]). It looks once the thread has stayed off the
+//!   CPU for a whole tick after running, or, for a thread that never waits
+//!   that long, every `PROBE_EVERY` periods at most; while the answers stay
+//!   the same, less and less often (down to every `MAX_ASK_EVERY` periods);
 //! - a preempted thread stands where it last ran, and a thread never seen
 //!   waiting is taken to be preempted when it does not run;
-//! - a fill is filed under a request (its context word) only where the
-//!   thread is known to stand in it, so a request's lane never gets time its
-//!   thread spent elsewhere;
+//! - a fill is filed under the request (context word) the thread published
+//!   at the fill's moment (`crate::context` keeps a short history, so a late
+//!   sampler still knows), with a stack captured in that request; without
+//!   one it goes to no request, so a request's lane never gets time its
+//!   thread spent elsewhere, nor code that is not the request's;
 //! - a thread that stays parked has its CPU clock read less and less often,
 //!   down to every `MAX_CHECK_EVERY` periods;
 //! - a tick that comes late (the sampler thread was not given a core in
@@ -38,10 +40,11 @@
 //!
 //! A thread whose timer cannot be created (the user's limit of pending
 //! signals reached), and every thread with `cpu_timers(false)`, is sampled
-//! the way every thread was before timers: signalled from the sampler at
-//! each tick at which its CPU clock moved, its previous stack repeated
-//! otherwise.
+//! the way every thread was before timers: at each tick at which its CPU
+//! clock moved, read from here if it is blocked in the kernel, signalled if
+//! it is running; its previous stack repeated otherwise.
 
+mod periods;
 mod sample;
 mod stats;
 mod threads;
@@ -494,68 +497,63 @@ impl Worker {
         // through, and its latest stack stands in for those periods.
         // Beyond this tick's periods they cancel fills held from earlier
         // ticks, or are owed to later ones (at most 2).
-        let stand_ins = match &t.last_stack {
-            Some(_) if running > 0 => missed.min(periods + 2),
-            _ => 0,
-        };
-        if stand_ins > 0 {
+        let held_fills = t
+            .pending
+            .iter()
+            .filter(|p| matches!(p, Pending::Fill { .. }))
+            .count() as u32;
+        let cover = periods::cover(
+            periods,
+            running,
+            missed,
+            t.last_stack.is_some(),
+            held_fills,
+            t.surplus,
+        );
+        if cover.stand_ins > 0 {
             let stack = t.last_stack.clone().unwrap_or_else(|| Arc::from(&[][..]));
             let context = t.last_context;
             // Right after the capture they repeat, a microsecond apart: its
             // periods were used up around it, running what it shows, and no
-            // request may get a moment it was not running. (Without a
-            // capture of its own this tick, what the thread ran is not known
-            // well enough.)
-            for _ in 0..stand_ins {
+            // request may get a moment it was not running.
+            for _ in 0..cover.stand_ins {
                 last_ts += 1_000;
                 insert(
                     t,
                     Pending::Sample(sample_of(t, last_ts, stack.clone(), context, true)),
                 );
             }
-            c.samples_timer_missed.add(u64::from(stand_ins));
+            c.samples_timer_missed.add(u64::from(cover.stand_ins));
         }
-        let covered = running + stand_ins;
-        if covered > periods {
-            // Captures beyond this tick's periods cancel the newest fills
-            // (or are owed to later ticks).
-            for _ in periods..covered {
-                let newest_fill = t
-                    .pending
-                    .iter()
-                    .rposition(|p| matches!(p, Pending::Fill { .. }));
-                match newest_fill {
-                    Some(i) => {
-                        t.pending.remove(i);
-                    }
-                    None => t.surplus = (t.surplus + 1).min(2),
-                }
-            }
-        } else {
-            let uncovered = periods - covered;
-            for timestamp_ns in fill_times(uncovered, tick_ts, looked_before, period_ns) {
-                if t.surplus > 0 {
-                    t.surplus -= 1;
-                    continue;
-                }
-                // What the thread's published context word was at the
-                // fill's moment (the sampler may run late).
-                let at_tick = match t.context_slot {
-                    None => AtTick::Unknown,
-                    Some(slot) => match crate::context::word_at(slot, t.info.tid, timestamp_ns) {
-                        None | Some(0) => AtTick::Outside,
-                        Some(context) => at_tick(t, &self.requests, context),
-                    },
-                };
-                insert(
-                    t,
-                    Pending::Fill {
-                        timestamp_ns,
-                        at_tick,
-                    },
-                );
+        for _ in 0..cover.cancel_fills {
+            if let Some(i) = t
+                .pending
+                .iter()
+                .rposition(|p| matches!(p, Pending::Fill { .. }))
+            {
+                t.pending.remove(i);
             }
         }
+        t.surplus = cover.surplus;
+        // The periods owed captures paid for are the oldest.
+        let uncovered = cover.new_fills + cover.paid;
+        let times = periods::fill_times(uncovered, tick_ts, looked_before, period_ns);
+        for timestamp_ns in times.skip(cover.paid as usize) {
+            // What the thread's published context word was at the fill's
+            // moment (the sampler may run late).
+            let word = t
+                .context_slot
+                .map(|slot| crate::context::word_at(slot, t.info.tid, timestamp_ns));
+            let at_tick = periods::standing(word, &known(t), |c| self.requests.get(c));
+            insert(
+                t,
+                Pending::Fill {
+                    timestamp_ns,
+                    at_tick,
+                },
+            );
+        }
+        let covered = running + cover.stand_ins;
         if covered > 0 {
             // Alive and running: what was held until the capture leaves with
             // what was known until then.
@@ -949,21 +947,6 @@ impl Worker {
     }
 }
 
-/// Timestamps of `n` fills of a thread looked at `now`: one period apart
-/// back from `now`, or, where that would reach back to `since` (when the
-/// thread was looked at before; a late or slow tick) or beyond, spread
-/// evenly over `(since, now]`, the time they stand for.
-fn fill_times(n: u32, now: u64, since: Option<u64>, period_ns: u64) -> impl Iterator<Item = u64> {
-    let back = u64::from(n.saturating_sub(1)).saturating_mul(period_ns);
-    let step = match since {
-        Some(since) if since < now && now.saturating_sub(back) <= since => {
-            (now - since) / u64::from(n.max(1))
-        }
-        _ => period_ns,
-    };
-    (0..n).map(move |i| now.saturating_sub(u64::from(n - 1 - i).saturating_mul(step)))
-}
-
 /// What [`Worker::look_blocked`] found.
 enum Look {
     /// Blocked in the kernel: the stack it waits in, and its context word.
@@ -996,34 +979,15 @@ fn learned_waiting(t: &mut Tracked, tick_no: u64, stack: Arc<[u64]>, context: u6
     t.preempted = None;
 }
 
-/// What `t`'s published context word says about where it stands now (see
-/// [`AtTick`]).
-///
-/// A thread inside a request at a tick without a capture of its own is
-/// running that request's code, preempted in it (its CPU-time timer does
-/// not run while it waits for a core), or blocked inside it: the period
-/// belongs to the request. It is recorded with the stack the thread waits
-/// in (read while blocked inside that request), or else the thread's latest
-/// capture if taken in that request, or else the request's latest capture
-/// on any thread (a request moves between threads at every `.await`), by
-/// the time the fill is recorded (what the thread last ran belongs to
-/// something else, and a request's profile must not show it); with none of
-/// them it goes to no request.
-fn at_tick(t: &Tracked, requests: &RequestStacks, context: u64) -> AtTick {
-    let stack = match (&t.parked, &t.last_stack) {
-        (Some(parked), _)
-            if t.parked_fresh && t.preempted.is_none() && t.parked_context == context =>
-        {
-            Some(parked.clone())
-        }
-        (_, Some(last)) if t.last_context == context => Some(last.clone()),
-        _ => requests.get(context),
-    };
-    match stack {
-        Some(stack) => AtTick::In(stack, context),
-        // No capture in the request yet (it just began): the request's
-        // stack is looked up again when the fill is recorded.
-        None => AtTick::InRequest(context),
+/// What the sampler knows of `t` for [`periods::standing`].
+fn known(t: &Tracked) -> periods::Known<'_> {
+    periods::Known {
+        waiting: t
+            .parked
+            .as_ref()
+            .filter(|_| t.parked_fresh && t.preempted.is_none())
+            .map(|p| (p, t.parked_context)),
+        last: t.last_stack.as_ref().map(|s| (s, t.last_context)),
     }
 }
 

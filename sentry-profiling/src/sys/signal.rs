@@ -10,8 +10,9 @@
 //!   `SIGEV_THREAD_ID`, see [`CpuTimer`]): the kernel raises it on the core
 //!   the thread runs on, after every period of CPU time the thread consumed,
 //!   so a running thread is sampled without any other thread doing anything;
-//! - the sampler thread, with `rt_tgsigqueueinfo`, when it needs the stack of
-//!   a thread that is not running (where it is parked) or that has no timer.
+//! - the sampler thread, with `rt_tgsigqueueinfo`, for a thread without a
+//!   timer that it sees running. A thread blocked in the kernel is never
+//!   signalled (its system call would fail with `EINTR`); see `blocked.rs`.
 //!
 //! The handler, running on the interrupted thread, checks that the slot is
 //! bound to it, claims the slot with one compare-and-swap, copies
