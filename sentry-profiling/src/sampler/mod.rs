@@ -79,7 +79,7 @@ const MAX_ASK_EVERY: u64 = 128;
 
 /// How long a fill of a request in which no stack was captured yet waits
 /// for one before it is filed under no request.
-const REQUEST_STACK_WAIT_NS: u64 = 300_000_000;
+const REQUEST_STACK_WAIT_NS: u64 = 1_000_000_000;
 
 /// Most missed periods one tick records samples for.
 const MAX_CATCH_UP: u32 = 100;
