@@ -7,6 +7,8 @@
 //! empty and [`crate::Profiler::start`] reports the platform as unsupported.
 
 #[cfg(profiling_supported)]
+mod arch;
+#[cfg(profiling_supported)]
 mod blocked;
 #[cfg(profiling_supported)]
 mod fork;
