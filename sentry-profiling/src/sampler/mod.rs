@@ -78,8 +78,10 @@ const MAX_CHECK_EVERY: u64 = 16;
 const MAX_ASK_EVERY: u64 = 128;
 
 /// How long a fill of a request in which no stack was captured yet waits
-/// for one before it is filed under no request.
-const REQUEST_STACK_WAIT_NS: u64 = 1_000_000_000;
+/// for one. A thread's samples leave in time order, so this holds its later
+/// samples too: it stays below the 150 ms a transaction-based profile waits
+/// for samples up to its end.
+const REQUEST_STACK_WAIT_NS: u64 = 100_000_000;
 
 /// Most missed periods one tick records samples for.
 const MAX_CATCH_UP: u32 = 100;
@@ -1158,8 +1160,14 @@ fn flush_with(
             Some(Pending::Fill {
                 timestamp_ns,
                 at_tick: AtTick::InRequest(context),
-            }) if requests.get(context).is_some() => {
-                let stack = requests.get(context).unwrap_or_else(|| Arc::from(&[][..]));
+            }) if requests.get(context).is_some() || t.last_context != 0 => {
+                // The request's own stack, or else (none captured in it in
+                // time) the thread's latest stack if that was captured in a
+                // request too: the period is the request's, and the stack is
+                // request-handling code (never the runtime's own).
+                let Some(stack) = requests.get(context).or_else(|| t.last_stack.clone()) else {
+                    continue;
+                };
                 c.samples_idle.add(1);
                 emit_for(tx, c, t, timestamp_ns, stack, context, true);
             }

@@ -59,7 +59,9 @@ pub(super) enum AtTick {
     In(Arc<[u64]>, u64),
     /// Inside the request of this context word, not captured in it at the
     /// tick: recorded with the request's latest stack if one is known by
-    /// then, otherwise as [`AtTick::Outside`].
+    /// then, or else with the thread's latest stack if that was captured in
+    /// a request (request-handling code), otherwise as
+    /// [`AtTick::Outside`].
     InRequest(u64),
 }
 
