@@ -395,6 +395,10 @@ fn score(
         // `ATTRIBUTION_DEBUG=1` lists, per request, the samples shown that
         // are not its own and its own samples shown elsewhere.
         if std::env::var_os("ATTRIBUTION_DEBUG").is_some() {
+            eprintln!(
+                "{mode:?} req {id} thread {thread} [{start:.3},{end:.3}]: {} shown, {hits} its own, {own} own in all",
+                shown.len()
+            );
             for &i in &shown {
                 if owner[i] != Some(id) {
                     eprintln!(

@@ -29,9 +29,11 @@
 //!   waiting is taken to be preempted when it does not run;
 //! - a fill is filed under the request (context word) the thread published
 //!   at the fill's moment (`crate::context` keeps a short history, so a late
-//!   sampler still knows), with a stack captured in that request; without
-//!   one it goes to no request, so a request's lane never gets time its
-//!   thread spent elsewhere, nor code that is not the request's;
+//!   sampler still knows), with a stack captured in that request (or, none
+//!   captured within 100 ms, the thread's latest stack if that was taken
+//!   inside a request); a thread in no request, or whose word at that moment
+//!   is no longer known, files it under no request, so a request's lane
+//!   never gets time its thread spent elsewhere;
 //! - a thread that stays parked has its CPU clock read less and less often,
 //!   down to every `MAX_CHECK_EVERY` periods;
 //! - a tick that comes late (the sampler thread was not given a core in
