@@ -12,7 +12,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// How many threads can publish a context word at once; threads beyond it
 /// get fill-in behaviour without a context (their repeated samples say 0).
@@ -24,6 +24,36 @@ const UNCLAIMED: u32 = u32::MAX;
 const NONE: u32 = u32::MAX - 1;
 
 static SLOTS: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
+/// The thread id holding each slot (0: free), so that a reader holding a
+/// slot number learned before its thread exited does not read the word of
+/// the next thread that claimed it.
+static OWNERS: [AtomicU32; MAX_SLOTS] = [const { AtomicU32::new(0) }; MAX_SLOTS];
+/// How many times each slot's word was published.
+static CHANGES: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
+
+/// How many of a thread's latest words are kept, each with the time it was
+/// published: the sampler asks what a thread's word was at a tick it
+/// processes later (it may itself wait for a core on a busy machine, and a
+/// request's future yields every few milliseconds).
+const HISTORY: usize = 64;
+
+/// One published word and when (`CLOCK_REALTIME`, ns).
+struct Entry {
+    value: AtomicU64,
+    since_ns: AtomicU64,
+}
+
+/// Each slot's latest words: publication `n` is at `n % HISTORY`. Only the
+/// owner writes; readers check [`CHANGES`] before and after (a sequence
+/// lock) and trust only entries no newer publication can have overwritten.
+static HISTORY_TABLE: [[Entry; HISTORY]; MAX_SLOTS] = [const {
+    [const {
+        Entry {
+            value: AtomicU64::new(0),
+            since_ns: AtomicU64::new(0),
+        }
+    }; HISTORY]
+}; MAX_SLOTS];
 
 /// Slot bookkeeping: who holds which slot, and which are free.
 #[derive(Default)]
@@ -35,6 +65,11 @@ struct Table {
 
 static TABLE: Mutex<Option<Table>> = Mutex::new(None);
 
+/// Bumped at every claim, so the sampler knows when to re-read
+/// [`slots_by_tid`] (a thread's first context change must not wait for the
+/// next thread listing to be seen).
+static CLAIMS: AtomicU64 = AtomicU64::new(0);
+
 /// Gives the slot back when its thread exits.
 struct SlotGuard {
     slot: u32,
@@ -44,6 +79,7 @@ struct SlotGuard {
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         SLOTS[self.slot as usize].store(0, Ordering::Relaxed);
+        OWNERS[self.slot as usize].store(0, Ordering::Release);
         if crate::sys::in_forked_child() {
             // See `publish`: never wait for a lock held across the fork.
             return;
@@ -74,6 +110,8 @@ fn claim(tid: u32) -> u32 {
     };
     t.by_tid.insert(tid, slot);
     drop(table);
+    OWNERS[slot as usize].store(tid, Ordering::Release);
+    CLAIMS.fetch_add(1, Ordering::Release);
     // Registers the thread-local destructor that gives the slot back.
     let _ = GUARD.try_with(|g| g.set(Some(SlotGuard { slot, tid })));
     slot
@@ -95,8 +133,22 @@ pub(crate) fn publish(value: u64, tid: impl FnOnce() -> u32) {
         let _ = MY_SLOT.try_with(|s| s.set(slot));
     }
     if slot != NONE {
-        SLOTS[slot as usize].store(value, Ordering::Relaxed);
+        let i = slot as usize;
+        SLOTS[i].store(value, Ordering::Relaxed);
+        // Only the slot's owner writes it: no read-modify-write needed.
+        let n = CHANGES[i].load(Ordering::Relaxed);
+        let entry = &HISTORY_TABLE[i][n as usize % HISTORY];
+        entry.value.store(value, Ordering::Relaxed);
+        entry
+            .since_ns
+            .store(crate::sys::realtime_ns(), Ordering::Relaxed);
+        CHANGES[i].store(n.wrapping_add(1), Ordering::Release);
     }
+}
+
+/// How many slots were claimed so far (see [`CLAIMS`]).
+pub(crate) fn claims() -> u64 {
+    CLAIMS.load(Ordering::Acquire)
 }
 
 /// The slots of threads that publish context words, by thread id.
@@ -117,9 +169,91 @@ pub(crate) fn read(slot: u32) -> u64 {
         .map_or(0, |s| s.load(Ordering::Relaxed))
 }
 
+/// The context word last published in `slot` by thread `tid`; 0 if the
+/// slot is no longer that thread's.
+#[inline]
+pub(crate) fn read_for(slot: u32, tid: i32) -> u64 {
+    let i = slot as usize;
+    if i >= MAX_SLOTS || OWNERS[i].load(Ordering::Acquire) != tid as u32 {
+        return 0;
+    }
+    let value = SLOTS[i].load(Ordering::Relaxed);
+    // Claimed by another thread in between: its word, not `tid`'s.
+    if OWNERS[i].load(Ordering::Acquire) != tid as u32 {
+        return 0;
+    }
+    value
+}
+
+/// The context word thread `tid` (publishing in `slot`) had at `at_ns`
+/// (`CLOCK_REALTIME`); `None` when that is older than the history kept, or
+/// the slot is not the thread's.
+pub(crate) fn word_at(slot: u32, tid: i32, at_ns: u64) -> Option<u64> {
+    let i = slot as usize;
+    if i >= MAX_SLOTS || OWNERS[i].load(Ordering::Acquire) != tid as u32 {
+        return None;
+    }
+    let before = CHANGES[i].load(Ordering::Acquire);
+    let mut found = None;
+    let mut oldest_since = None;
+    // Newest first; the entry the next publication writes is left out.
+    for back in 1..HISTORY as u64 {
+        let Some(n) = before.checked_sub(back) else {
+            break;
+        };
+        let entry = &HISTORY_TABLE[i][n as usize % HISTORY];
+        let since = entry.since_ns.load(Ordering::Relaxed);
+        let value = entry.value.load(Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Acquire);
+        let after = CHANGES[i].load(Ordering::Relaxed);
+        // Publication `n + HISTORY` overwrites this entry; it may have
+        // begun once the count reached it.
+        if after >= n + HISTORY as u64 {
+            return None;
+        }
+        if since <= at_ns {
+            found = Some(value);
+            break;
+        }
+        oldest_since = Some(n);
+    }
+    if OWNERS[i].load(Ordering::Acquire) != tid as u32 {
+        return None;
+    }
+    match (found, oldest_since) {
+        (Some(v), _) => Some(v),
+        // Every publication kept is later, and the first is among them:
+        // before it the thread had published nothing (word 0).
+        (None, Some(0)) => Some(0),
+        (None, None) if before == 0 => Some(0),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_word_at_a_past_moment_comes_from_the_history() {
+        let h = std::thread::spawn(move || {
+            let tid = 4_100_000;
+            let mut times = Vec::new();
+            for value in 1..=68u64 {
+                publish(value, || tid as u32);
+                times.push(crate::sys::realtime_ns());
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            let slot = slots_by_tid()[&(tid as u32)];
+            assert_eq!(word_at(slot, tid, times[67]), Some(68));
+            assert_eq!(word_at(slot, tid, times[30]), Some(31));
+            assert_eq!(word_at(slot, tid, times[5]), Some(6));
+            // Older than the history kept: not known.
+            assert_eq!(word_at(slot, tid, times[4]), None);
+            assert_eq!(word_at(slot, tid + 1, times[67]), None);
+        });
+        h.join().unwrap();
+    }
 
     #[test]
     fn a_thread_publishes_and_gives_its_slot_back() {
@@ -133,9 +267,20 @@ mod tests {
         rx.recv().unwrap();
         let slot = slots_by_tid()[&4_000_000];
         assert_eq!(read(slot), 42);
+        assert_eq!(read_for(slot, 4_000_000), 42);
+        assert_eq!(read_for(slot, 4_000_001), 0, "another thread's slot");
+        let now = crate::sys::realtime_ns();
+        assert_eq!(word_at(slot, 4_000_000, now), Some(42));
+        assert_eq!(
+            word_at(slot, 4_000_000, 0),
+            Some(0),
+            "before its first word"
+        );
+        assert_eq!(word_at(slot, 4_000_001, now), None, "another thread's slot");
         done_tx.send(()).unwrap();
         h.join().unwrap();
         assert!(!slots_by_tid().contains_key(&4_000_000));
         assert_eq!(read(slot), 0);
+        assert_eq!(read_for(slot, 4_000_000), 0, "given back");
     }
 }

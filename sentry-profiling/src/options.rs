@@ -36,7 +36,10 @@ pub struct SamplerConfig {
     /// cross-core interrupt per sample, for kernels or sandboxes whose
     /// per-thread CPU timers misbehave. That mode also leans towards running
     /// code on a loaded machine: a thread signalled while it waits for a core
-    /// takes the signal when it runs again.
+    /// takes the signal when it runs again. Threads blocked in the kernel are
+    /// never signalled in either mode, but in this one a thread seen running
+    /// that enters a blocking call (`poll`, `nanosleep`, a timed `futex`
+    /// wait…) before the signal arrives sees that call fail with `EINTR`.
     pub cpu_timers: bool,
 }
 

@@ -3,11 +3,13 @@
 //! counting global allocator tracks one thread that itself does not
 //! allocate while it is sampled about 200 times; its allocation count must
 //! stay exactly zero, so nothing the handler does on that thread reaches the
-//! allocator.
+//! allocator. The probe spins for 2 s of its own CPU time (not wall time),
+//! so it is sampled as often on a machine whose cores other processes
+//! compete for.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sentry_profiling::{Sample, Sampler, SamplerConfig};
 
@@ -73,11 +75,24 @@ fn tracked<R>(f: impl FnOnce() -> R) -> (R, u64) {
     (out, CALLS.get())
 }
 
-/// Pure arithmetic until `until`: no allocation.
+/// The calling thread's CPU time in nanoseconds (a system call or vDSO
+/// read: no allocation).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes to a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Pure arithmetic for `cpu` of this thread's CPU time: no allocation.
 #[inline(never)]
-fn spin_until(until: Instant) -> u64 {
+fn spin_for_cpu(cpu: Duration) -> u64 {
+    let until = thread_cpu_ns() + cpu.as_nanos() as u64;
     let mut x = 1u64;
-    while Instant::now() < until {
+    while thread_cpu_ns() < until {
         for i in 0..10_000u64 {
             x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
         }
@@ -111,7 +126,7 @@ fn signal_handler_never_allocates_on_the_sampled_thread() {
             // this thread was being counted.
             let ((from, to), calls) = tracked(|| {
                 let from = now_ns();
-                std::hint::black_box(spin_until(Instant::now() + SPIN));
+                std::hint::black_box(spin_for_cpu(SPIN));
                 (from, now_ns())
             });
             (control, calls, from..=to)
@@ -147,8 +162,11 @@ fn signal_handler_never_allocates_on_the_sampled_thread() {
         control, 2,
         "the counting allocator missed a Box's allocation and free"
     );
+    // About 200 on an idle machine; on a busy one the sampler thread waits
+    // for a core too, and periods that find both slots full are counted,
+    // not captured. Enough captures for the check to mean something:
     assert!(
-        captured >= 150,
+        captured >= 50,
         "the handler ran only {captured} times on the probe thread while tracked (expected about 200)"
     );
     assert_eq!(

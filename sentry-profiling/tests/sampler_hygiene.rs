@@ -165,7 +165,14 @@ fn application_signal_handlers_are_never_taken_over() {
     stop.store(true, Ordering::Relaxed);
     worker.join().unwrap();
 
+    // All its samples (one per period), and those the handler took on it:
+    // on a machine whose cores other processes compete for, the worker runs
+    // a fraction of the time and its timer fires that much less.
     let worker_samples = samples
+        .iter()
+        .filter(|s| &**s.thread_name() == "hygiene-busy")
+        .count();
+    let worker_captures = samples
         .iter()
         .filter(|s| &**s.thread_name() == "hygiene-busy" && !s.is_repeated())
         .count();
@@ -179,8 +186,9 @@ fn application_signal_handlers_are_never_taken_over() {
          stats={stats:?}"
     );
     assert!(
-        worker_samples >= 20,
-        "the profiler did not profile during the test ({worker_samples} samples of the worker)"
+        worker_samples >= 20 && worker_captures >= 3,
+        "the profiler did not profile during the test ({worker_samples} samples of the worker, \
+         {worker_captures} taken by the handler)"
     );
     assert_eq!(
         delivered,

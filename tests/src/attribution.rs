@@ -35,6 +35,51 @@ use serde_json::Value;
 
 use crate::{CaptureTransport, http_get_with, split_items, transaction_window};
 
+/// CPU hogs in other processes, two per core at normal priority, so that
+/// a test runs on a contended machine as services do; killed on drop (also
+/// when the test fails).
+#[derive(Debug)]
+pub struct CpuHogs(Vec<std::process::Child>);
+
+impl CpuHogs {
+    /// Starts two spinning `python3` processes per available core.
+    pub fn start() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let hogs = (0..2 * cores)
+            .map(|_| {
+                std::process::Command::new("python3")
+                    .args(["-c", "while True: pass"])
+                    .stdin(std::process::Stdio::null())
+                    .spawn()
+                    .expect("python3 starts (a CPU hog)")
+            })
+            .collect();
+        // Let them reach the CPU before anything is measured.
+        std::thread::sleep(Duration::from_millis(200));
+        Self(hogs)
+    }
+
+    /// How many hogs are still running (none may have died early).
+    pub fn running(&mut self) -> usize {
+        let mut n = 0;
+        for child in &mut self.0 {
+            if matches!(child.try_wait(), Ok(None)) {
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// One poll of a request's future.
 #[derive(Debug, Clone, Copy)]
 struct Poll1 {
@@ -210,6 +255,7 @@ struct Shown {
     ts: f64,
     /// Whether its stack is in request-handling code (see [`REQUEST_CODE`]).
     work: bool,
+    names: String,
 }
 
 /// Function-name fragments of the code a request's future runs when polled:
@@ -263,6 +309,12 @@ fn score(
                     thread: s["thread_id"].as_str().unwrap_or_default().to_owned(),
                     ts: s["timestamp"].as_f64().unwrap_or(0.0),
                     work,
+                    names: names
+                        .iter()
+                        .take(6)
+                        .map(|n| n.chars().take(50).collect::<String>())
+                        .collect::<Vec<_>>()
+                        .join(" < "),
                 });
             }
         }
@@ -340,6 +392,36 @@ fn score(
             hits as f64 / shown.len() as f64
         });
         recalls.push(hits as f64 / own as f64);
+        // `ATTRIBUTION_DEBUG=1` lists, per request, the samples shown that
+        // are not its own and its own samples shown elsewhere.
+        if std::env::var_os("ATTRIBUTION_DEBUG").is_some() {
+            eprintln!(
+                "{mode:?} req {id} thread {thread} [{start:.3},{end:.3}]: {} shown, {hits} its own, {own} own in all",
+                shown.len()
+            );
+            for &i in &shown {
+                if owner[i] != Some(id) {
+                    eprintln!(
+                        "{mode:?} req {id} lane {thread} [{start:.3},{end:.3}] foreign: ts {:.3} work {} polled_any {} stack {}",
+                        samples[i].ts,
+                        samples[i].work,
+                        polled_at(id, None, samples[i].ts),
+                        samples[i].names
+                    );
+                }
+            }
+            for (i, o) in owner.iter().enumerate() {
+                if *o == Some(id) && !shown.contains(&i) {
+                    eprintln!(
+                        "{mode:?} req {id} lane {thread} [{start:.3},{end:.3}] missed: thread {} ts {:.3} in_window {} stack {}",
+                        samples[i].thread,
+                        samples[i].ts,
+                        samples[i].ts >= *start && samples[i].ts <= *end,
+                        samples[i].names
+                    );
+                }
+            }
+        }
     }
     let mean = |v: &[f64]| {
         if v.is_empty() {

@@ -17,19 +17,23 @@
 //! - a fill is held until the thread is known to be alive at or after its
 //!   tick (a later capture, or its CPU clock read), so no sample outlives its
 //!   thread, and captures beyond the tick's periods cancel the newest fills;
-//! - where the thread waits is learned by signalling it while it waits in
-//!   the kernel, so the signal interrupts no running code: once it has
-//!   stayed off the CPU for a whole tick after running (its scheduler state
-//!   telling waiting from preempted), or, for a thread that never waits that
-//!   long, when its scheduler state says it sleeps (looked at every
-//!   `PROBE_EVERY` periods at most). Until that capture arrives its fills
-//!   wait for it. While the answers stay the same, the thread is asked less
-//!   and less often (down to every `MAX_ASK_EVERY` periods);
+//! - where the thread waits is read without interrupting it (a signal would
+//!   make its `poll`, `nanosleep`, timed `futex` wait… fail with `EINTR`):
+//!   the kernel shows the stack pointer and program counter of a thread
+//!   blocked in a system call, and the sampler copies and unwinds its stack
+//!   ([`Worker::look_blocked`]). It looks once the thread has stayed off the
+//!   CPU for a whole tick after running, or, for a thread that never waits
+//!   that long, every `PROBE_EVERY` periods at most; while the answers stay
+//!   the same, less and less often (down to every `MAX_ASK_EVERY` periods);
 //! - a preempted thread stands where it last ran, and a thread never seen
 //!   waiting is taken to be preempted when it does not run;
-//! - a fill is filed under a request (its context word) only where the
-//!   thread is known to stand in it, so a request's lane never gets time its
-//!   thread spent elsewhere;
+//! - a fill is filed under the request (context word) the thread published
+//!   at the fill's moment (`crate::context` keeps a short history, so a late
+//!   sampler still knows), with a stack captured in that request (or, none
+//!   captured within 100 ms, the thread's latest stack if that was taken
+//!   inside a request); a thread in no request, or whose word at that moment
+//!   is no longer known, files it under no request, so a request's lane
+//!   never gets time its thread spent elsewhere;
 //! - a thread that stays parked has its CPU clock read less and less often,
 //!   down to every `MAX_CHECK_EVERY` periods;
 //! - a tick that comes late (the sampler thread was not given a core in
@@ -38,10 +42,11 @@
 //!
 //! A thread whose timer cannot be created (the user's limit of pending
 //! signals reached), and every thread with `cpu_timers(false)`, is sampled
-//! the way every thread was before timers: signalled from the sampler at
-//! each tick at which its CPU clock moved, its previous stack repeated
-//! otherwise.
+//! the way every thread was before timers: at each tick at which its CPU
+//! clock moved, read from here if it is blocked in the kernel, signalled if
+//! it is running; its previous stack repeated otherwise.
 
+mod periods;
 mod sample;
 mod stats;
 mod threads;
@@ -60,7 +65,7 @@ use crate::options::SamplerConfig;
 use crate::sys::{self, Slot};
 use crate::unwind::{ModuleSet, SharedModules, StackUnwinder};
 use stats::Counters;
-use threads::{MAX_PENDING, Pending, Requested, ThreadTable, Tracked};
+use threads::{AtTick, MAX_PENDING, Pending, Requested, ThreadTable, Tracked};
 
 /// How long a signalled thread may take to run the handler before the
 /// sampler stops waiting for it (a thread that blocks the signal, or is
@@ -73,6 +78,12 @@ const MAX_CHECK_EVERY: u64 = 16;
 /// Most periods between two questions to a thread about where it waits,
 /// while its answers stay the same.
 const MAX_ASK_EVERY: u64 = 128;
+
+/// How long a fill of a request in which no stack was captured yet waits
+/// for one. A thread's samples leave in time order, so this holds its later
+/// samples too: it stays below the 150 ms a transaction-based profile waits
+/// for samples up to its end.
+const REQUEST_STACK_WAIT_NS: u64 = 100_000_000;
 
 /// Most missed periods one tick records samples for.
 const MAX_CATCH_UP: u32 = 100;
@@ -329,8 +340,12 @@ struct Worker {
     threads: ThreadTable,
     unwinder: StackUnwinder,
     frames: Vec<u64>,
-    /// Reused to read threads' scheduler states.
+    /// Reused to read threads' scheduler and system-call states.
     stat_buf: Vec<u8>,
+    /// Reused to copy the stacks of threads blocked in the kernel.
+    copy_buf: Vec<u8>,
+    /// The latest stack captured in each request, by context word.
+    requests: RequestStacks,
     /// Sampling periods elapsed so far (ticks run, and ticks missed that a
     /// later tick recorded); thread checks are scheduled in these.
     tick_no: u64,
@@ -374,6 +389,8 @@ impl Worker {
             unwinder,
             frames: Vec::with_capacity(crate::unwind::MAX_FRAMES),
             stat_buf: Vec::with_capacity(512),
+            copy_buf: Vec::new(),
+            requests: RequestStacks::default(),
             tick_no: 0,
             owed: 0,
             config,
@@ -436,6 +453,7 @@ impl Worker {
         let tick_ts = sys::realtime_ns();
         let now = Instant::now();
         self.unwinder.refresh_modules();
+        self.threads.refresh_context_slots();
         for idx in 0..self.threads.len() {
             self.tick_thread(idx, periods, tick_ts, now, c);
         }
@@ -464,11 +482,12 @@ impl Worker {
             }
             // Whatever was held when the thread lost its timer goes first.
             t.alive_ns = u64::MAX;
-            flush(&self.tx, c, t);
+            flush(&self.tx, c, t, &self.requests);
             self.untimed(idx, tick_ts, now, c);
             return;
         }
         let missed = t.slot.map_or(0, |s| s.take_missed());
+        let looked_before = t.looked_ns.replace(tick_ts);
         let mut last_ts = 0;
         let mut running = 0;
         for sample in harvested.running() {
@@ -482,58 +501,67 @@ impl Worker {
         // through, and its latest stack stands in for those periods.
         // Beyond this tick's periods they cancel fills held from earlier
         // ticks, or are owed to later ones (at most 2).
-        let stand_ins = match &t.last_stack {
-            Some(_) if running > 0 => missed.min(periods + 2),
-            _ => 0,
-        };
-        if stand_ins > 0 {
+        let held_fills = t
+            .pending
+            .iter()
+            .filter(|p| matches!(p, Pending::Fill { .. }))
+            .count() as u32;
+        let cover = periods::cover(
+            periods,
+            running,
+            missed,
+            t.last_stack.is_some(),
+            held_fills,
+            t.surplus,
+        );
+        if cover.stand_ins > 0 {
             let stack = t.last_stack.clone().unwrap_or_else(|| Arc::from(&[][..]));
             let context = t.last_context;
             // Right after the capture they repeat, a microsecond apart: its
             // periods were used up around it, running what it shows, and no
-            // request may get a moment it was not running. (Without a
-            // capture of its own this tick, what the thread ran is not known
-            // well enough.)
-            for _ in 0..stand_ins {
+            // request may get a moment it was not running.
+            for _ in 0..cover.stand_ins {
                 last_ts += 1_000;
                 insert(
                     t,
                     Pending::Sample(sample_of(t, last_ts, stack.clone(), context, true)),
                 );
             }
-            c.samples_timer_missed.add(u64::from(stand_ins));
+            c.samples_timer_missed.add(u64::from(cover.stand_ins));
         }
-        let covered = running + stand_ins;
-        if covered > periods {
-            // Captures beyond this tick's periods cancel the newest fills
-            // (or are owed to later ticks).
-            for _ in periods..covered {
-                let newest_fill = t
-                    .pending
-                    .iter()
-                    .rposition(|p| matches!(p, Pending::Fill { .. }));
-                match newest_fill {
-                    Some(i) => {
-                        t.pending.remove(i);
-                    }
-                    None => t.surplus = (t.surplus + 1).min(2),
-                }
-            }
-        } else {
-            let uncovered = periods - covered;
-            for i in 0..uncovered {
-                if t.surplus > 0 {
-                    t.surplus -= 1;
-                    continue;
-                }
-                let timestamp_ns = tick_ts.saturating_sub(u64::from(uncovered - 1 - i) * period_ns);
-                insert(t, Pending::Fill { timestamp_ns });
+        for _ in 0..cover.cancel_fills {
+            if let Some(i) = t
+                .pending
+                .iter()
+                .rposition(|p| matches!(p, Pending::Fill { .. }))
+            {
+                t.pending.remove(i);
             }
         }
+        t.surplus = cover.surplus;
+        // The periods owed captures paid for are the oldest.
+        let uncovered = cover.new_fills + cover.paid;
+        let times = periods::fill_times(uncovered, tick_ts, looked_before, period_ns);
+        for timestamp_ns in times.skip(cover.paid as usize) {
+            // What the thread's published context word was at the fill's
+            // moment (the sampler may run late).
+            let word = t
+                .context_slot
+                .map(|slot| crate::context::word_at(slot, t.info.tid, timestamp_ns));
+            let at_tick = periods::standing(word, &known(t), |c| self.requests.get(c));
+            insert(
+                t,
+                Pending::Fill {
+                    timestamp_ns,
+                    at_tick,
+                },
+            );
+        }
+        let covered = running + cover.stand_ins;
         if covered > 0 {
             // Alive and running: what was held until the capture leaves with
             // what was known until then.
-            flush(&self.tx, c, t);
+            flush(&self.tx, c, t, &self.requests);
             t.parked_fresh = false;
             t.preempted = None;
             t.check_every = 1;
@@ -543,7 +571,7 @@ impl Worker {
         match awaiting_answer(t, now, c) {
             Some(true) => return,
             // Given up: record the held ticks with what is known.
-            Some(false) => flush(&self.tx, c, t),
+            Some(false) => flush(&self.tx, c, t, &self.requests),
             None => {}
         }
         if tick_no < t.next_check {
@@ -551,12 +579,12 @@ impl Worker {
         }
         let Some(cpu) = sys::thread_cpu_time_ns(t.info.tid) else {
             t.gone = true;
-            flush(&self.tx, c, t);
+            flush(&self.tx, c, t, &self.requests);
             return;
         };
         if cpu < t.cpu_seen_ns {
             // A CPU clock never goes back: the id now names another thread.
-            flush(&self.tx, c, t);
+            flush(&self.tx, c, t, &self.requests);
             t.reset_identity();
             c.threads_recycled.add(1);
             return;
@@ -568,7 +596,7 @@ impl Worker {
             // one tick (the thread may be parking somewhere new); the older
             // ones leave with what was known.
             t.alive_ns = t.alive_ns.max(tick_ts.saturating_sub(1));
-            flush(&self.tx, c, t);
+            flush(&self.tx, c, t, &self.requests);
             t.parked_fresh = false;
             t.check_every = 1;
             // A thread never seen waiting is taken to spend the time it does
@@ -578,7 +606,17 @@ impl Worker {
                 (None, Some(stack)) => Some((stack.clone(), 0)),
                 _ => None,
             };
-            probe(t, tick_no, now, &mut self.stat_buf, c);
+            if !t.unresponsive && tick_no >= t.next_probe.max(t.next_ask) {
+                t.next_probe = tick_no + PROBE_EVERY;
+                if let Look::Waiting(stack, context) = self.look_blocked(idx, c) {
+                    let tick_no = self.tick_no;
+                    learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
+                }
+            }
+            let t = self.threads.get_mut(idx);
+            flush(&self.tx, c, t, &self.requests);
+            t.next_check = tick_no + t.check_every;
+            return;
         } else {
             t.alive_ns = t.alive_ns.max(tick_ts);
             if !t.parked_fresh && !t.unresponsive && tick_no < t.next_ask {
@@ -589,27 +627,37 @@ impl Worker {
             if !t.parked_fresh && !t.unresponsive {
                 // Off the CPU for a whole tick since it last ran: waiting
                 // in the kernel, or runnable but not given a core (more
-                // runnable threads than cores).
-                let context_now = t.context_slot.map_or(0, crate::context::read);
-                if sys::thread_waiting(t.info.tid, &mut self.stat_buf) == Some(false)
-                    && context_now == t.last_context
-                    && t.last_stack.is_some()
-                {
-                    // Preempted, in what it last ran: it stands there.
-                    t.preempted = t.last_stack.clone().map(|s| (s, t.last_context));
-                    t.parked_fresh = true;
-                } else {
-                    // Ask where it waits (or, preempted in something else,
-                    // where it stopped: the answer comes when it runs again);
-                    // its fills wait for the answer.
-                    request(t, false, now, c);
+                // runnable threads than cores). Learn which, and where it
+                // waits, without interrupting it.
+                match self.look_blocked(idx, c) {
+                    Look::Waiting(stack, context) => {
+                        let tick_no = self.tick_no;
+                        learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
+                    }
+                    Look::Running => {
+                        // Preempted: it stands where it last ran, in the
+                        // request it last ran in if it still publishes it.
+                        let t = self.threads.get_mut(idx);
+                        let context_now = t
+                            .context_slot
+                            .map_or(0, |s| crate::context::read_for(s, t.info.tid));
+                        let context = if context_now == t.last_context {
+                            context_now
+                        } else {
+                            0
+                        };
+                        t.preempted = t.last_stack.clone().map(|s| (s, context));
+                        t.parked_fresh = t.preempted.is_some();
+                    }
+                    Look::Gone => self.threads.get_mut(idx).gone = true,
                 }
             } else {
                 t.parked_verified = t.parked_fresh && t.preempted.is_none();
                 t.check_every = (t.check_every * 2).min(MAX_CHECK_EVERY);
             }
         }
-        flush(&self.tx, c, t);
+        let t = self.threads.get_mut(idx);
+        flush(&self.tx, c, t, &self.requests);
         t.next_check = tick_no + t.check_every;
     }
 
@@ -637,9 +685,61 @@ impl Worker {
             }
             _ => {
                 t.cpu_seen_ns = cpu;
-                request(t, true, now, c);
+                // A thread blocked in the kernel is read from here; only one
+                // seen running is signalled (see `SamplerConfig::cpu_timers`).
+                match self.look_blocked(idx, c) {
+                    Look::Waiting(stack, context) => {
+                        let t = self.threads.get_mut(idx);
+                        t.last_stack = Some(stack.clone());
+                        t.last_context = context;
+                        emit_for(&self.tx, c, t, tick_ts, stack, context, false);
+                    }
+                    Look::Running => request(self.threads.get_mut(idx), true, now, c),
+                    Look::Gone => self.threads.get_mut(idx).gone = true,
+                }
             }
         }
+    }
+
+    /// Learns where thread `idx` waits, if it is blocked in the kernel,
+    /// without interrupting it (see `sys::syscall_state`): the stack it
+    /// waits in and the context word it publishes.
+    fn look_blocked(&mut self, idx: usize, c: &Counters) -> Look {
+        let cap = self.config.stack_copy_bytes;
+        let t = self.threads.get_mut(idx);
+        let tid = t.info.tid;
+        let context_slot = t.context_slot;
+        let known_bounds = t.stack_bounds;
+        let Some(cpu_before) = sys::thread_cpu_time_ns(tid) else {
+            return Look::Gone;
+        };
+        let (sp, pc) = match sys::syscall_state(tid, &mut self.stat_buf) {
+            Some(sys::SyscallState::Blocked { sp, pc, .. }) => (sp, pc),
+            Some(sys::SyscallState::Running) => return Look::Running,
+            None if sys::thread_cpu_time_ns(tid).is_none() => return Look::Gone,
+            // Unreadable (a hardened /proc): nothing is learned.
+            None => return Look::Running,
+        };
+        let top = match known_bounds {
+            Some((lo, hi)) if (lo..hi).contains(&(sp as usize)) => Some(hi),
+            _ => self.threads.stack_top(sp as usize),
+        };
+        let len = top.map_or(0, |hi| (hi.saturating_sub(sp as usize)).min(cap));
+        self.copy_buf.resize(len, 0);
+        let copied = sys::read_own_memory(sp, &mut self.copy_buf[..len]);
+        let context = context_slot.map_or(0, |s| crate::context::read_for(s, tid));
+        if sys::thread_cpu_time_ns(tid) != Some(cpu_before) {
+            // It woke up while its stack was read: the copy may mix two
+            // moments.
+            c.waits_raced.add(1);
+            return Look::Running;
+        }
+        let start = Instant::now();
+        self.unwinder
+            .unwind_blocked(pc, sp, &self.copy_buf[..copied], &mut self.frames);
+        c.unwind_ns.add(start.elapsed().as_nanos() as u64);
+        c.waits_read.add(1);
+        Look::Waiting(Arc::from(&self.frames[..]), context)
     }
 
     /// Gives a thread its slot and timer, and arms the timer, if not done
@@ -777,6 +877,7 @@ impl Worker {
             c.samples_timer.add(1);
         }
         if timer || t.timer.is_none() || request.is_some_and(|r| r.as_sample) {
+            self.requests.record(cap.context, &stack);
             return Harvested::Running(sample_of(t, cap.timestamp_ns, stack, cap.context, false));
         }
         // The same answer as last time: ask less often (up to once a
@@ -840,13 +941,89 @@ impl Worker {
             if sys::thread_cpu_time_ns(t.info.tid).is_some() {
                 t.alive_ns = u64::MAX;
             }
-            flush_with(&self.tx, c, t, true);
+            flush_with(&self.tx, c, t, &self.requests, true);
             // Fills after the thread was last seen alive are dropped.
             t.pending.clear();
             t.surplus = 0;
             t.check_every = 1;
             t.next_check = 0;
         }
+    }
+}
+
+/// What [`Worker::look_blocked`] found.
+enum Look {
+    /// Blocked in the kernel: the stack it waits in, and its context word.
+    Waiting(Arc<[u64]>, u64),
+    /// Running or runnable (or it woke up while being read).
+    Running,
+    /// Exited.
+    Gone,
+}
+
+/// Records where `t` waits, just read while it was blocked there: fresh and
+/// verified (it was read while the thread did not run). The same answer as
+/// last time means it is looked at less often (down to every
+/// `MAX_ASK_EVERY` periods); another one, at every chance again.
+fn learned_waiting(t: &mut Tracked, tick_no: u64, stack: Arc<[u64]>, context: u64) {
+    let stack = match &t.parked {
+        Some(old) if **old == *stack => old.clone(),
+        _ => stack,
+    };
+    t.ask_every = if t.parked.as_ref() == Some(&stack) {
+        (t.ask_every * 2).min(MAX_ASK_EVERY)
+    } else {
+        1
+    };
+    t.next_ask = tick_no + t.ask_every;
+    t.parked = Some(stack);
+    t.parked_context = context;
+    t.parked_fresh = true;
+    t.parked_verified = true;
+    t.preempted = None;
+}
+
+/// What the sampler knows of `t` for [`periods::standing`].
+fn known(t: &Tracked) -> periods::Known<'_> {
+    periods::Known {
+        waiting: t
+            .parked
+            .as_ref()
+            .filter(|_| t.parked_fresh && t.preempted.is_none())
+            .map(|p| (p, t.parked_context)),
+        last: t.last_stack.as_ref().map(|s| (s, t.last_context)),
+    }
+}
+
+/// The latest stack captured in each request (by context word), for
+/// periods a thread spends in a request without a capture of its own there.
+/// Bounded: the oldest requests are forgotten first.
+#[derive(Default)]
+struct RequestStacks {
+    by_context: std::collections::HashMap<u64, Arc<[u64]>>,
+    order: std::collections::VecDeque<u64>,
+}
+
+/// Most requests [`RequestStacks`] remembers.
+const MAX_REQUEST_STACKS: usize = 1024;
+
+impl RequestStacks {
+    fn record(&mut self, context: u64, stack: &Arc<[u64]>) {
+        if context == 0 {
+            return;
+        }
+        if self.by_context.insert(context, stack.clone()).is_none() {
+            self.order.push_back(context);
+            if self.order.len() > MAX_REQUEST_STACKS {
+                if let Some(old) = self.order.pop_front() {
+                    self.by_context.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn get(&self, context: u64) -> Option<Arc<[u64]>> {
+        self.by_context.get(&context).cloned()
     }
 }
 
@@ -864,18 +1041,6 @@ fn awaiting_answer(t: &mut Tracked, now: Instant, c: &Counters) -> Option<bool> 
     t.unresponsive = true;
     c.signals_abandoned.add(1);
     Some(false)
-}
-
-/// Asks a thread that keeps running now and then where it waits, if it is
-/// waiting in the kernel right now (at most every `PROBE_EVERY` ticks).
-fn probe(t: &mut Tracked, tick_no: u64, now: Instant, buf: &mut Vec<u8>, c: &Counters) {
-    if t.unresponsive || t.requested.is_some() || tick_no < t.next_probe.max(t.next_ask) {
-        return;
-    }
-    t.next_probe = tick_no + PROBE_EVERY;
-    if sys::thread_waiting(t.info.tid, buf) == Some(true) {
-        request(t, false, now, c);
-    }
 }
 
 /// Sends thread `t` a signal asking for its stack; `as_sample` when the
@@ -914,13 +1079,19 @@ fn insert(t: &mut Tracked, item: Pending) {
 /// word captured along with that stack while it is known to stand there
 /// (0 otherwise): they stand for time the thread spent waiting, not for
 /// what it ran at the fill's tick. Without any stack they are dropped.
-fn flush(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked) {
-    flush_with(tx, c, t, false);
+fn flush(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, requests: &RequestStacks) {
+    flush_with(tx, c, t, requests, false);
 }
 
 /// [`flush`]; with `force`, fills also leave while the thread's waiting
 /// place is unknown (with its latest stack), as at stop.
-fn flush_with(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, force: bool) {
+fn flush_with(
+    tx: &SyncSender<Sample>,
+    c: &Counters,
+    t: &mut Tracked,
+    requests: &RequestStacks,
+    force: bool,
+) {
     // Where the thread waits is being asked (its fills wait for the
     // answer), or not known: never learned (its latest stack is of running
     // code, which a fill must not pretend), or learned inside a request it
@@ -958,9 +1129,20 @@ fn flush_with(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, force: boo
     };
     while let Some(front) = t.pending.front() {
         let overfull = t.pending.len() > MAX_PENDING;
-        if let Pending::Fill { timestamp_ns, .. } = front {
-            let blocked =
-                *timestamp_ns > t.alive_ns || asking || (!known && !force && later_samples == 0);
+        if let Pending::Fill {
+            timestamp_ns,
+            at_tick,
+        } = front
+        {
+            let standing = matches!(at_tick, AtTick::In(..) | AtTick::InRequest(_));
+            // A request that began without a capture yet: its fills wait for
+            // one (on any thread), a while.
+            let stackless = matches!(at_tick, AtTick::InRequest(context) if requests.get(*context).is_none())
+                && t.alive_ns.saturating_sub(*timestamp_ns) < REQUEST_STACK_WAIT_NS
+                && !force;
+            let blocked = *timestamp_ns > t.alive_ns
+                || stackless
+                || (!standing && (asking || (!known && !force && later_samples == 0)));
             if blocked && !overfull {
                 break;
             }
@@ -970,9 +1152,37 @@ fn flush_with(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, force: boo
                 later_samples = later_samples.saturating_sub(1);
                 emit(tx, c, sample);
             }
-            Some(Pending::Fill { timestamp_ns }) => {
+            Some(Pending::Fill {
+                timestamp_ns,
+                at_tick: AtTick::In(stack, context),
+            }) => {
+                c.samples_idle.add(1);
+                emit_for(tx, c, t, timestamp_ns, stack, context, true);
+            }
+            Some(Pending::Fill {
+                timestamp_ns,
+                at_tick: AtTick::InRequest(context),
+            }) if requests.get(context).is_some() || t.last_context != 0 => {
+                // The request's own stack, or else (none captured in it in
+                // time) the thread's latest stack if that was captured in a
+                // request too: the period is the request's, and the stack is
+                // request-handling code (never the runtime's own).
+                let Some(stack) = requests.get(context).or_else(|| t.last_stack.clone()) else {
+                    continue;
+                };
+                c.samples_idle.add(1);
+                emit_for(tx, c, t, timestamp_ns, stack, context, true);
+            }
+            Some(Pending::Fill {
+                timestamp_ns,
+                at_tick,
+            }) => {
                 let Some(stack) = &stack else { continue };
-                let context = if known || force { context } else { 0 };
+                let context = match at_tick {
+                    AtTick::Outside => 0,
+                    _ if known || force => context,
+                    _ => 0,
+                };
                 c.samples_idle.add(1);
                 emit_for(tx, c, t, timestamp_ns, stack.clone(), context, true);
             }

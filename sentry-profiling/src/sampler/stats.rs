@@ -50,6 +50,12 @@ counters! {
     signals_sent,
     /// Stacks captured by the signal handler and unwound.
     samples_captured,
+    /// Stacks of threads blocked in the kernel, read by the sampler thread
+    /// without interrupting them (where they wait).
+    waits_read,
+    /// Of those attempts, reads thrown away because the thread woke up
+    /// while its stack was copied.
+    waits_raced,
     /// Of those, captures raised by the thread's own CPU-time timer.
     samples_timer,
     /// Timer periods without a capture of their own (the thread's previous

@@ -34,10 +34,35 @@ pub(super) struct Requested {
 pub(super) enum Pending {
     /// A tick at which the thread was not captured, to be recorded with the
     /// stack it waits in (and the context word captured with that stack)
-    /// once the thread is known alive at or after it.
-    Fill { timestamp_ns: u64 },
+    /// once the thread is known alive at or after it; `at_tick` is what the
+    /// thread's published context word said at the tick.
+    Fill { timestamp_ns: u64, at_tick: AtTick },
     /// A sample of running code.
     Sample(super::Sample),
+}
+
+/// Where a thread stood at a fill's tick, as far as its published context
+/// word tells (see `crate::context`).
+#[derive(Debug, Clone)]
+pub(super) enum AtTick {
+    /// It publishes no context word: the fill gets what the thread's
+    /// captures tell.
+    Unknown,
+    /// It was inside no request, or that is not known any more (a tick
+    /// so late that the thread's history of words does not reach back to
+    /// the fill's moment): the fill is filed under no request.
+    Outside,
+    /// It was inside the request of this context word, the same one as its
+    /// latest capture, whose stack it stands in: running it, preempted in
+    /// it (a CPU-time timer does not fire while a thread waits for a core),
+    /// or blocked inside it. The fill belongs to that request.
+    In(Arc<[u64]>, u64),
+    /// Inside the request of this context word, not captured in it at the
+    /// tick: recorded with the request's latest stack if one is known by
+    /// then, or else with the thread's latest stack if that was captured in
+    /// a request (request-handling code), otherwise as
+    /// [`AtTick::Outside`].
+    InRequest(u64),
 }
 
 impl Pending {
@@ -78,6 +103,9 @@ pub(super) struct Tracked {
     pub(super) preempted: Option<(Arc<[u64]>, u64)>,
     /// Where the thread publishes its context word (see `crate::context`).
     pub(super) context_slot: Option<u32>,
+    /// When the sampler last looked at the thread at a tick (its fills
+    /// stand for the time after it).
+    pub(super) looked_ns: Option<u64>,
     pub(super) stack_bounds: Option<(usize, usize)>,
     /// The capture slots bound to the thread (the second is filled while
     /// the first waits to be read), and its CPU-time timer.
@@ -128,6 +156,7 @@ impl Tracked {
             preempted: None,
             parked_fresh: false,
             context_slot: None,
+            looked_ns: None,
             stack_bounds: None,
             slot: None,
             slot2: None,
@@ -182,6 +211,8 @@ pub(super) struct ThreadTable {
     last_names: Option<Instant>,
     maps: StackMappings,
     maps_read: Option<Instant>,
+    /// `crate::context::claims()` when context slots were last looked up.
+    claims_seen: u64,
 }
 
 impl ThreadTable {
@@ -246,8 +277,24 @@ impl ThreadTable {
             if let Some(info) = sys::read_thread_identity(tid) {
                 counters.threads_seen.add(1);
                 self.by_tid.insert(tid, self.entries.len());
-                self.entries.push(Tracked::new(info));
+                let mut t = Tracked::new(info);
+                t.context_slot = slots.get(&(tid as u32)).copied();
+                self.entries.push(t);
             }
+        }
+    }
+
+    /// Looks up the threads' context slots again if a thread claimed one
+    /// since the last look.
+    pub(super) fn refresh_context_slots(&mut self) {
+        let claims = crate::context::claims();
+        if claims == self.claims_seen {
+            return;
+        }
+        self.claims_seen = claims;
+        let slots = crate::context::slots_by_tid();
+        for t in &mut self.entries {
+            t.context_slot = slots.get(&(t.info.tid as u32)).copied();
         }
     }
 
@@ -279,6 +326,22 @@ impl ThreadTable {
             }
             _ => false,
         }
+    }
+
+    /// The top of the stack mapping that holds `sp` (re-reading the
+    /// mappings at most every 5 ms when none does).
+    pub(super) fn stack_top(&mut self, sp: usize) -> Option<usize> {
+        let mut found = self.maps.find(sp);
+        if found.is_none()
+            && self
+                .maps_read
+                .is_none_or(|t| t.elapsed() > Duration::from_millis(5))
+        {
+            self.maps = sys::stack_mappings();
+            self.maps_read = Some(Instant::now());
+            found = self.maps.find(sp);
+        }
+        found.map(|(_, hi)| hi)
     }
 
     /// Drops threads that exited, with their timers and slots.

@@ -7,6 +7,10 @@
 //! empty and [`crate::Profiler::start`] reports the platform as unsupported.
 
 #[cfg(profiling_supported)]
+mod arch;
+#[cfg(profiling_supported)]
+mod blocked;
+#[cfg(profiling_supported)]
 mod fork;
 #[cfg(profiling_supported)]
 mod images;
@@ -17,6 +21,8 @@ mod signal;
 #[cfg(profiling_supported)]
 mod thread;
 
+#[cfg(profiling_supported)]
+pub(crate) use blocked::{SyscallState, read_own_memory, syscall_state};
 #[cfg(profiling_supported)]
 pub(crate) use fork::{in_forked_child, watch_fork};
 #[cfg(profiling_supported)]
@@ -31,7 +37,7 @@ pub(crate) use signal::{
 #[cfg(profiling_supported)]
 pub(crate) use thread::{
     ThreadInfo, current_tid, kernel_release, list_threads, own_cpu_time_ns, read_thread_identity,
-    realtime_ns, thread_cpu_time_ns, thread_waiting,
+    realtime_ns, thread_cpu_time_ns,
 };
 
 /// Without a sampler there is nothing a forked child could wait for.

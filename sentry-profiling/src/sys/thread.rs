@@ -38,19 +38,6 @@ pub(crate) fn read_thread_identity(tid: i32) -> Option<ThreadInfo> {
     parse_stat(tid, &stat)
 }
 
-/// Whether thread `tid` is waiting in the kernel (state `S` or `D` in
-/// `/proc/self/task/<tid>/stat`) rather than running or runnable; `None` if
-/// it has exited or cannot be read. `buf` is reused between calls.
-pub(crate) fn thread_waiting(tid: i32, buf: &mut Vec<u8>) -> Option<bool> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(format!("/proc/self/task/{tid}/stat")).ok()?;
-    buf.clear();
-    file.read_to_end(buf).ok()?;
-    let close = buf.iter().rposition(|&b| b == b')')?;
-    let state = *buf.get(close + 2)?;
-    Some(matches!(state, b'S' | b'D'))
-}
-
 fn parse_stat(tid: i32, stat: &str) -> Option<ThreadInfo> {
     // The name is in parentheses and may itself contain ')' or spaces.
     let open = stat.find('(')?;

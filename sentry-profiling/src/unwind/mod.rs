@@ -10,7 +10,7 @@ use std::sync::Arc;
 #[cfg(profiling_supported)]
 use arc_swap::ArcSwap;
 #[cfg(profiling_supported)]
-use framehop::{ExplicitModuleSectionInfo, MustNotAllocateDuringUnwind, Unwinder as _};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, MayAllocateDuringUnwind, Unwinder as _};
 
 #[cfg(profiling_supported)]
 use crate::sys::{self, LoadedImage, Regs};
@@ -24,9 +24,12 @@ pub use debug_id::debug_id_from_build_id;
 pub(crate) const MAX_FRAMES: usize = 512;
 
 #[cfg(profiling_supported)]
-type NativeUnwinder = framehop::UnwinderNative<sys::ImageBytes, MustNotAllocateDuringUnwind>;
+//
+// The sampler thread is no signal handler: it may allocate, so DWARF
+// evaluation is not limited to framehop's fixed storage.
+type NativeUnwinder = framehop::UnwinderNative<sys::ImageBytes, MayAllocateDuringUnwind>;
 #[cfg(profiling_supported)]
-type NativeCache = framehop::CacheNative<MustNotAllocateDuringUnwind>;
+type NativeCache = framehop::CacheNative<MayAllocateDuringUnwind>;
 
 /// A loaded module as the encoders see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -245,6 +248,127 @@ impl StackUnwinder {
         if frames.is_empty() {
             frames.push(regs.pc);
         }
+    }
+
+    /// Unwinds the stack of a thread blocked in a system call, copied from
+    /// `sp` up, knowing only its stack pointer and program counter (what
+    /// the kernel shows of a blocked thread; see `sys::blocked`).
+    ///
+    /// The frame-pointer register is unknown. The system-call wrappers at
+    /// the leaf unwind by their CFI (relative to the stack pointer), but the
+    /// first caller whose CFI defines its frame by the frame pointer (Rust's
+    /// standard library on x86_64 is built with frame pointers) would end
+    /// the walk there. So at that frame the walk looks for the frame
+    /// pointer's value: the nearest frame record at or above the frame's
+    /// stack pointer (a word pointing higher into the stack, or 0, followed
+    /// by a return address into a loaded module), and continues from there
+    /// if that unwinds the frame; a few candidates are tried.
+    pub(crate) fn unwind_blocked(&mut self, pc: u64, sp: u64, stack: &[u8], frames: &mut Vec<u64>) {
+        frames.clear();
+        frames.push(pc);
+        let modules = self.published.load();
+        let word = |addr: u64| -> Option<u64> {
+            let off = usize::try_from(addr.checked_sub(sp)?).ok()?;
+            let bytes = stack.get(off..off.checked_add(8)?)?;
+            Some(u64::from_le_bytes(bytes.try_into().ok()?))
+        };
+        let mut read_stack = |addr: u64| word(addr).ok_or(());
+        let end = sp.saturating_add(stack.len() as u64);
+        // The frame records at or above `from`, nearest first.
+        let candidates = |from: u64| {
+            let start = from.next_multiple_of(8);
+            (0..)
+                .map(move |i: u64| start + i * 8)
+                .take_while(move |a| a.saturating_add(16) <= end)
+                .filter(|&a| {
+                    let (Some(next), Some(ret)) = (word(a), word(a + 8)) else {
+                        return false;
+                    };
+                    (next == 0 || (next > a && next < end.saturating_add(1 << 20)))
+                        && modules.find(ret).is_some()
+                })
+                .take(4)
+        };
+        #[cfg(target_arch = "x86_64")]
+        let mut regs = framehop::x86_64::UnwindRegsX86_64::new(pc, sp, 0);
+        #[cfg(target_arch = "aarch64")]
+        let mask = framehop::aarch64::PtrAuthMask::from_max_known_address(
+            self.unwinder.max_known_code_address(),
+        );
+        // On aarch64 the link register is unknown too; the wrappers save it
+        // in their frame record, which the same search finds.
+        #[cfg(target_arch = "aarch64")]
+        let mut regs = {
+            let record = candidates(sp).next().unwrap_or(0);
+            framehop::aarch64::UnwindRegsAarch64::new_with_ptr_auth_mask(
+                mask,
+                word(record + 8).unwrap_or(0),
+                sp,
+                record,
+            )
+        };
+        let mut address = FrameAddress::from_instruction_pointer(pc);
+        let mut searched = false;
+        while frames.len() < MAX_FRAMES {
+            let before = regs;
+            let step =
+                self.unwinder
+                    .unwind_frame(address, &mut regs, &mut self.cache, &mut read_stack);
+            let ret = match step {
+                Ok(Some(ret)) => Some(ret),
+                _ if searched => None,
+                _ => {
+                    // Stopped for want of the frame pointer: look for it.
+                    searched = true;
+                    candidates(before.sp()).find_map(|record| {
+                        let mut guess = before;
+                        guess.set_fp_guess(record);
+                        let step = self.unwinder.unwind_frame(
+                            address,
+                            &mut guess,
+                            &mut self.cache,
+                            &mut read_stack,
+                        );
+                        match step {
+                            Ok(Some(ret)) => {
+                                regs = guess;
+                                Some(ret)
+                            }
+                            _ => None,
+                        }
+                    })
+                }
+            };
+            let Some(next) = ret.and_then(FrameAddress::from_return_address) else {
+                break;
+            };
+            #[cfg(target_arch = "aarch64")]
+            let lookup = mask.strip_ptr_auth(next.address_for_lookup());
+            #[cfg(not(target_arch = "aarch64"))]
+            let lookup = next.address_for_lookup();
+            frames.push(lookup);
+            address = next;
+        }
+    }
+}
+
+/// Setting a guessed frame pointer on framehop's registers.
+#[cfg(profiling_supported)]
+trait FpGuess {
+    fn set_fp_guess(&mut self, fp: u64);
+}
+
+#[cfg(all(profiling_supported, target_arch = "x86_64"))]
+impl FpGuess for framehop::x86_64::UnwindRegsX86_64 {
+    fn set_fp_guess(&mut self, fp: u64) {
+        self.set_bp(fp);
+    }
+}
+
+#[cfg(all(profiling_supported, target_arch = "aarch64"))]
+impl FpGuess for framehop::aarch64::UnwindRegsAarch64 {
+    fn set_fp_guess(&mut self, fp: u64) {
+        self.set_fp(fp);
     }
 }
 

@@ -1,0 +1,115 @@
+//! Installing the handler: picking a free signal (never one the
+//! application handles or ignores), once per process, never uninstalled.
+
+use std::sync::atomic::Ordering;
+
+use super::*;
+
+/// The signal the handler was installed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SignalSetup {
+    /// The signal number.
+    pub(crate) signal: i32,
+}
+
+/// Installs the handler (once per process) and returns the signal in use.
+///
+/// With `preferred`, that signal is used if it has no handler or already has
+/// ours; otherwise the highest real-time signal whose disposition is
+/// `SIG_DFL` is taken. A signal the application handles or ignores is never
+/// touched.
+pub(crate) fn install_handler(preferred: Option<i32>) -> Result<SignalSetup, String> {
+    let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: getpid has no preconditions.
+    OWN_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+    // SAFETY: getuid has no preconditions.
+    OWN_UID.store(unsafe { libc::getuid() }, Ordering::Relaxed);
+    VM_READ.store(probe_vm_read(), Ordering::Relaxed);
+    MAIN_STACK_TOP.store(
+        crate::sys::maps::stack_mappings()
+            .main_stack_top()
+            .unwrap_or(0),
+        Ordering::Relaxed,
+    );
+    let current = SIGNAL.load(Ordering::Relaxed);
+    if current != 0 {
+        if preferred.is_some_and(|p| p != current) {
+            return Err(format!(
+                "the profiler already uses signal {current}; it cannot switch to {} in this process",
+                preferred.unwrap_or_default()
+            ));
+        }
+        if !handler_is_ours(current) {
+            return Err(format!(
+                "signal {current} was taken over by another handler after the profiler installed it"
+            ));
+        }
+        return Ok(SignalSetup { signal: current });
+    }
+    let candidates: Vec<i32> = match preferred {
+        Some(sig) => vec![sig],
+        None => (libc::SIGRTMIN()..=libc::SIGRTMAX()).rev().collect(),
+    };
+    for sig in candidates {
+        if !disposition_is_default(sig) {
+            continue;
+        }
+        // SAFETY: a zeroed sigaction is a valid starting value; the handler
+        // has the SA_SIGINFO signature and is async-signal-safe (see
+        // `handler`); the old action is written to a local.
+        let installed = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = handler as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut action.sa_mask);
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, &action, &mut old) == 0 && old.sa_sigaction == libc::SIG_DFL
+        };
+        if installed {
+            SIGNAL.store(sig, Ordering::Release);
+            return Ok(SignalSetup { signal: sig });
+        }
+    }
+    Err(match preferred {
+        Some(sig) => format!(
+            "`signal` {sig} already has a handler or is ignored (it was left alone); choose another"
+        ),
+        None => "every real-time signal already has a handler; set a free one with `signal`".into(),
+    })
+}
+
+pub(super) fn current_action(sig: i32) -> Option<libc::sigaction> {
+    // SAFETY: querying with a null new action only writes `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        (libc::sigaction(sig, std::ptr::null(), &mut old) == 0).then_some(old)
+    }
+}
+
+pub(super) fn disposition_is_default(sig: i32) -> bool {
+    current_action(sig).is_some_and(|a| a.sa_sigaction == libc::SIG_DFL)
+}
+
+pub(super) fn handler_is_ours(sig: i32) -> bool {
+    current_action(sig).is_some_and(|a| a.sa_sigaction == handler as *const () as usize)
+}
+
+/// Whether `process_vm_readv` can read this process's own memory (a seccomp
+/// policy may forbid it).
+pub(super) fn probe_vm_read() -> bool {
+    let src = [0x5au8; 16];
+    let mut dst = [0u8; 16];
+    let local = libc::iovec {
+        iov_base: dst.as_mut_ptr().cast(),
+        iov_len: dst.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: src.as_ptr() as *mut libc::c_void,
+        iov_len: src.len(),
+    };
+    // SAFETY: both buffers are valid locals of the given lengths.
+    let n = unsafe {
+        libc::process_vm_readv(OWN_PID.load(Ordering::Relaxed), &local, 1, &remote, 1, 0)
+    };
+    n == src.len() as isize && dst == src
+}
