@@ -540,7 +540,10 @@ mod tests {
             problems[0].starts_with("2.envelope") && problems[0].contains("cut short"),
             "{problems:?}"
         );
-        assert!(problems[3].contains("stack that does not exist"), "{problems:?}");
+        assert!(
+            problems[3].contains("stack that does not exist"),
+            "{problems:?}"
+        );
 
         std::fs::write(
             dir.join("6.envelope"),
