@@ -5,6 +5,7 @@
 //! `relay.rs`, which the stress run shares).
 
 pub mod attribution;
+pub mod clients;
 pub mod fake_sentry;
 mod relay;
 
