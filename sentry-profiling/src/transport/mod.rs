@@ -100,6 +100,7 @@ impl TransportFactory for ProfilingTransportFactory {
                 #[cfg(feature = "http")]
                 runtime.set_chunk_sender(None);
                 Arc::new(ProfilingTransport {
+                    warned_unprofiled: Default::default(),
                     inner,
                     #[cfg(feature = "http")]
                     chunks: None,
@@ -112,6 +113,7 @@ impl TransportFactory for ProfilingTransportFactory {
                 runtime.set_transport(Arc::clone(&inner));
                 runtime.set_chunk_sender(Some(Arc::clone(&chunks)));
                 Arc::new(ProfilingTransport {
+                    warned_unprofiled: Default::default(),
                     inner,
                     chunks: Some(chunks),
                     runtime,
@@ -123,6 +125,8 @@ impl TransportFactory for ProfilingTransportFactory {
 
 /// The client's transport, seen through the profiler.
 struct ProfilingTransport {
+    /// Whether [`UNPROFILED`] has been reported.
+    warned_unprofiled: std::sync::atomic::AtomicBool,
     inner: Arc<dyn Transport>,
     /// The chunk sender, when the crate delivers chunks itself.
     #[cfg(feature = "http")]
@@ -130,7 +134,42 @@ struct ProfilingTransport {
     runtime: Arc<Runtime>,
 }
 
+/// The warning, given once, when a transaction reaches the transport
+/// without a root span the profiler knows while it profiles (see
+/// [`ProfilingTransport::warn_if_unprofiled`]).
+pub(crate) const UNPROFILED: &str = "has no profiled root span, so no profile is linked to it (with the trace lifecycle the profiler does not even start for it); this happens when only sentry-tower's `SentryHttpLayer` makes transactions: add `sentry_profiling_tracing::http_layer()` to the router inside sentry-tower's layers (the `.layer(...)` call before theirs), or run the request in a `tracing` span with `sentry_profiling_tracing::layer()` registered";
+
 impl ProfilingTransport {
+    /// Warns once when a transaction in `envelope` carries no `thread.id`
+    /// although the session profiles and it should have one: with the
+    /// trace lifecycle (only a profiled root span starts the profiler), or
+    /// while the profiler runs (manual lifecycle). Such a setup would
+    /// otherwise profile nothing, silently: typically `sentry-tower`'s
+    /// transactions with no span the tracing layer sees.
+    fn warn_if_unprofiled(&self, envelope: &Envelope) {
+        use std::sync::atomic::Ordering;
+        if self.warned_unprofiled.load(Ordering::Relaxed) {
+            return;
+        }
+        let expected =
+            self.runtime.lifecycle() == crate::ProfileLifecycle::Trace || self.runtime.is_running();
+        if !expected {
+            return;
+        }
+        let unprofiled = envelope.items().find_map(|i| match i {
+            EnvelopeItem::Transaction(t) if !is_profiled(t) => Some(t),
+            _ => None,
+        });
+        if let Some(tx) = unprofiled {
+            if !self.warned_unprofiled.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "sentry-profiling: transaction `{}` {UNPROFILED}",
+                    tx.name.as_deref().unwrap_or("?")
+                );
+            }
+        }
+    }
+
     /// Flushes or shuts down the inner transport, giving it until
     /// `deadline`.
     ///
@@ -180,7 +219,10 @@ impl Transport for ProfilingTransport {
             return;
         }
         let envelope = match self.runtime.profiler_id() {
-            Some(id) => link_transactions(envelope, id),
+            Some(id) => {
+                self.warn_if_unprofiled(&envelope);
+                link_transactions(envelope, id)
+            }
             None => envelope,
         };
         self.inner.send_envelope(envelope);
