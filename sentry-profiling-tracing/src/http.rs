@@ -16,6 +16,10 @@
 //! authorization, forwarded addresses). The request goes on the
 //! transaction and on events captured while it runs.
 //!
+//! The root span exists for the profiler; `sentry-tracing` would make it
+//! a Sentry child span (`http.request`) repeating the transaction, so it is
+//! marked and the integration's transport leaves it out.
+//!
 //! The transaction is tagged with its lane before the handler first runs,
 //! so a handler that panics in its first poll (with no catch-panic layer,
 //! the server drops the request's future as the panic unwinds) still sends
@@ -246,7 +250,10 @@ where
             }
             // The root span is created under the request's hub, so that a
             // `sentry-tracing` layer makes it a child of the transaction
-            // instead of a second transaction.
+            // instead of a second transaction. That child would only repeat
+            // the transaction: it is marked `sentry_profiling.http_root`,
+            // and the integration's transport removes it (its children
+            // become the transaction's).
             *this.span = Hub::run(Arc::clone(&hub), || {
                 tracing::info_span!(
                     parent: None,
@@ -255,6 +262,7 @@ where
                     http.request.method = %p.method,
                     http.route = %p.route,
                     http.response.status_code = tracing::field::Empty,
+                    sentry_profiling.http_root = true,
                 )
             });
             let request = p.request;

@@ -1,5 +1,7 @@
 //! `http_layer()` on a real axum service on loopback under concurrent
-//! load: what it records of each request (as `sentry-tower` does), and a
+//! load: what it records of each request (as `sentry-tower` does), no
+//! child span repeating the transaction (the handler's own span is the
+//! transaction's child), and a
 //! handler that panics before its first `.await`, with no catch-panic
 //! layer, still yielding a transaction linked to its samples.
 //!
@@ -20,11 +22,16 @@ const REQUESTS_PER_CLIENT: u64 = 7;
 const CPU_MS: u64 = 20;
 
 async fn work(Path(k): Path<u64>) -> String {
+    use tracing::Instrument;
     let mut x = 0;
     for _ in 0..2 {
         x ^= cpu(k, CPU_MS / 2);
         tokio::task::yield_now().await;
     }
+    // A span of the handler's own: a child of the transaction itself.
+    async { tokio::task::yield_now().await }
+        .instrument(tracing::info_span!("handler.step"))
+        .await;
     format!("{x:x}\n")
 }
 
@@ -37,8 +44,15 @@ async fn panics(Path(k): Path<u64>) -> String {
     String::new()
 }
 
+/// One test, so the PII checks (a hub of their own) never run beside the
+/// service (the process's main hub).
 #[test]
-fn http_layer_records_the_request_and_survives_panics() {
+fn http_layer() {
+    pii_rules_follow_send_default_pii();
+    records_the_request_and_survives_panics();
+}
+
+fn records_the_request_and_survives_panics() {
     let capture = CaptureTransport::new();
     let mut options = sentry::ClientOptions::new().traces_sample_rate(1.0);
     options.dsn = sentry_profiling_examples::LOCAL_DSN.parse().ok();
@@ -77,6 +91,7 @@ fn http_layer_records_the_request_and_survives_panics() {
         "one transaction per request, panicking ones included"
     );
     let (mut own, mut other, mut scored, mut showing_own, mut panicked) = (0, 0, 0, 0, 0);
+    let mut child_spans = 0;
     for tx in &transactions {
         let name = tx["transaction"].as_str().unwrap_or("?");
         let (k, n) = client_of(tx).unwrap_or_else(|| panic!("no client in {tx}"));
@@ -102,6 +117,19 @@ fn http_layer_records_the_request_and_survives_panics() {
             Some("localhost")
         );
         assert!(headers.contains_key("sentry-trace"), "{headers:?}");
+        let root_span_id = tx.pointer("/contexts/trace/span_id");
+        for span in tx["spans"].as_array().into_iter().flatten() {
+            assert_ne!(
+                span["description"], "http.request",
+                "spurious child span: {span}"
+            );
+            assert!(
+                span.pointer("/data/sentry_profiling.http_root").is_none(),
+                "{span}"
+            );
+            assert_eq!(span.get("parent_span_id"), root_span_id, "{span}");
+            child_spans += 1;
+        }
         let problem = link_problem(tx, &chunks);
         let (o, x) = own_and_other(tx, &chunks);
         own += o;
@@ -114,8 +142,19 @@ fn http_layer_records_the_request_and_survives_panics() {
         }
         scored += 1;
         showing_own += usize::from(o > 0);
+        if o == 0 {
+            println!(
+                "{name} (client {k}, request {n}) shows no own CPU sample ({x} of others), window {:?}",
+                sentry_profiling_tests::transaction_window(tx)
+            );
+        }
     }
     assert_eq!(panicked, panicking);
+    assert_eq!(
+        child_spans,
+        requests - panicking,
+        "the handler's own span, once per successful request, and no other"
+    );
     let precision = own as f64 / (own + other).max(1) as f64;
     println!(
         "{scored} scored transactions ({panicked} panicked), {showing_own} show their own CPU function; {own} own CPU samples shown, {other} of other requests; precision {precision:.4}"
@@ -148,7 +187,6 @@ impl tower_service::Service<http::Request<()>> for Ok200 {
 /// Headers Sentry counts as personal are left out unless
 /// `send_default_pii` is set; a user name and password in the URL are
 /// always replaced.
-#[test]
 fn pii_rules_follow_send_default_pii() {
     for with_pii in [false, true] {
         let capture = CaptureTransport::new();

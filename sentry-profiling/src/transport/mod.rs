@@ -218,6 +218,7 @@ impl Transport for ProfilingTransport {
             }
             return;
         }
+        let envelope = drop_http_root_spans(envelope);
         let envelope = match self.runtime.profiler_id() {
             Some(id) => {
                 self.warn_if_unprofiled(&envelope);
@@ -257,6 +258,60 @@ impl Transport for ProfilingTransport {
         }
         done
     }
+}
+
+/// Tracing field (and so, through `sentry-tracing`, Sentry span data key)
+/// that marks the root span `http_layer()` opens for a request. That span
+/// exists for the profiler (it gives the request its lane and drives the
+/// trace lifecycle); as a Sentry span it would only repeat the transaction,
+/// so the transport removes it (see [`drop_http_root_spans`]).
+pub(crate) const HTTP_ROOT_SPAN_MARK: &str = "sentry_profiling.http_root";
+
+/// Removes the spans marked [`HTTP_ROOT_SPAN_MARK`] from every transaction
+/// in `envelope`, attaching their children to the transaction itself.
+/// Envelopes without such a span pass unchanged.
+pub(crate) fn drop_http_root_spans(envelope: Envelope) -> Envelope {
+    let marked = |t: &sentry_core::protocol::Transaction<'_>| {
+        t.spans
+            .iter()
+            .any(|s| s.data.contains_key(HTTP_ROOT_SPAN_MARK))
+    };
+    let any = envelope
+        .items()
+        .any(|i| matches!(i, EnvelopeItem::Transaction(t) if marked(t)));
+    if !any {
+        return envelope;
+    }
+    let mut out = Envelope::new().with_headers(envelope.headers().clone());
+    for item in envelope.into_items() {
+        match item {
+            EnvelopeItem::Transaction(mut tx) if marked(&tx) => {
+                let root = match tx.contexts.get("trace") {
+                    Some(Context::Trace(tc)) => Some(tc.span_id),
+                    _ => None,
+                };
+                let removed: Vec<_> = tx
+                    .spans
+                    .iter()
+                    .filter(|s| s.data.contains_key(HTTP_ROOT_SPAN_MARK))
+                    .map(|s| (s.span_id, s.parent_span_id))
+                    .collect();
+                tx.spans
+                    .retain(|s| !s.data.contains_key(HTTP_ROOT_SPAN_MARK));
+                for span in &mut tx.spans {
+                    if let Some((_, parent)) = removed
+                        .iter()
+                        .find(|(id, _)| Some(*id) == span.parent_span_id)
+                    {
+                        span.parent_span_id = parent.or(root);
+                    }
+                }
+                out.add_item(EnvelopeItem::Transaction(tx));
+            }
+            other => out.add_item(other),
+        }
+    }
+    out
 }
 
 /// Span and transaction data key under which the tracing layer records the
