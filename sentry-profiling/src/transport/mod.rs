@@ -210,6 +210,7 @@ impl Transport for ProfilingTransport {
             self.inner.send_envelope(envelope);
             return;
         }
+        let envelope = drop_http_root_spans(envelope);
         if self.runtime.v1().is_some() {
             // Transaction-based profiling: the profiler thread attaches the
             // profile and sends the envelope on.
@@ -218,7 +219,6 @@ impl Transport for ProfilingTransport {
             }
             return;
         }
-        let envelope = drop_http_root_spans(envelope);
         let envelope = match self.runtime.profiler_id() {
             Some(id) => {
                 self.warn_if_unprofiled(&envelope);
@@ -419,4 +419,72 @@ pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelo
         write_transaction(&mut bytes, &tx);
     }
     Envelope::from_bytes_raw(bytes).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sentry_core::protocol::{Span, SpanId, TraceContext, Transaction};
+
+    fn span(id: SpanId, parent: SpanId, marked: bool) -> Span {
+        let mut s = Span {
+            span_id: id,
+            parent_span_id: Some(parent),
+            ..Default::default()
+        };
+        if marked {
+            s.data.insert(HTTP_ROOT_SPAN_MARK.into(), Value::Bool(true));
+        }
+        s
+    }
+
+    #[test]
+    fn http_root_span_is_dropped_and_its_children_reparented() {
+        let (root, marked, child, grandchild) = (
+            SpanId::default(),
+            SpanId::default(),
+            SpanId::default(),
+            SpanId::default(),
+        );
+        assert!(root != marked && marked != child && child != grandchild);
+        let mut tx = Transaction::default();
+        tx.contexts.insert(
+            "trace".into(),
+            Context::Trace(Box::new(TraceContext {
+                span_id: root,
+                ..Default::default()
+            })),
+        );
+        tx.spans = vec![
+            span(marked, root, true),
+            span(child, marked, false),
+            span(grandchild, child, false),
+        ];
+        let mut envelope = Envelope::new();
+        envelope.add_item(tx);
+        let out = drop_http_root_spans(envelope);
+        let Some(EnvelopeItem::Transaction(tx)) = out.items().next() else {
+            panic!("the transaction is kept");
+        };
+        let spans: Vec<_> = tx
+            .spans
+            .iter()
+            .map(|s| (s.span_id, s.parent_span_id))
+            .collect();
+        assert_eq!(spans, vec![(child, Some(root)), (grandchild, Some(child))]);
+    }
+
+    #[test]
+    fn envelopes_without_the_mark_pass_unchanged() {
+        let tx = Transaction {
+            spans: vec![span(SpanId::default(), SpanId::default(), false)],
+            ..Default::default()
+        };
+        let mut envelope = Envelope::new();
+        envelope.add_item(tx.clone());
+        let out = drop_http_root_spans(envelope);
+        assert!(
+            matches!(out.items().next(), Some(EnvelopeItem::Transaction(t)) if t.spans == tx.spans)
+        );
+    }
 }
