@@ -57,10 +57,14 @@ fn records_the_request_and_survives_panics() {
     let mut options = sentry::ClientOptions::new().traces_sample_rate(1.0);
     options.dsn = sentry_profiling_examples::LOCAL_DSN.parse().ok();
     options.transport = Some(capture.factory());
+    // The whole run is one chunk, encoded and handed over at shutdown; on a
+    // loaded machine, in a debug build, that takes longer than the SDK's
+    // default 2 s (after which the chunk would be dropped by design).
+    options.shutdown_timeout = std::time::Duration::from_secs(30);
     let options = ProfilingIntegration::new()
         .profile_session_sample_rate(1.0)
         .profile_lifecycle(ProfileLifecycle::Trace)
-        .frequency_hz(1000)
+        .frequency_hz(500)
         .apply(options);
     let app = axum::Router::new()
         .route("/work/{k}", axum::routing::get(work))

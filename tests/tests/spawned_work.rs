@@ -65,10 +65,14 @@ fn spawned_and_blocking_work_shows_under_the_request() {
     let mut options = sentry::ClientOptions::new().traces_sample_rate(1.0);
     options.dsn = sentry_profiling_examples::LOCAL_DSN.parse().ok();
     options.transport = Some(capture.factory());
+    // The whole run is one chunk, encoded and handed over at shutdown; on a
+    // loaded machine, in a debug build, that takes longer than the SDK's
+    // default 2 s (after which the chunk would be dropped by design).
+    options.shutdown_timeout = std::time::Duration::from_secs(30);
     let options = ProfilingIntegration::new()
         .profile_session_sample_rate(1.0)
         .profile_lifecycle(ProfileLifecycle::Trace)
-        .frequency_hz(1000)
+        .frequency_hz(500)
         .apply(options);
     let app = axum::Router::new()
         .route("/blocking/{k}", axum::routing::get(blocking))
@@ -91,6 +95,14 @@ fn spawned_and_blocking_work_shows_under_the_request() {
 
     let (chunks, transactions) = split_items(&capture.envelopes());
     assert_eq!(transactions.len(), requests, "one transaction per request");
+    println!(
+        "{} chunks, {} samples",
+        chunks.len(),
+        chunks
+            .iter()
+            .map(|c| sentry_profiling_tests::chunk_samples(c).len())
+            .sum::<usize>()
+    );
     let mut warmup_unlinked = 0;
     let mut unlinked = 0;
     let mut blocking = Score::default();
