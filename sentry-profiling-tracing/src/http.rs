@@ -5,6 +5,25 @@
 //! If a transaction already exists when the request is first polled (for
 //! example `sentry-tower`'s `SentryHttpLayer` with transactions enabled,
 //! placed outside this layer) it is reused: no second transaction.
+//!
+//! What it records of the request follows `sentry-tower`'s
+//! `SentryHttpLayer`, so that moving between the two changes nothing in
+//! Sentry: the method; the full URL (scheme `http` unless the request says
+//! otherwise, host from the URI or else the `Host` header, path and query),
+//! with any user name and password in it replaced; and the headers, less
+//! the ones marked sensitive and, unless the client's `send_default_pii`
+//! is set, less the ones Sentry counts as personal (cookies,
+//! authorization, forwarded addresses). The request goes on the
+//! transaction and on events captured while it runs.
+//!
+//! The root span exists for the profiler; `sentry-tracing` would make it
+//! a Sentry child span (`http.request`) repeating the transaction, so it is
+//! marked and the integration's transport leaves it out.
+//!
+//! The transaction is tagged with its lane before the handler first runs,
+//! so a handler that panics in its first poll (with no catch-panic layer,
+//! the server drops the request's future as the panic unwinds) still sends
+//! a transaction, with status `internal_error`, linked to its samples.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -52,9 +71,53 @@ struct Pending {
     name: String,
     route: String,
     method: String,
-    url: String,
+    request: protocol::Request,
     sentry_trace: Option<String>,
     baggage: Option<String>,
+}
+
+/// The request's absolute URL, as a browser would have asked for it: a
+/// server sees an origin-form URI (`/path?query`), so the scheme defaults
+/// to `http` and the host comes from the `Host` header. `None` without a
+/// host, or when the parts do not make a URL.
+fn request_url<B>(req: &Request<B>) -> Option<protocol::Url> {
+    let mut parts = req.uri().clone().into_parts();
+    if parts.scheme.is_none() {
+        parts.scheme = Some(http::uri::Scheme::HTTP);
+    }
+    if parts.authority.is_none() {
+        let host = req.headers().get(http::header::HOST)?.as_bytes();
+        parts.authority = Some(http::uri::Authority::try_from(host).ok()?);
+    }
+    if parts.path_and_query.is_none() {
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+    }
+    let url = http::Uri::from_parts(parts)
+        .ok()?
+        .to_string()
+        .parse()
+        .ok()?;
+    Some(sentry_core::utils::scrub_pii_from_url(url))
+}
+
+/// The request as Sentry records it (see the module documentation).
+/// `with_pii`: the client's `send_default_pii`.
+fn sentry_request<B>(req: &Request<B>, with_pii: bool) -> protocol::Request {
+    let headers = req
+        .headers()
+        .iter()
+        .filter(|(name, value)| {
+            !value.is_sensitive()
+                && (with_pii || !sentry_core::utils::is_sensitive_header(name.as_str()))
+        })
+        .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_owned())))
+        .collect();
+    protocol::Request {
+        method: Some(req.method().as_str().to_owned()),
+        url: request_url(req),
+        headers,
+        ..Default::default()
+    }
 }
 
 fn route_of<B>(req: &Request<B>) -> String {
@@ -87,9 +150,12 @@ where
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned)
         };
+        let with_pii = Hub::current()
+            .client()
+            .is_some_and(|c| c.options().send_default_pii);
         let pending = Pending {
             name,
-            url: req.uri().to_string(),
+            request: sentry_request(&req, with_pii),
             sentry_trace: header("sentry-trace"),
             baggage: header("baggage"),
             route,
@@ -126,10 +192,17 @@ pin_project_lite::pin_project! {
     impl<F> PinnedDrop for ProfilingHttpFuture<F> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            // Dropped before completion (client went away): finish it so
-            // the trace lifecycle and Sentry both see it end.
+            // Dropped before completion: the client went away, or the
+            // handler panicked and the server drops the future as the panic
+            // unwinds. Finish it so the trace lifecycle and Sentry both see
+            // it end; the root span closes first, as on completion.
+            *this.span = tracing::Span::none();
             if let Some(tx) = this.transaction.take() {
-                tx.set_status(SpanStatus::Aborted);
+                tx.set_status(if std::thread::panicking() {
+                    SpanStatus::InternalError
+                } else {
+                    SpanStatus::Aborted
+                });
                 tx.finish();
             }
         }
@@ -170,18 +243,17 @@ where
                 );
                 let tx = hub.start_transaction(ctx);
                 tx.set_origin("auto.http.sentry_profiling");
-                tx.set_request(protocol::Request {
-                    method: Some(p.method.clone()),
-                    url: p.url.parse().ok(),
-                    ..Default::default()
-                });
+                tx.set_request(p.request.clone());
                 hub.configure_scope(|s| s.set_span(Some(tx.clone().into())));
                 *this.tag_target = Some(tx.clone().into());
                 *this.transaction = Some(tx);
             }
             // The root span is created under the request's hub, so that a
             // `sentry-tracing` layer makes it a child of the transaction
-            // instead of a second transaction.
+            // instead of a second transaction. That child would only repeat
+            // the transaction: it is marked `sentry_profiling.http_root`,
+            // and the integration's transport removes it (its children
+            // become the transaction's).
             *this.span = Hub::run(Arc::clone(&hub), || {
                 tracing::info_span!(
                     parent: None,
@@ -190,34 +262,45 @@ where
                     http.request.method = %p.method,
                     http.route = %p.route,
                     http.response.status_code = tracing::field::Empty,
+                    sentry_profiling.http_root = true,
                 )
+            });
+            let request = p.request;
+            hub.configure_scope(|s| {
+                s.add_event_processor(move |mut event| {
+                    if event.request.is_none() {
+                        event.request = Some(request.clone());
+                    }
+                    Some(event)
+                })
             });
             *this.hub = Some(hub);
         }
         let hub = this.hub.clone().unwrap_or_else(Hub::current);
         let inner = this.inner;
         let span = this.span;
-        let (poll, lane) = Hub::run(hub, || {
+        let tag_target = this.tag_target;
+        let name = this.name.as_str();
+        let poll = Hub::run(hub, || {
             let _entered = span.enter();
-            // The root span's lane, which the layer has just made this
-            // thread's context word.
-            let lane = sentry_profiling::thread_context();
-            (inner.poll(cx), lane)
-        });
-        // Tag the transaction with its lane (or the thread that first ran
-        // it), once the root span has started the profiler.
-        if this.tag_target.is_some() {
-            if let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() {
-                if let Some(target) = this.tag_target.take() {
-                    crate::layer::tag_with_thread(
-                        &target,
-                        &profiler_id,
-                        lane,
-                        Some(this.name.as_str()),
-                    );
+            // Tag the transaction with its lane (the root span's, which the
+            // layer has just made this thread's context word) once the root
+            // span has started the profiler, before the handler runs: a
+            // handler that panics never returns here.
+            if tag_target.is_some() {
+                if let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() {
+                    if let Some(target) = tag_target.take() {
+                        crate::layer::tag_with_thread(
+                            &target,
+                            &profiler_id,
+                            sentry_profiling::thread_context(),
+                            Some(name),
+                        );
+                    }
                 }
             }
-        }
+            inner.poll(cx)
+        });
         if let Poll::Ready(result) = &poll {
             let status = result.as_ref().ok().map(|r| r.status());
             if let Some(code) = status {

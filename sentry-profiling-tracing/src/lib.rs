@@ -17,6 +17,11 @@
 //!   `baggage` headers, with the response status recorded. An existing
 //!   transaction (from `sentry-tower`) is reused rather than duplicated.
 //!
+//! Work a request hands to another task or to Tokio's blocking pool shows
+//! in its profile only if the span goes with it: use [`spawn_in_span`] and
+//! [`spawn_blocking_in_span`] (feature `tokio`, on by default) where you
+//! would call `tokio::spawn` and `tokio::task::spawn_blocking`.
+//!
 //! ```no_run
 //! use tracing_subscriber::prelude::*;
 //!
@@ -34,6 +39,10 @@
 
 mod http;
 mod layer;
+#[cfg(feature = "tokio")]
+mod spawn;
 
 pub use http::{ProfilingHttpFuture, ProfilingHttpLayer, ProfilingHttpService, http_layer};
 pub use layer::{ProfilingLayer, layer};
+#[cfg(feature = "tokio")]
+pub use spawn::{spawn_blocking_in_span, spawn_in_span};

@@ -47,8 +47,27 @@ pub struct ProfilingIntegration {
     profiles_sample_rate: Option<f64>,
     profiles_sampler: Option<ProfilesSampler>,
     http_timeout: Duration,
+    /// Whether [`ProfilingIntegration::apply`] put this integration into the
+    /// options (wrapping their transport); see [`NOT_APPLIED`].
+    applied: bool,
     runtime: Arc<OnceLock<Arc<Runtime>>>,
 }
+
+/// The warning when the integration reaches `sentry::init` without
+/// [`ProfilingIntegration::apply`] (through `ClientOptions::add_integration`
+/// or `integrations`).
+///
+/// The client builds its transport before it calls `Integration::setup`, so
+/// the integration cannot wrap it there, and nothing else it can reach in
+/// sentry-core 0.49 sees transactions before they are sent (they skip
+/// `before_send`; there is no `before_send_transaction`) or tells it that
+/// the client closes. Transactions would then carry no `contexts.profile`
+/// (a scope context cannot carry it: the SDK writes contexts it does not
+/// know with `"type":"unknown"`, which Relay does not read as a profile
+/// context), and the last chunk would be lost at shutdown. A profiler whose
+/// profiles no transaction links to costs CPU for nothing, so it does not
+/// start.
+pub(crate) const NOT_APPLIED: &str = "sentry-profiling: profiling disabled: `ProfilingIntegration` was added with `add_integration` (or `integrations`), which cannot link transactions to profiles or send the last chunk at shutdown; pass the client options through `ProfilingIntegration::new()...apply(options)` instead";
 
 impl std::fmt::Debug for ProfilingIntegration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -88,6 +107,7 @@ impl ProfilingIntegration {
             profiles_sample_rate: None,
             profiles_sampler: None,
             http_timeout: DEFAULT_HTTP_TIMEOUT,
+            applied: false,
             runtime: Arc::new(OnceLock::new()),
         }
     }
@@ -239,7 +259,14 @@ impl ProfilingIntegration {
     /// chunks, honouring Sentry's `profile_chunk` rate limits (see
     /// [`crate::ChunkDrops`]). With a transport of your own, chunks travel
     /// through it, and rate limits and failures are its business.
-    pub fn apply(self, options: ClientOptions) -> ClientOptions {
+    ///
+    /// This is the only way in: an integration added with
+    /// `ClientOptions::add_integration` (sentry-rust's usual way) sees the
+    /// options only after the client has built its transport, so it could
+    /// neither link transactions nor send the last chunk; profiling then
+    /// stays off, with one warning that names `apply`.
+    pub fn apply(mut self, options: ClientOptions) -> ClientOptions {
+        self.applied = true;
         let own_transport = options.transport.is_some();
         let mut options = sentry::apply_defaults(options);
         // Defaults are applied; a second application in `sentry::init` must
@@ -391,6 +418,10 @@ impl Integration for ProfilingIntegration {
     }
 
     fn setup(&self, options: &mut ClientOptions) {
+        if !self.applied {
+            eprintln!("{NOT_APPLIED}");
+            return;
+        }
         let runtime = Arc::clone(self.runtime.get_or_init(Runtime::new));
         let Some(config) = self.settle(options) else {
             return;

@@ -28,6 +28,10 @@
 //! [`apply`](ProfilingIntegration::apply) itself to your `ClientOptions`,
 //! pass them to `sentry::init`, and add `sentry_profiling_tracing::layer()`
 //! to your `tracing` registry (and its `http_layer()` to an axum router).
+//! `ClientOptions::add_integration` is not enough: the client builds its
+//! transport before integrations run, so the integration could neither
+//! link transactions nor send the last chunk; it then stays off and says so
+//! once, naming `apply`.
 //! With [`ProfileLifecycle::Trace`] the profiler runs while sampled root
 //! spans are active; with [`ProfileLifecycle::Manual`], between
 //! [`start_profiler`] and [`stop_profiler`].

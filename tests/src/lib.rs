@@ -6,6 +6,7 @@
 
 pub mod attribution;
 pub mod browser;
+pub mod clients;
 pub mod fake_sentry;
 mod relay;
 
@@ -18,6 +19,15 @@ pub use sentry_profiling_examples::{EnvelopeItem, ParsedEnvelope, parse_envelope
 use serde_json::Value;
 
 pub use relay::{ChunkItem, relay_violations};
+
+/// The README's Rust snippets, compiled as this crate's doctests: this
+/// crate depends on everything the README's dependency list names (sentry
+/// with its `tracing` feature, both crates of this project,
+/// tracing-subscriber, axum, tokio), so the README cannot drift from the
+/// code.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
 
 /// Sends `GET path` over a fresh HTTP/1.1 connection and returns the whole
 /// response (status line, headers, body).

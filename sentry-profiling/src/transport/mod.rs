@@ -100,6 +100,7 @@ impl TransportFactory for ProfilingTransportFactory {
                 #[cfg(feature = "http")]
                 runtime.set_chunk_sender(None);
                 Arc::new(ProfilingTransport {
+                    warned_unprofiled: Default::default(),
                     inner,
                     #[cfg(feature = "http")]
                     chunks: None,
@@ -112,6 +113,7 @@ impl TransportFactory for ProfilingTransportFactory {
                 runtime.set_transport(Arc::clone(&inner));
                 runtime.set_chunk_sender(Some(Arc::clone(&chunks)));
                 Arc::new(ProfilingTransport {
+                    warned_unprofiled: Default::default(),
                     inner,
                     chunks: Some(chunks),
                     runtime,
@@ -123,6 +125,8 @@ impl TransportFactory for ProfilingTransportFactory {
 
 /// The client's transport, seen through the profiler.
 struct ProfilingTransport {
+    /// Whether [`UNPROFILED`] has been reported.
+    warned_unprofiled: std::sync::atomic::AtomicBool,
     inner: Arc<dyn Transport>,
     /// The chunk sender, when the crate delivers chunks itself.
     #[cfg(feature = "http")]
@@ -130,7 +134,42 @@ struct ProfilingTransport {
     runtime: Arc<Runtime>,
 }
 
+/// The warning, given once, when a transaction reaches the transport
+/// without a root span the profiler knows while it profiles (see
+/// [`ProfilingTransport::warn_if_unprofiled`]).
+pub(crate) const UNPROFILED: &str = "has no profiled root span, so no profile is linked to it (with the trace lifecycle the profiler does not even start for it); this happens when only sentry-tower's `SentryHttpLayer` makes transactions: add `sentry_profiling_tracing::http_layer()` to the router inside sentry-tower's layers (the `.layer(...)` call before theirs), or run the request in a `tracing` span with `sentry_profiling_tracing::layer()` registered";
+
 impl ProfilingTransport {
+    /// Warns once when a transaction in `envelope` carries no `thread.id`
+    /// although the session profiles and it should have one: with the
+    /// trace lifecycle (only a profiled root span starts the profiler), or
+    /// while the profiler runs (manual lifecycle). Such a setup would
+    /// otherwise profile nothing, silently: typically `sentry-tower`'s
+    /// transactions with no span the tracing layer sees.
+    fn warn_if_unprofiled(&self, envelope: &Envelope) {
+        use std::sync::atomic::Ordering;
+        if self.warned_unprofiled.load(Ordering::Relaxed) {
+            return;
+        }
+        let expected =
+            self.runtime.lifecycle() == crate::ProfileLifecycle::Trace || self.runtime.is_running();
+        if !expected {
+            return;
+        }
+        let unprofiled = envelope.items().find_map(|i| match i {
+            EnvelopeItem::Transaction(t) if !is_profiled(t) => Some(t),
+            _ => None,
+        });
+        if let Some(tx) = unprofiled {
+            if !self.warned_unprofiled.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "sentry-profiling: transaction `{}` {UNPROFILED}",
+                    tx.name.as_deref().unwrap_or("?")
+                );
+            }
+        }
+    }
+
     /// Flushes or shuts down the inner transport, giving it until
     /// `deadline`.
     ///
@@ -171,6 +210,7 @@ impl Transport for ProfilingTransport {
             self.inner.send_envelope(envelope);
             return;
         }
+        let envelope = drop_http_root_spans(envelope);
         if self.runtime.v1().is_some() {
             // Transaction-based profiling: the profiler thread attaches the
             // profile and sends the envelope on.
@@ -180,7 +220,10 @@ impl Transport for ProfilingTransport {
             return;
         }
         let envelope = match self.runtime.profiler_id() {
-            Some(id) => link_transactions(envelope, id),
+            Some(id) => {
+                self.warn_if_unprofiled(&envelope);
+                link_transactions(envelope, id)
+            }
             None => envelope,
         };
         self.inner.send_envelope(envelope);
@@ -215,6 +258,60 @@ impl Transport for ProfilingTransport {
         }
         done
     }
+}
+
+/// Tracing field (and so, through `sentry-tracing`, Sentry span data key)
+/// that marks the root span `http_layer()` opens for a request. That span
+/// exists for the profiler (it gives the request its lane and drives the
+/// trace lifecycle); as a Sentry span it would only repeat the transaction,
+/// so the transport removes it (see [`drop_http_root_spans`]).
+pub(crate) const HTTP_ROOT_SPAN_MARK: &str = "sentry_profiling.http_root";
+
+/// Removes the spans marked [`HTTP_ROOT_SPAN_MARK`] from every transaction
+/// in `envelope`, attaching their children to the transaction itself.
+/// Envelopes without such a span pass unchanged.
+pub(crate) fn drop_http_root_spans(envelope: Envelope) -> Envelope {
+    let marked = |t: &sentry_core::protocol::Transaction<'_>| {
+        t.spans
+            .iter()
+            .any(|s| s.data.contains_key(HTTP_ROOT_SPAN_MARK))
+    };
+    let any = envelope
+        .items()
+        .any(|i| matches!(i, EnvelopeItem::Transaction(t) if marked(t)));
+    if !any {
+        return envelope;
+    }
+    let mut out = Envelope::new().with_headers(envelope.headers().clone());
+    for item in envelope.into_items() {
+        match item {
+            EnvelopeItem::Transaction(mut tx) if marked(&tx) => {
+                let root = match tx.contexts.get("trace") {
+                    Some(Context::Trace(tc)) => Some(tc.span_id),
+                    _ => None,
+                };
+                let removed: Vec<_> = tx
+                    .spans
+                    .iter()
+                    .filter(|s| s.data.contains_key(HTTP_ROOT_SPAN_MARK))
+                    .map(|s| (s.span_id, s.parent_span_id))
+                    .collect();
+                tx.spans
+                    .retain(|s| !s.data.contains_key(HTTP_ROOT_SPAN_MARK));
+                for span in &mut tx.spans {
+                    if let Some((_, parent)) = removed
+                        .iter()
+                        .find(|(id, _)| Some(*id) == span.parent_span_id)
+                    {
+                        span.parent_span_id = parent.or(root);
+                    }
+                }
+                out.add_item(EnvelopeItem::Transaction(tx));
+            }
+            other => out.add_item(other),
+        }
+    }
+    out
 }
 
 /// Span and transaction data key under which the tracing layer records the
@@ -322,4 +419,72 @@ pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelo
         write_transaction(&mut bytes, &tx);
     }
     Envelope::from_bytes_raw(bytes).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sentry_core::protocol::{Span, SpanId, TraceContext, Transaction};
+
+    fn span(id: SpanId, parent: SpanId, marked: bool) -> Span {
+        let mut s = Span {
+            span_id: id,
+            parent_span_id: Some(parent),
+            ..Default::default()
+        };
+        if marked {
+            s.data.insert(HTTP_ROOT_SPAN_MARK.into(), Value::Bool(true));
+        }
+        s
+    }
+
+    #[test]
+    fn http_root_span_is_dropped_and_its_children_reparented() {
+        let (root, marked, child, grandchild) = (
+            SpanId::default(),
+            SpanId::default(),
+            SpanId::default(),
+            SpanId::default(),
+        );
+        assert!(root != marked && marked != child && child != grandchild);
+        let mut tx = Transaction::default();
+        tx.contexts.insert(
+            "trace".into(),
+            Context::Trace(Box::new(TraceContext {
+                span_id: root,
+                ..Default::default()
+            })),
+        );
+        tx.spans = vec![
+            span(marked, root, true),
+            span(child, marked, false),
+            span(grandchild, child, false),
+        ];
+        let mut envelope = Envelope::new();
+        envelope.add_item(tx);
+        let out = drop_http_root_spans(envelope);
+        let Some(EnvelopeItem::Transaction(tx)) = out.items().next() else {
+            panic!("the transaction is kept");
+        };
+        let spans: Vec<_> = tx
+            .spans
+            .iter()
+            .map(|s| (s.span_id, s.parent_span_id))
+            .collect();
+        assert_eq!(spans, vec![(child, Some(root)), (grandchild, Some(child))]);
+    }
+
+    #[test]
+    fn envelopes_without_the_mark_pass_unchanged() {
+        let tx = Transaction {
+            spans: vec![span(SpanId::default(), SpanId::default(), false)],
+            ..Default::default()
+        };
+        let mut envelope = Envelope::new();
+        envelope.add_item(tx.clone());
+        let out = drop_http_root_spans(envelope);
+        assert!(
+            matches!(out.items().next(), Some(EnvelopeItem::Transaction(t)) if t.spans == tx.spans)
+        );
+    }
 }

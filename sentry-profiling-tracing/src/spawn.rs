@@ -1,0 +1,43 @@
+//! Tokio's spawns, carrying the current span.
+//!
+//! Every sample says which span its thread had entered (the layer keeps
+//! each thread's context word), and a request's lane gathers the samples of
+//! its spans. A task started with `tokio::spawn`, or a closure run by
+//! `tokio::task::spawn_blocking`, enters no span of its own: its samples
+//! belong to no request, and the request's profile shows only `(suspended)`
+//! while it waits for that work. Passing the span on (`.instrument(span)`,
+//! `span.in_scope(f)`) fixes that; these helpers make it the one-word
+//! change from Tokio's own calls.
+
+use tracing::Instrument;
+
+/// `tokio::spawn(future)` with the current span entered around every poll
+/// of `future`, so its CPU shows in the request's profile.
+///
+/// The span stays open until the task finishes, so a task that outlives the
+/// request keeps the request's transaction open (Sentry sends a
+/// transaction when its span closes): use plain `tokio::spawn` for
+/// background work that should not count as part of the request.
+///
+/// Panics like `tokio::spawn` outside a Tokio runtime.
+pub fn spawn_in_span<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(future.instrument(tracing::Span::current()))
+}
+
+/// `tokio::task::spawn_blocking(f)` with the current span entered while
+/// `f` runs on the blocking pool, so its CPU shows in the request's
+/// profile.
+///
+/// Panics like `tokio::task::spawn_blocking` outside a Tokio runtime.
+pub fn spawn_blocking_in_span<F, R>(f: F) -> tokio::task::JoinHandle<R>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(f))
+}

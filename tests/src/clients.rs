@@ -1,0 +1,166 @@
+//! Concurrent clients whose requests can be told apart in a profile.
+//!
+//! Client `k` sends its requests one after another and its handlers burn
+//! CPU in a function of its own, `client_cpu_<k>` (see [`cpu`]). A sample
+//! showing client k's function therefore belongs to client k's request in
+//! flight; shown for another client's transaction it is misattributed. The
+//! requests continue a `sentry-trace` whose trace id names client and
+//! request number, so each transaction says whose it is.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::{ChunkItem, functions_in_window, http_get_with, transaction_window};
+
+/// Clients at most ([`cpu`] has this many functions).
+pub const MAX_CLIENTS: u64 = 8;
+
+/// Burns `ms` of this thread's CPU time (not wall time: on a loaded machine
+/// the request still does the same work).
+fn burn(ms: u64) -> u64 {
+    let start = thread_cpu();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    while thread_cpu().saturating_sub(start) < Duration::from_millis(ms) {
+        for i in 0..5_000u64 {
+            x = std::hint::black_box(x.rotate_left(5) ^ i).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    x
+}
+
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec and the clock id a
+    // constant the kernel knows.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+macro_rules! cpu_functions {
+    ($($k:literal => $name:ident),* $(,)?) => {
+        $(
+            #[inline(never)]
+            fn $name(ms: u64) -> u64 {
+                std::hint::black_box(burn(ms)) ^ $k
+            }
+        )*
+        /// Burns `ms` of CPU time in client `k`'s function
+        /// (`client_cpu_<k>`). Panics for `k >= MAX_CLIENTS`.
+        pub fn cpu(k: u64, ms: u64) -> u64 {
+            match k {
+                $($k => $name(ms),)*
+                _ => panic!("client {k} has no CPU function"),
+            }
+        }
+    };
+}
+
+cpu_functions! {
+    0 => client_cpu_0,
+    1 => client_cpu_1,
+    2 => client_cpu_2,
+    3 => client_cpu_3,
+    4 => client_cpu_4,
+    5 => client_cpu_5,
+    6 => client_cpu_6,
+    7 => client_cpu_7,
+}
+
+/// The `sentry-trace` header of client `k`'s request `n`.
+pub fn trace_header(k: u64, n: u64) -> String {
+    format!("5eed{:020x}{k:04x}{n:04x}-{:016x}-1", 0, k * 1000 + n + 1)
+}
+
+/// The client and request number of a transaction (see [`trace_header`]).
+pub fn client_of(tx: &Value) -> Option<(u64, u64)> {
+    let id = tx.pointer("/contexts/trace/trace_id")?.as_str()?;
+    Some((
+        u64::from_str_radix(id.get(24..28)?, 16).ok()?,
+        u64::from_str_radix(id.get(28..32)?, 16).ok()?,
+    ))
+}
+
+/// The client whose CPU function a stack shows, if any.
+pub fn cpu_client(stack: &[String]) -> Option<u64> {
+    stack.iter().find_map(|f| {
+        let at = f.find("client_cpu_")?;
+        f[at + "client_cpu_".len()..]
+            .chars()
+            .next()?
+            .to_digit(10)
+            .map(u64::from)
+    })
+}
+
+/// Of the samples Sentry shows for `tx` (its `profiler_id`, its
+/// `thread.id`, inside its `[start, end]`), those that show its own
+/// client's CPU function and those that show another client's.
+pub fn own_and_other(tx: &Value, chunks: &[ChunkItem]) -> (usize, usize) {
+    let Some((client, _)) = client_of(tx) else {
+        return (0, 0);
+    };
+    let profiler_id = tx.pointer("/contexts/profile/profiler_id");
+    let thread_id = tx
+        .pointer("/contexts/trace/data/thread.id")
+        .and_then(Value::as_str);
+    let Some((start, end)) = transaction_window(tx) else {
+        return (0, 0);
+    };
+    let (mut own, mut other) = (0, 0);
+    for chunk in chunks
+        .iter()
+        .filter(|c| profiler_id.is_some() && c.payload.get("profiler_id") == profiler_id)
+    {
+        for stack in functions_in_window(chunk, thread_id, start, end) {
+            match cpu_client(&stack) {
+                Some(c) if c == client => own += 1,
+                Some(_) => other += 1,
+                None => {}
+            }
+        }
+    }
+    (own, other)
+}
+
+/// Runs `clients` concurrent clients of `per_client` requests each against
+/// `addr`; client k's request n asks for `path(k, n)` with
+/// [`trace_header`]`(k, n)`. Every client's request 0 is a warm-up: all are
+/// sent together, and the others wait until all have been answered (the
+/// trace lifecycle starts the profiler with the first request, and pools
+/// start their threads). Returns every whole response.
+pub async fn drive(
+    addr: std::net::SocketAddr,
+    clients: u64,
+    per_client: u64,
+    path: fn(u64, u64) -> String,
+) -> Vec<String> {
+    assert!(clients <= MAX_CLIENTS, "at most {MAX_CLIENTS} clients");
+    let warm = std::sync::Arc::new(tokio::sync::Barrier::new(clients as usize));
+    let mut tasks = tokio::task::JoinSet::new();
+    for k in 0..clients {
+        let warm = warm.clone();
+        tasks.spawn(async move {
+            let mut out = Vec::new();
+            for n in 0..per_client {
+                let header = trace_header(k, n);
+                out.push(
+                    http_get_with(addr, path(k, n), &[("sentry-trace", header.as_str())]).await,
+                );
+                if n == 0 {
+                    warm.wait().await;
+                }
+            }
+            out
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        all.extend(r.expect("client task"));
+    }
+    all
+}
