@@ -41,6 +41,15 @@ pub(crate) const SUSPENDED_FRAME: u64 = u64::MAX;
 /// The function name shown for [`SUSPENDED_FRAME`].
 pub(crate) const SUSPENDED_FUNCTION: &str = "(suspended: awaiting or queued)";
 
+/// The code address standing, in a request's sample, for a period its
+/// thread spent running (or preempted) inside the request before any stack
+/// of the request was captured: the time is the request's, but no stack of
+/// it is known, and another request's would show that request's code here.
+pub(crate) const UNCAPTURED_FRAME: u64 = u64::MAX - 2;
+
+/// The function name shown for [`UNCAPTURED_FRAME`].
+pub(crate) const UNCAPTURED_FUNCTION: &str = "(running: no stack captured in time)";
+
 static NEXT_LANE: AtomicU64 = AtomicU64::new(LANE_BASE);
 
 /// Allocates a new lane id.

@@ -26,8 +26,12 @@ use serde_json::Value;
 
 pub use crate::attribution::LANE_BASE;
 pub use crate::encode::synthetic::{
-    RUNNING_REQUEST_ADDRESS, RUNNING_REQUEST_FUNCTION, SUSPENDED_ADDRESS,
+    RUNNING_REQUEST_ADDRESS, RUNNING_REQUEST_FUNCTION, SUSPENDED_ADDRESS, UNCAPTURED_ADDRESS,
 };
+
+/// The function name of the synthetic frame of request time whose stack
+/// was not captured in time.
+pub const UNCAPTURED_FUNCTION: &str = crate::attribution::UNCAPTURED_FUNCTION;
 
 /// The function name of a suspended lane's synthetic frame.
 pub const SUSPENDED_FUNCTION: &str = crate::attribution::SUSPENDED_FUNCTION;

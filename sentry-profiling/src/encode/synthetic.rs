@@ -1,5 +1,6 @@
 //! Frames that no code address stands for: a suspended lane's
-//! `(suspended: awaiting or queued)` and a worker's `(running a request)`.
+//! `(suspended: awaiting or queued)`, a worker's `(running a request)`, and
+//! request time whose stack was not captured in time.
 //!
 //! Sentry symbolicates native chunks by sending every frame to Symbolicator,
 //! whose frame schema requires an `instruction_addr` (a frame without one
@@ -15,7 +16,9 @@
 
 use std::sync::Arc;
 
-use crate::attribution::{SUSPENDED_FRAME, SUSPENDED_FUNCTION};
+use crate::attribution::{
+    SUSPENDED_FRAME, SUSPENDED_FUNCTION, UNCAPTURED_FRAME, UNCAPTURED_FUNCTION,
+};
 use crate::chunk::Chunk;
 
 /// Marker (inside a chunk) of the frame standing for a worker's OS thread
@@ -32,12 +35,17 @@ pub const SUSPENDED_ADDRESS: u64 = 0x1;
 /// The `instruction_addr` written for the running-a-request frame.
 pub const RUNNING_REQUEST_ADDRESS: u64 = 0x2;
 
+/// The `instruction_addr` written for the frame of request time whose stack
+/// was not captured in time.
+pub const UNCAPTURED_ADDRESS: u64 = 0x3;
+
 /// The address written for, and the function name of, a synthetic frame;
 /// `None` for a real code address.
 pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
     match marker {
         SUSPENDED_FRAME => Some((SUSPENDED_ADDRESS, SUSPENDED_FUNCTION)),
         RUNNING_REQUEST_FRAME => Some((RUNNING_REQUEST_ADDRESS, RUNNING_REQUEST_FUNCTION)),
+        UNCAPTURED_FRAME => Some((UNCAPTURED_ADDRESS, UNCAPTURED_FUNCTION)),
         _ => None,
     }
 }

@@ -1164,12 +1164,17 @@ fn flush_with(
                 at_tick: AtTick::InRequest(context),
             }) if requests.get(context).is_some() || t.last_context != 0 => {
                 // The request's own stack, or else (none captured in it in
-                // time) the thread's latest stack if that was captured in a
-                // request too: the period is the request's, and the stack is
-                // request-handling code (never the runtime's own).
-                let Some(stack) = requests.get(context).or_else(|| t.last_stack.clone()) else {
-                    continue;
+                // time) the thread's latest stack if that was captured in
+                // this same request. A stack another request left on the
+                // thread (a blocking-pool thread runs many) would show that
+                // request's code under this one: the period stays the
+                // request's, with a frame saying its stack is not known.
+                let stack = match requests.get(context) {
+                    Some(stack) => Some(stack),
+                    None if t.last_context == context => t.last_stack.clone(),
+                    None => Some(Arc::from(&[crate::attribution::UNCAPTURED_FRAME][..])),
                 };
+                let Some(stack) = stack else { continue };
                 c.samples_idle.add(1);
                 emit_for(tx, c, t, timestamp_ns, stack, context, true);
             }
