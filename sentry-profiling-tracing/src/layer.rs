@@ -3,6 +3,7 @@
 //! and the per-thread context word that tells each sample which request was
 //! running.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::marker::PhantomData;
 
@@ -50,9 +51,9 @@ impl<S> std::fmt::Debug for ProfilingLayer<S> {
 #[derive(Debug)]
 struct SpanLane {
     lane: u64,
-    /// The root span's display name (its `otel.name` field, else its name);
-    /// only on root spans.
-    name: Option<Box<str>>,
+    /// The root span's display name (its `otel.name` field, else its
+    /// static name, borrowed); only on root spans.
+    name: Option<Cow<'static, str>>,
 }
 
 /// What the layer decided at a span's first entry.
@@ -65,9 +66,60 @@ struct SpanState {
     holds_lane: bool,
 }
 
+/// The spans entered on one thread that set its context word, innermost
+/// last, as tracing-subscriber's registry keeps its span stack: a span's exit
+/// removes that span's own entry, wherever it is, so guards dropped out of
+/// order, or an exit without an entry here (a span that did not set the
+/// word), never restore the wrong word.
+#[derive(Debug)]
+struct ContextStack {
+    /// (span id, the context word it set).
+    entries: Vec<(u64, u64)>,
+    /// The thread's word before the first of them.
+    base: u64,
+}
+
+impl ContextStack {
+    const fn new() -> Self {
+        Self {
+            entries: Vec::new(),
+            base: 0,
+        }
+    }
+
+    /// Span `id` set the word to `word`; `previous` was the word before.
+    fn push(&mut self, id: u64, word: u64, previous: u64) {
+        if self.entries.is_empty() {
+            self.base = previous;
+        }
+        self.entries.push((id, word));
+    }
+
+    /// Span `id`'s innermost entry changes its word to `word` (its lane was
+    /// refused); returns the word the thread must have now.
+    fn replace(&mut self, id: u64, word: u64) -> Option<u64> {
+        let entry = self.entries.iter_mut().rev().find(|e| e.0 == id)?;
+        entry.1 = word;
+        self.entries.last().map(|e| e.1)
+    }
+
+    /// Span `id` exited: removes its innermost entry and returns the word
+    /// the thread must have now; `None` when `id` is not on the stack
+    /// (nothing to change).
+    fn pop(&mut self, id: u64) -> Option<u64> {
+        let i = self.entries.iter().rposition(|e| e.0 == id)?;
+        self.entries.remove(i);
+        Some(self.entries.last().map_or(self.base, |e| e.1))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
 thread_local! {
-    /// Context words to restore on exit, innermost last.
-    static CONTEXT_STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    /// The context words of the spans entered on this thread.
+    static CONTEXT_STACK: RefCell<ContextStack> = const { RefCell::new(ContextStack::new()) };
     /// The kernel name of this thread, read once.
     static THREAD_NAME: RefCell<Option<String>> = const { RefCell::new(None) };
 }
@@ -150,6 +202,20 @@ impl Visit for OtelName {
     }
 }
 
+impl<S> ProfilingLayer<S> {
+    /// A span outside any request entered: while a request's span is
+    /// entered on this thread, its samples are not the request's.
+    fn enter_outside_requests(&self, id: &Id) {
+        CONTEXT_STACK.with(|s| {
+            let mut s = s.borrow_mut();
+            if !s.is_empty() {
+                let prev = sentry_profiling::set_thread_context(0);
+                s.push(id.into_u64(), 0, prev);
+            }
+        });
+    }
+}
+
 impl<S> Layer<S> for ProfilingLayer<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -157,14 +223,30 @@ where
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
         let lane = match span.parent() {
-            Some(parent) => parent.extensions().get::<SpanLane>().map_or(0, |l| l.lane),
+            // A child of a span outside any request (or of a request whose
+            // lane was refused) is left alone: no extension, nothing on entry.
+            Some(parent) => match parent.extensions().get::<SpanLane>() {
+                Some(l) if l.lane != 0 => l.lane,
+                _ => return,
+            },
             None => {
-                let mut name = OtelName(None);
-                attrs.record(&mut name);
-                let name = name.0.unwrap_or_else(|| attrs.metadata().name().to_owned());
+                if sentry_profiling::hooks::attribution().is_none() {
+                    // No profiling session: nothing to track.
+                    return;
+                }
+                let meta = attrs.metadata();
+                // Only a span that declares `otel.name` is visited (and its
+                // name copied).
+                let name = if meta.fields().field("otel.name").is_some() {
+                    let mut name = OtelName(None);
+                    attrs.record(&mut name);
+                    name.0.map(Cow::Owned)
+                } else {
+                    None
+                };
                 span.extensions_mut().insert(SpanLane {
                     lane: new_lane(),
-                    name: Some(name.into_boxed_str()),
+                    name: Some(name.unwrap_or(Cow::Borrowed(meta.name()))),
                 });
                 return;
             }
@@ -177,15 +259,27 @@ where
         // One look at the extensions on the path every entry takes.
         let (lane, decided) = {
             let ext = span.extensions();
-            (
-                ext.get::<SpanLane>().map_or(0, |l| l.lane),
-                ext.get::<SpanState>().is_some(),
-            )
+            let Some(l) = ext.get::<SpanLane>() else {
+                drop(ext);
+                // Not part of a request: it only sets the word to 0 if a
+                // request's span is entered on this thread.
+                self.enter_outside_requests(id);
+                return;
+            };
+            (l.lane, ext.get::<SpanState>().is_some())
         };
-        let prev = sentry_profiling::set_thread_context(lane);
-        CONTEXT_STACK.with(|s| s.borrow_mut().push(prev));
-
-        if decided {
+        let set = CONTEXT_STACK.with(|s| {
+            let mut s = s.borrow_mut();
+            if lane == 0 && s.is_empty() {
+                // Not part of a request, and none is entered here: the word
+                // stays as it is.
+                return false;
+            }
+            let prev = sentry_profiling::set_thread_context(lane);
+            s.push(id.into_u64(), lane, prev);
+            true
+        });
+        if decided || !set {
             return;
         }
         // First entry: decide once per span.
@@ -209,12 +303,11 @@ where
             // Either lifecycle: a sampled root span seen while the profiler
             // runs gets its lane.
             if sampled && (state.holds_profiler || running.is_some()) {
-                state.holds_lane = true;
                 if let Some(s) = &sentry_span {
                     // A child span's trace context is its transaction's: the
                     // link names the transaction, the request's root span.
                     let ctx = s.get_trace_context();
-                    sentry_profiling::hooks::lane_started(
+                    state.holds_lane = sentry_profiling::hooks::lane_started(
                         lane,
                         LaneLink {
                             name: lane_name.unwrap_or_default().into(),
@@ -225,17 +318,35 @@ where
                 }
             }
         }
+        // A root span without a registered lane (not sampled, not profiled,
+        // or refused because too many requests are in flight) stays on its
+        // OS threads: its word is 0, and its later children are left alone.
+        let lane = if span.parent().is_none() && !state.holds_lane {
+            let word = CONTEXT_STACK.with(|s| s.borrow_mut().replace(id.into_u64(), 0));
+            if let Some(word) = word {
+                sentry_profiling::set_thread_context(word);
+            }
+            0
+        } else {
+            lane
+        };
         let running = running.or_else(sentry_profiling::hooks::running_profiler_id);
         if let (Some(s), Some(profiler_id)) = (&sentry_span, running) {
             tag_with_thread(s, &profiler_id, lane, lane_name);
         }
         drop(ext);
-        span.extensions_mut().insert(state);
+        let mut ext = span.extensions_mut();
+        if lane == 0 {
+            if let Some(l) = ext.get_mut::<SpanLane>() {
+                l.lane = 0;
+            }
+        }
+        ext.insert(state);
     }
 
-    fn on_exit(&self, _id: &Id, _ctx: Context<'_, S>) {
-        if let Some(prev) = CONTEXT_STACK.with(|s| s.borrow_mut().pop()) {
-            sentry_profiling::set_thread_context(prev);
+    fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
+        if let Some(word) = CONTEXT_STACK.with(|s| s.borrow_mut().pop(id.into_u64())) {
+            sentry_profiling::set_thread_context(word);
         }
     }
 
@@ -253,5 +364,61 @@ where
         if state.holds_profiler {
             sentry_profiling::hooks::root_span_finished();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ContextStack;
+
+    #[test]
+    fn nested_spans_restore_their_parents_word() {
+        let mut s = ContextStack::new();
+        s.push(1, 10, 0);
+        s.push(2, 10, 10);
+        s.push(3, 20, 10);
+        assert_eq!(s.pop(3), Some(10));
+        assert_eq!(s.pop(2), Some(10));
+        assert_eq!(s.pop(1), Some(0));
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn guards_dropped_out_of_order_keep_the_innermost_word() {
+        let mut s = ContextStack::new();
+        s.push(1, 10, 7);
+        s.push(2, 20, 10);
+        // The outer span exits first: the inner one is still entered.
+        assert_eq!(s.pop(1), Some(20));
+        assert_eq!(s.pop(2), Some(7), "back to the word before both");
+    }
+
+    #[test]
+    fn an_exit_without_an_entry_changes_nothing() {
+        let mut s = ContextStack::new();
+        s.push(1, 10, 0);
+        assert_eq!(s.pop(5), None, "span 5 never set the word");
+        assert_eq!(s.pop(1), Some(0));
+        assert_eq!(s.pop(1), None);
+    }
+
+    #[test]
+    fn a_span_entered_twice_pops_its_innermost_entry() {
+        let mut s = ContextStack::new();
+        s.push(1, 10, 0);
+        s.push(2, 20, 10);
+        s.push(1, 10, 20);
+        assert_eq!(s.pop(1), Some(20));
+        assert_eq!(s.pop(2), Some(10));
+        assert_eq!(s.pop(1), Some(0));
+    }
+
+    #[test]
+    fn a_refused_lane_is_replaced_by_the_os_thread_word() {
+        let mut s = ContextStack::new();
+        s.push(1, 10, 0);
+        assert_eq!(s.replace(1, 0), Some(0));
+        assert_eq!(s.replace(9, 0), None);
+        assert_eq!(s.pop(1), Some(0));
     }
 }

@@ -117,13 +117,45 @@ struct Lane {
     end_ns: Option<u64>,
 }
 
+/// How long a lane may stay open before it is taken to be lost (its root
+/// span leaked, or its end was never reported) and forgotten, so that it
+/// stops receiving fill-ins.
+pub(crate) const LANE_MAX_OPEN_NS: u64 = 10 * 60 * 1_000_000_000;
+
+/// Fill-in samples added to one chunk, at most; lanes past it are left with
+/// their own samples (and the two every finished lane keeps).
+pub(crate) const MAX_FILLS_PER_CHUNK: usize = 200_000;
+
+/// What one [`Lanes::fill_suspended_from`] call added.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Filled {
+    /// Fill-in samples added.
+    pub(crate) added: usize,
+    /// Suspended ticks left without a fill-in because the chunk reached
+    /// [`MAX_FILLS_PER_CHUNK`].
+    pub(crate) capped: usize,
+}
+
 /// The lanes the profiler thread knows about.
 #[derive(Debug, Default)]
 pub(crate) struct Lanes {
     lanes: HashMap<u64, Lane>,
+    /// Lanes whose end is known (still kept until the chunk holding their
+    /// end is written).
+    finished: usize,
 }
 
 impl Lanes {
+    /// Lanes known: open ones and finished ones not yet written out.
+    pub(crate) fn len(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Of those, the finished ones.
+    pub(crate) fn finished(&self) -> usize {
+        self.finished
+    }
+
     pub(crate) fn apply(&mut self, event: LaneEvent) {
         match event {
             LaneEvent::Started {
@@ -142,7 +174,9 @@ impl Lanes {
             }
             LaneEvent::Finished { lane, end_ns } => {
                 if let Some(l) = self.lanes.get_mut(&lane) {
-                    l.end_ns = Some(end_ns);
+                    if l.end_ns.replace(end_ns).is_none() {
+                        self.finished += 1;
+                    }
                 }
             }
         }
@@ -153,11 +187,16 @@ impl Lanes {
     /// started earlier) at which a lane active during the chunk has no
     /// sample of its own within half a period. `until_ns` bounds lanes
     /// still open.
-    pub(crate) fn fill_suspended(&self, chunk: &mut Chunk, period_ns: u64, until_ns: u64) {
+    pub(crate) fn fill_suspended(
+        &self,
+        chunk: &mut Chunk,
+        period_ns: u64,
+        until_ns: u64,
+    ) -> Filled {
         let Some(chunk_start) = chunk.first_timestamp_ns() else {
-            return;
+            return Filled::default();
         };
-        self.fill_suspended_from(chunk, period_ns, chunk_start, until_ns);
+        self.fill_suspended_from(chunk, period_ns, chunk_start, until_ns)
     }
 
     /// [`Lanes::fill_suspended`] from `from_ns` instead of the chunk's first
@@ -171,9 +210,10 @@ impl Lanes {
         period_ns: u64,
         from_ns: u64,
         until_ns: u64,
-    ) {
+    ) -> Filled {
+        let mut filled = Filled::default();
         if chunk.is_empty() {
-            return;
+            return filled;
         }
         let chunk_start = from_ns;
         let period_ns = period_ns.max(1);
@@ -206,41 +246,46 @@ impl Lanes {
                 let i = times.partition_point(|&x| x < from);
                 let covered = times.get(i).is_some_and(|&x| x <= t + period_ns / 2);
                 if !covered {
-                    chunk.push_synthetic(t, lane, &stack);
-                    pushed += 1;
-                    last = Some(t);
+                    if filled.added >= MAX_FILLS_PER_CHUNK {
+                        filled.capped += 1;
+                    } else {
+                        chunk.push_synthetic(t, lane, &stack);
+                        filled.added += 1;
+                        pushed += 1;
+                        last = Some(t);
+                    }
                 }
-                t += period_ns;
+                t = t.saturating_add(period_ns);
             }
-            // Every lane that ended within the chunk keeps at least two
-            // samples: Sentry drops a thread with one, and the transaction
-            // would then link to nothing. A request shorter than a period
-            // has at most one sample of its own (or one fill-in), so it gets
-            // a fill-in at its end, or at its start.
+            // Every lane that ended within the chunk gets a sample at its
+            // end, and keeps at least two samples. Sentry weights each
+            // sample by the time to the next one of its thread, so the end
+            // sample gives the lane's last sample its duration; and Sentry
+            // drops a thread with a single sample, after which the
+            // transaction would link to nothing. A request shorter than a
+            // period has at most one sample of its own (or one fill-in), so
+            // it also gets one at its start (or just after its end).
+            // These are never capped: they are what links the transaction.
             if let Some(lane_end) = info.end_ns.filter(|&e| e <= until_ns && e >= chunk_start) {
-                // Sentry weights a sample by the time to the next one on its
-                // thread: a sample at the request's end gives the lane's last
-                // sample its duration.
-                if times.last().copied().max(last).is_none_or(|t| t < lane_end) {
-                    chunk.push_synthetic(lane_end, lane, &stack);
-                    pushed += 1;
-                    last = Some(lane_end);
-                }
                 let mut count = times.len() + pushed;
                 let start = info.start_ns.max(chunk_start);
+                let mut end_sampled = false;
                 for t in [lane_end, start, lane_end.saturating_add(1)] {
-                    if count >= 2 {
+                    if count >= 2 && end_sampled {
                         break;
                     }
                     let taken = last == Some(t) || times.binary_search(&t).is_ok();
                     if !taken {
                         chunk.push_synthetic(t, lane, &stack);
+                        filled.added += 1;
                         count += 1;
                         last = Some(t);
                     }
+                    end_sampled = true;
                 }
             }
         }
+        filled
     }
 
     /// The root span a lane stands for, if known.
@@ -248,9 +293,26 @@ impl Lanes {
         self.lanes.get(&lane).map(|l| &l.link)
     }
 
-    /// Forgets lanes that ended before `ns`.
-    pub(crate) fn prune(&mut self, ns: u64) {
-        self.lanes.retain(|_, l| l.end_ns.is_none_or(|e| e >= ns));
+    /// Forgets lanes that ended before `ns`, and lanes open for longer than
+    /// [`LANE_MAX_OPEN_NS`] (returns how many of those expired).
+    pub(crate) fn prune(&mut self, ns: u64) -> usize {
+        let oldest = ns.saturating_sub(LANE_MAX_OPEN_NS);
+        let mut expired = 0;
+        let mut finished = 0;
+        self.lanes.retain(|_, l| match l.end_ns {
+            Some(e) => {
+                let keep = e >= ns;
+                finished += usize::from(keep);
+                keep
+            }
+            None => {
+                let keep = l.start_ns >= oldest;
+                expired += usize::from(!keep);
+                keep
+            }
+        });
+        self.finished = finished;
+        expired
     }
 
     /// How each sample of `chunk` is filed: under its lane (lane mode, known
@@ -332,6 +394,8 @@ mod tests {
             4 + 3 + 1,
             "ticks 2, 3 and 4 were filled in, and the lane's end"
         );
+        let end = chunk.samples().iter().map(|s| s.timestamp_ns).max();
+        assert_eq!(end, Some(1_000 + 45_000), "a sample at the lane's end");
         let keys = lanes.thread_keys(&chunk, ThreadAttribution::Lanes);
         let lane_samples = keys.iter().flatten().filter(|(k, _)| *k == lane).count();
         assert_eq!(lane_samples, 6);
@@ -341,7 +405,7 @@ mod tests {
         assert_eq!(
             os.iter().filter(|k| k.is_none()).count(),
             4,
-            "fill-ins need lanes"
+            "fill-ins (and the end sample) need lanes"
         );
     }
 
@@ -350,7 +414,7 @@ mod tests {
         // The request began half a period before the sampler's first sample
         // and slept throughout: 1.3 periods of it are inside the chunk, and
         // it gets two fill-ins (the lane's own grid would have given one),
-        // and a third at its end.
+        // and a sample at its end.
         let lane = new_lane();
         let mut lanes = Lanes::default();
         lanes.apply(LaneEvent::Started {
@@ -416,6 +480,55 @@ mod tests {
                 .all(|k| k.as_ref().is_some_and(|(id, _)| *id == lane)),
             "both filed under the lane: {keys:?}"
         );
+    }
+
+    #[test]
+    fn fill_ins_stop_at_the_chunk_cap_but_end_samples_do_not() {
+        let mut lanes = Lanes::default();
+        let period = 10_000;
+        // Enough long-suspended lanes to pass the cap twice over.
+        let ticks = 1_000;
+        let n = (2 * MAX_FILLS_PER_CHUNK).div_ceil(ticks);
+        let ids: Vec<u64> = (0..n).map(|_| new_lane()).collect();
+        for &lane in &ids {
+            lanes.apply(LaneEvent::Started {
+                lane,
+                link: Arc::new(LaneLink::default()),
+                start_ns: 0,
+            });
+            lanes.apply(LaneEvent::Finished {
+                lane,
+                end_ns: (ticks as u64 - 1) * period + 5,
+            });
+        }
+        assert_eq!((lanes.len(), lanes.finished()), (n, n));
+        let mut chunk = Chunk::new();
+        chunk.push(&sample(0, 9, 0));
+        let filled = lanes.fill_suspended(&mut chunk, period, u64::MAX);
+        assert!(filled.capped >= MAX_FILLS_PER_CHUNK - n, "{filled:?}");
+        assert!(filled.added <= MAX_FILLS_PER_CHUNK + 2 * n, "{filled:?}");
+        let keys = lanes.thread_keys(&chunk, ThreadAttribution::Lanes);
+        for &lane in &ids {
+            let own = keys.iter().flatten().filter(|(k, _)| *k == lane).count();
+            assert!(own >= 2, "lane {lane} kept {own} samples");
+        }
+        assert_eq!(lanes.prune(u64::MAX), 0);
+        assert_eq!((lanes.len(), lanes.finished()), (0, 0));
+    }
+
+    #[test]
+    fn lanes_open_too_long_expire() {
+        let mut lanes = Lanes::default();
+        let lane = new_lane();
+        lanes.apply(LaneEvent::Started {
+            lane,
+            link: Arc::new(LaneLink::default()),
+            start_ns: 1,
+        });
+        assert_eq!(lanes.prune(LANE_MAX_OPEN_NS), 0, "not yet");
+        assert_eq!(lanes.len(), 1);
+        assert_eq!(lanes.prune(LANE_MAX_OPEN_NS + 2), 1);
+        assert_eq!(lanes.len(), 0);
     }
 
     #[test]

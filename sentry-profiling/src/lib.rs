@@ -307,26 +307,31 @@ pub mod hooks {
     /// [`crate::attribution::new_lane`]) was entered for the first time; its
     /// samples are filed under the lane, named and linked as `link` says.
     /// Never blocks.
-    pub fn lane_started(lane: u64, link: crate::attribution::LaneLink) {
-        if let Some(rt) = crate::runtime::current() {
-            // The lane began when its root span was created or, created on
-            // another thread, when it was first entered here (before the
-            // profiler resumed); whatever came first on this thread.
-            let mut start_ns = now_ns();
-            for (l, t) in [
-                crate::attribution::LANE_CREATED.with(std::cell::Cell::get),
-                ROOT_STARTED.with(std::cell::Cell::get),
-            ] {
-                if l == lane {
-                    start_ns = start_ns.min(t);
-                }
+    ///
+    /// Returns false when the lane could not be registered (too many
+    /// requests in flight, counted in
+    /// [`ProfilerStats::lane_registrations_refused`](crate::ProfilerStats),
+    /// or no session): the caller must then leave the request on its OS
+    /// threads (context word 0, `thread.id` of the OS thread) and not call
+    /// [`lane_finished`].
+    #[must_use]
+    pub fn lane_started(lane: u64, link: crate::attribution::LaneLink) -> bool {
+        let Some(rt) = crate::runtime::current() else {
+            return false;
+        };
+        // The lane began when its root span was created or, created on
+        // another thread, when it was first entered here (before the
+        // profiler resumed); whatever came first on this thread.
+        let mut start_ns = now_ns();
+        for (l, t) in [
+            crate::attribution::LANE_CREATED.with(std::cell::Cell::get),
+            ROOT_STARTED.with(std::cell::Cell::get),
+        ] {
+            if l == lane {
+                start_ns = start_ns.min(t);
             }
-            rt.lane_event(crate::attribution::LaneEvent::Started {
-                lane,
-                link: std::sync::Arc::new(link),
-                start_ns,
-            });
         }
+        rt.lane_started(lane, std::sync::Arc::new(link), start_ns)
     }
 
     thread_local! {
@@ -335,13 +340,11 @@ pub mod hooks {
         static ROOT_STARTED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
     }
 
-    /// The root span holding `lane` closed. Never blocks.
+    /// The root span holding `lane`, for which [`lane_started`] returned
+    /// true, closed. Never blocks.
     pub fn lane_finished(lane: u64) {
         if let Some(rt) = crate::runtime::current() {
-            rt.lane_event(crate::attribution::LaneEvent::Finished {
-                lane,
-                end_ns: now_ns(),
-            });
+            rt.lane_finished(lane, now_ns());
         }
     }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use sentry_core::Transport;
 
-use crate::attribution::{LaneEvent, Lanes, ThreadAttribution};
+use crate::attribution::{LaneEvent, LaneLink, Lanes, ThreadAttribution};
 use crate::chunk::Chunk;
 use crate::encode::sentry_chunk::{ChunkMeta, encode_chunk};
 use crate::encode::view::ProfileView;
@@ -79,7 +79,31 @@ const SAMPLER_READY_WAIT: Duration = Duration::from_secs(2);
 const MAX_FILL_LEAD_NS: u64 = 2_000_000_000;
 
 /// Lane events waiting for the profiler thread, at most.
-const LANE_QUEUE: usize = 4096;
+const LANE_QUEUE: usize = 16_384;
+
+/// Lanes registered whose end the profiler thread has not read yet, at
+/// most. Each such lane holds two places in the lane queue (its start and
+/// its end), so the queue never refuses an event: a lane's end, once its
+/// start was taken, always arrives. A request past this bound (that many
+/// requests in flight at once) is not given a lane: its samples stay on the
+/// OS threads that ran it (counted in
+/// [`ProfilerStats::lane_registrations_refused`]).
+const MAX_LANES_IN_FLIGHT: usize = LANE_QUEUE / 2;
+
+/// Lanes in flight from which the profiler thread is woken early to read
+/// the lane queue (it otherwise reads it every [`PROFILER_TICK`]).
+const LANES_HIGH_WATER: usize = MAX_LANES_IN_FLIGHT / 4;
+
+/// Finished lanes one chunk holds, at most: the chunk in progress is written
+/// out early when more requests than that have finished in it. This bounds
+/// the profiler's memory (the lanes, and their samples in the chunk) and the
+/// chunk's size at any request rate; at low rates chunks last their full
+/// duration.
+const MAX_FINISHED_LANES_PER_CHUNK: usize = 4_096;
+
+/// How often the profiler thread takes the sampler's samples and reads the
+/// lane queue.
+const PROFILER_TICK: Duration = Duration::from_millis(100);
 
 enum Request {
     Flush(Sender<()>),
@@ -94,6 +118,14 @@ struct Counters {
     samples_single_thread: AtomicU64,
     chunks_without_transport: AtomicU64,
     lane_events_dropped: AtomicU64,
+    lanes_registered: AtomicU64,
+    lane_registrations_refused: AtomicU64,
+    lanes_tracked: AtomicU64,
+    lanes_tracked_max: AtomicU64,
+    lanes_expired: AtomicU64,
+    lane_fill_ins: AtomicU64,
+    lane_fill_ins_capped: AtomicU64,
+    chunks_cut_early: AtomicU64,
     export_sent: AtomicU64,
     export_failed: AtomicU64,
     export_dropped: AtomicU64,
@@ -124,9 +156,34 @@ pub struct ProfilerStats {
     /// Chunks the crate's own delivery dropped, by reason (all 0 when the
     /// application's transport carries chunks: it then counts its own).
     pub chunks_dropped: ChunkDrops,
-    /// Lane start/finish events dropped because the profiler thread's queue
-    /// was full (those requests' samples stay on their OS threads).
+    /// Lane start/finish events the lane queue refused. Lanes reserve their
+    /// places, so this stays 0; it counts a broken invariant.
     pub lane_events_dropped: u64,
+    /// Requests (sampled root spans) given a lane.
+    pub lanes_registered: u64,
+    /// Requests not given a lane because too many were in flight at once
+    /// (their samples stay on their OS threads, and their transactions are
+    /// tagged with the OS thread).
+    pub lane_registrations_refused: u64,
+    /// Lanes registered whose end the profiler thread has not read yet
+    /// (requests in flight, plus those finished since its last read).
+    pub lanes_in_flight: u64,
+    /// Lanes the profiler thread holds now: open ones, and finished ones
+    /// whose chunk is not written yet.
+    pub lanes_tracked: u64,
+    /// The most lanes the profiler thread held at once.
+    pub lanes_tracked_max: u64,
+    /// Lanes forgotten because they stayed open too long (10 minutes: a
+    /// leaked root span, or a lost end).
+    pub lanes_expired: u64,
+    /// `(suspended)` fill-in and end samples added to lanes.
+    pub lane_fill_ins: u64,
+    /// Suspended ticks left without a fill-in because their chunk reached
+    /// its bound of fill-ins.
+    pub lane_fill_ins_capped: u64,
+    /// Chunks written before their full duration because as many requests
+    /// as one chunk holds had finished in them.
+    pub chunks_cut_early: u64,
     /// Exports (OTLP requests, files) that succeeded.
     pub exports_sent: u64,
     /// Exports that failed (endpoint down, file not writable).
@@ -176,6 +233,10 @@ pub(crate) struct Runtime {
     control: OnceLock<SamplerControl>,
     requests: Mutex<Option<Sender<Request>>>,
     lane_events: OnceLock<std::sync::mpsc::SyncSender<LaneEvent>>,
+    /// Lanes holding places in the lane queue (see [`MAX_LANES_IN_FLIGHT`]).
+    lanes_in_flight: AtomicUsize,
+    /// The profiler thread, to wake it when lanes pile up.
+    profiler_thread: OnceLock<std::thread::Thread>,
     v1_queue: OnceLock<std::sync::mpsc::SyncSender<V1Pending>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     active_roots: AtomicUsize,
@@ -207,6 +268,8 @@ impl Runtime {
             control: OnceLock::new(),
             requests: Mutex::new(None),
             lane_events: OnceLock::new(),
+            lanes_in_flight: AtomicUsize::new(0),
+            profiler_thread: OnceLock::new(),
             v1_queue: OnceLock::new(),
             thread: Mutex::new(None),
             active_roots: AtomicUsize::new(0),
@@ -269,6 +332,7 @@ impl Runtime {
             .spawn(move || this.run(rx, lane_rx, v1_rx, ready_tx));
         match spawned {
             Ok(handle) => {
+                let _ = self.profiler_thread.set(handle.thread().clone());
                 *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
                 CURRENT.store(Some(Arc::clone(self)));
                 // Wait for the sampler (its module list takes a while to
@@ -435,15 +499,67 @@ impl Runtime {
             .map_or_else(ThreadAttribution::default, |c| c.attribution)
     }
 
-    /// Reports a lane's start or end to the profiler thread; never blocks
-    /// (a full queue drops the event and counts it).
-    pub(crate) fn lane_event(&self, event: LaneEvent) {
+    /// Registers a lane with the profiler thread; never blocks. Returns
+    /// false (and counts it) when the lane cannot be tracked: too many
+    /// lanes in flight, or no profiler thread. The caller then leaves the
+    /// request on its OS threads and must not report its end.
+    pub(crate) fn lane_started(&self, lane: u64, link: Arc<LaneLink>, start_ns: u64) -> bool {
+        let Some(tx) = self.lane_events.get() else {
+            return false;
+        };
+        let c = &self.counters;
+        let reserved =
+            self.lanes_in_flight
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < MAX_LANES_IN_FLIGHT).then_some(n + 1)
+                });
+        let Ok(before) = reserved else {
+            c.lane_registrations_refused.fetch_add(1, Ordering::Relaxed);
+            self.wake_profiler();
+            return false;
+        };
+        if before + 1 == LANES_HIGH_WATER {
+            self.wake_profiler();
+        }
+        let event = LaneEvent::Started {
+            lane,
+            link,
+            start_ns,
+        };
+        if tx.try_send(event).is_err() {
+            // Only when the profiler thread is gone (or the reservation
+            // invariant broke): give the place back.
+            self.lanes_in_flight.fetch_sub(1, Ordering::AcqRel);
+            c.lane_events_dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        c.lanes_registered.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Reports the end of a lane for which [`Runtime::lane_started`]
+    /// returned true; never blocks (its place in the queue is reserved).
+    pub(crate) fn lane_finished(&self, lane: u64, end_ns: u64) {
         if let Some(tx) = self.lane_events.get() {
-            if tx.try_send(event).is_err() {
+            if tx.try_send(LaneEvent::Finished { lane, end_ns }).is_err() {
                 self.counters
                     .lane_events_dropped
                     .fetch_add(1, Ordering::Relaxed);
             }
+        }
+    }
+
+    /// The profiler thread read a lane's end: its places in the queue are
+    /// free again.
+    fn lane_released(&self) {
+        let _ = self
+            .lanes_in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    fn wake_profiler(&self) {
+        if let Some(t) = self.profiler_thread.get() {
+            t.unpark();
         }
     }
 
@@ -518,6 +634,15 @@ impl Runtime {
                 rate_limited: self.delivery.rate_limited.load(Ordering::Relaxed),
             },
             lane_events_dropped: c.lane_events_dropped.load(Ordering::Relaxed),
+            lanes_registered: c.lanes_registered.load(Ordering::Relaxed),
+            lane_registrations_refused: c.lane_registrations_refused.load(Ordering::Relaxed),
+            lanes_in_flight: self.lanes_in_flight.load(Ordering::Relaxed) as u64,
+            lanes_tracked: c.lanes_tracked.load(Ordering::Relaxed),
+            lanes_tracked_max: c.lanes_tracked_max.load(Ordering::Relaxed),
+            lanes_expired: c.lanes_expired.load(Ordering::Relaxed),
+            lane_fill_ins: c.lane_fill_ins.load(Ordering::Relaxed),
+            lane_fill_ins_capped: c.lane_fill_ins_capped.load(Ordering::Relaxed),
+            chunks_cut_early: c.chunks_cut_early.load(Ordering::Relaxed),
             exports_sent: c.export_sent.load(Ordering::Relaxed),
             exports_failed: c.export_failed.load(Ordering::Relaxed),
             export_samples_dropped: c.export_dropped.load(Ordering::Relaxed),
@@ -626,8 +751,9 @@ impl Runtime {
             // Take samples in batches: sleeping instead of blocking on the
             // queue spares the sampler a wake-up per sample. Flush and
             // shutdown requests unpark the thread.
-            std::thread::park_timeout(Duration::from_millis(100));
+            std::thread::park_timeout(PROFILER_TICK);
             builder.drain(&sampler);
+            builder.read_lane_events();
             builder.rotate_if_due(&sampler);
         }
     }
@@ -742,13 +868,11 @@ impl ChunkWriter<'_> {
     /// V1 mode: builds and sends the profiles of transactions whose samples
     /// have arrived (all of them with `force`).
     fn process_v1(&mut self, modules: &crate::ModuleSet, force: bool) {
+        self.read_lane_events();
         let Some(v1) = self.v1.as_mut() else { return };
         v1.pending.extend(v1.requests.try_iter());
         if v1.pending.is_empty() {
             return;
-        }
-        for event in self.lane_events.try_iter() {
-            self.lanes.apply(event);
         }
         let newest = self.chunk.last_timestamp_ns().unwrap_or(0);
         let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut v1.pending)
@@ -786,6 +910,26 @@ impl ChunkWriter<'_> {
         }
     }
 
+    /// Takes the lane queue's events into the lane table (every profiler
+    /// tick, and before a chunk or profile is written).
+    fn read_lane_events(&mut self) {
+        let rt = self.runtime;
+        for event in self.lane_events.try_iter() {
+            if matches!(event, LaneEvent::Finished { .. }) {
+                rt.lane_released();
+            }
+            self.lanes.apply(event);
+        }
+        self.note_lanes_tracked();
+    }
+
+    fn note_lanes_tracked(&self) {
+        let c = &self.runtime.counters;
+        let n = self.lanes.len() as u64;
+        c.lanes_tracked.store(n, Ordering::Relaxed);
+        c.lanes_tracked_max.fetch_max(n, Ordering::Relaxed);
+    }
+
     fn rotate_if_due(&mut self, sampler: &Sampler) {
         if let Some(v1) = &self.v1 {
             // V1 mode sends no chunks: keep enough history for the longest
@@ -798,6 +942,13 @@ impl ChunkWriter<'_> {
                 .min()
                 .unwrap_or(u64::MAX);
             self.chunk.retain_since(keep_from.min(oldest));
+            // Lanes that ended before the history kept are no longer needed.
+            let expired = self.lanes.prune(keep_from.min(oldest));
+            self.runtime
+                .counters
+                .lanes_expired
+                .fetch_add(expired as u64, Ordering::Relaxed);
+            self.note_lanes_tracked();
             let modules = sampler.modules();
             self.process_v1(&modules, false);
             return;
@@ -806,7 +957,14 @@ impl ChunkWriter<'_> {
             return;
         };
         let now = now_ns();
-        if now.saturating_sub(first) >= self.chunk_duration.as_nanos() as u64 {
+        let full = self.lanes.finished() >= MAX_FINISHED_LANES_PER_CHUNK;
+        if full || now.saturating_sub(first) >= self.chunk_duration.as_nanos() as u64 {
+            if full {
+                self.runtime
+                    .counters
+                    .chunks_cut_early
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             self.drain(sampler);
             self.finish(sampler);
         }
@@ -839,9 +997,7 @@ impl ChunkWriter<'_> {
             self.process_v1(modules, true);
             return;
         }
-        for event in self.lane_events.try_iter() {
-            self.lanes.apply(event);
-        }
+        self.read_lane_events();
         if self.chunk.is_empty() {
             return;
         }
@@ -856,9 +1012,15 @@ impl ChunkWriter<'_> {
                 .first_timestamp_ns()
                 .map_or(now, |first| first.saturating_sub(MAX_FILL_LEAD_NS))
                 .max(self.filled_until_ns);
-            self.lanes
+            let filled = self
+                .lanes
                 .fill_suspended_from(&mut chunk, self.period_ns, from, now);
             self.filled_until_ns = now;
+            let c = &self.runtime.counters;
+            c.lane_fill_ins
+                .fetch_add(filled.added as u64, Ordering::Relaxed);
+            c.lane_fill_ins_capped
+                .fetch_add(filled.capped as u64, Ordering::Relaxed);
         }
         if !self.exporters.is_empty() {
             let view = ProfileView::build(
@@ -883,8 +1045,10 @@ impl ChunkWriter<'_> {
             self.symbolizer.as_mut(),
             &|i, _| keys[i].clone(),
         );
-        self.lanes.prune(now);
+        let expired = self.lanes.prune(now);
+        self.note_lanes_tracked();
         let c = &self.runtime.counters;
+        c.lanes_expired.fetch_add(expired as u64, Ordering::Relaxed);
         c.samples_single_thread.fetch_add(
             pieces.iter().map(|p| p.dropped_single).sum::<usize>() as u64,
             Ordering::Relaxed,

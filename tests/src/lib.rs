@@ -284,46 +284,90 @@ pub const MIN_WINDOWED_SECS: f64 = 0.02;
 /// [`MIN_WINDOWED_SECS`], samples of that thread inside the transaction's
 /// `[start, end]` (what the UI shows). Returns the reason when it does not.
 pub fn link_problem(tx: &Value, chunks: &[ChunkItem]) -> Option<String> {
-    let name = tx.get("transaction").and_then(Value::as_str).unwrap_or("?");
-    let Some(profiler_id) = tx
-        .pointer("/contexts/profile/profiler_id")
-        .and_then(Value::as_str)
-    else {
-        return Some(format!("{name}: no contexts.profile.profiler_id"));
-    };
-    if tx.pointer("/contexts/profile/type").and_then(Value::as_str) != Some("profile") {
-        return Some(format!("{name}: contexts.profile.type is not \"profile\""));
+    let mut index = SampleIndex::default();
+    for c in chunks {
+        index.add_chunk(c);
     }
-    let Some(thread_id) = tx
-        .pointer("/contexts/trace/data/thread.id")
-        .and_then(Value::as_str)
-    else {
-        return Some(format!("{name}: no contexts.trace.data[\"thread.id\"]"));
-    };
-    let Some((start, end)) = transaction_window(tx) else {
-        return Some(format!(
-            "{name}: start_timestamp/timestamp missing or unreadable"
-        ));
-    };
-    let times: Vec<f64> = chunks
-        .iter()
-        .filter(|c| c.payload.get("profiler_id").and_then(Value::as_str) == Some(profiler_id))
-        .flat_map(chunk_samples)
-        .filter(|s| s.get("thread_id").and_then(Value::as_str) == Some(thread_id))
-        .filter_map(|s| s.get("timestamp").and_then(Value::as_f64))
-        .collect();
-    if times.is_empty() {
-        return Some(format!(
-            "{name}: no chunk of profiler {profiler_id} has samples of thread {thread_id}"
-        ));
+    index.link_problem(tx)
+}
+
+/// Sample timestamps by profiler and thread, gathered chunk by chunk, so a
+/// long run can check its transactions' links without keeping its chunks.
+#[derive(Debug, Default)]
+pub struct SampleIndex {
+    /// (profiler id, thread id) -> sample timestamps, sorted by
+    /// [`SampleIndex::link_problem`] on first use.
+    times: std::collections::HashMap<(String, String), Vec<f64>>,
+}
+
+impl SampleIndex {
+    /// Adds a chunk's samples.
+    pub fn add_chunk(&mut self, chunk: &ChunkItem) {
+        let Some(profiler_id) = chunk.payload.get("profiler_id").and_then(Value::as_str) else {
+            return;
+        };
+        for s in chunk_samples(chunk) {
+            let (Some(thread), Some(t)) = (
+                s.get("thread_id").and_then(Value::as_str),
+                s.get("timestamp").and_then(Value::as_f64),
+            ) else {
+                continue;
+            };
+            self.times
+                .entry((profiler_id.to_owned(), thread.to_owned()))
+                .or_default()
+                .push(t);
+        }
     }
-    let in_window = times.iter().any(|&t| t >= start && t <= end);
-    (end - start >= MIN_WINDOWED_SECS && !in_window).then(|| {
-        format!(
-            "{name}: no sample of thread {thread_id} in [{start}, {end}] ({} elsewhere)",
-            times.len()
-        )
-    })
+
+    /// The samples of `thread_id` of profiler `profiler_id` within
+    /// `[start, end]`.
+    pub fn samples_in(&self, profiler_id: &str, thread_id: &str, start: f64, end: f64) -> usize {
+        self.times
+            .get(&(profiler_id.to_owned(), thread_id.to_owned()))
+            .map_or(0, |v| v.iter().filter(|&&t| t >= start && t <= end).count())
+    }
+
+    /// [`link_problem`] against the chunks added so far.
+    pub fn link_problem(&self, tx: &Value) -> Option<String> {
+        let name = tx.get("transaction").and_then(Value::as_str).unwrap_or("?");
+        let Some(profiler_id) = tx
+            .pointer("/contexts/profile/profiler_id")
+            .and_then(Value::as_str)
+        else {
+            return Some(format!("{name}: no contexts.profile.profiler_id"));
+        };
+        if tx.pointer("/contexts/profile/type").and_then(Value::as_str) != Some("profile") {
+            return Some(format!("{name}: contexts.profile.type is not \"profile\""));
+        }
+        let Some(thread_id) = tx
+            .pointer("/contexts/trace/data/thread.id")
+            .and_then(Value::as_str)
+        else {
+            return Some(format!("{name}: no contexts.trace.data[\"thread.id\"]"));
+        };
+        let Some((start, end)) = transaction_window(tx) else {
+            return Some(format!(
+                "{name}: start_timestamp/timestamp missing or unreadable"
+            ));
+        };
+        let times = self
+            .times
+            .get(&(profiler_id.to_owned(), thread_id.to_owned()))
+            .map_or(&[][..], Vec::as_slice);
+        if times.is_empty() {
+            return Some(format!(
+                "{name}: no chunk of profiler {profiler_id} has samples of thread {thread_id}"
+            ));
+        }
+        let in_window = times.iter().any(|&t| t >= start && t <= end);
+        (end - start >= MIN_WINDOWED_SECS && !in_window).then(|| {
+            format!(
+                "{name}: no sample of thread {thread_id} in [{start}, {end}] ({} elsewhere)",
+                times.len()
+            )
+        })
+    }
 }
 
 /// Symbolised function names of every sample in `chunk` whose thread is
