@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use sentry_profiling_tests::browser::{chromium, headless};
-use sentry_profiling_tests::{http_get, local_settings, run_example_service};
+use sentry_profiling_tests::{http_get, local_settings, run_service};
 
 const WORK: &str = "GET /work/{ms}";
 
@@ -58,16 +58,35 @@ fn the_preview_page_shows_each_requests_flame_graph_in_a_browser() {
     };
     let settings = local_settings("preview");
     let dir = settings.envelope_dir.clone();
-    let responses = run_example_service(&settings, |addr, _| async move {
+    // `/warm` runs outside the http layer (no transaction): 400 ms of it
+    // give each worker CPU time before the measured requests, as any
+    // running service has. A thread is found at the sampler's next listing
+    // (every 100 ms) and its first captures teach the sampler its stack
+    // bounds and are not kept, so a request in a new thread's first moments
+    // shows `(running: no stack captured in time)` rather than its code.
+    let app = sentry_profiling_examples::router().route(
+        "/warm",
+        axum::routing::get(|| async { sentry_profiling_examples::burn_cpu(30).to_string() }),
+    );
+    let responses = run_service(&settings, app, |addr, _| async move {
+        let warm_until = Instant::now() + Duration::from_millis(400);
+        while Instant::now() < warm_until {
+            let warm: Vec<_> = (0..2)
+                .map(|_| tokio::spawn(http_get(addr, "/warm")))
+                .collect();
+            for w in warm {
+                assert!(w.await.unwrap().starts_with("HTTP/1.1 200"));
+            }
+        }
         let mut tasks = Vec::new();
         for round in 0..4u64 {
             tasks.push(tokio::spawn(http_get(
                 addr,
-                format!("/work/{}", 40 + 20 * round),
+                format!("/work/{}", 80 + 20 * round),
             )));
             tasks.push(tokio::spawn(http_get(
                 addr,
-                format!("/work/{}", 30 + 10 * round),
+                format!("/work/{}", 100 + 20 * round),
             )));
             tasks.push(tokio::spawn(http_get(addr, "/sleep/60")));
             tasks.push(tokio::spawn(http_get(addr, "/")));
