@@ -300,13 +300,16 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
             eprintln!(
                 "  {misfiled} burn_cpu samples of this request filed under its worker's OS thread"
             );
-            // Never more burn_cpu than the request was being polled (one
-            // period of slack for where the samples fall): nothing of
-            // another request's work is shown in this one. (Not N: on a
-            // starved machine burn_cpu(N) overruns N by the time its thread
-            // waits for a core inside a slice.)
+            // Never more burn_cpu than the request was being polled (two
+            // periods of slack for where the samples fall: a sample weighs
+            // up to the next one, and fills of a thread the sampler reaches
+            // late can land a period off; 17.4 ms over with 0 samples
+            // misfiled was seen in a full CI run): nothing of another
+            // request's work is shown in this one. (Not N: on a starved
+            // machine burn_cpu(N) overruns N by the time its thread waits
+            // for a core inside a slice.)
             assert!(
-                burn <= polled + period_ns,
+                burn <= polled + 2 * period_ns,
                 "/work/{n}: Sentry would show {:.1} ms in burn_cpu of a request polled for {:.1} ms",
                 burn as f64 / 1e6,
                 polled as f64 / 1e6
