@@ -164,3 +164,23 @@ pub async fn drive(
     }
     all
 }
+
+/// Client options for these tests: every transaction sampled, envelopes
+/// captured by `capture`, profiling applied with the trace lifecycle at
+/// 500 Hz, and a 30 s shutdown timeout. The whole run is one chunk,
+/// encoded and handed over at shutdown; on a loaded machine, in a debug
+/// build, that takes longer than the SDK's default 2 s (after which the
+/// chunk would be dropped by design).
+pub fn captured_options(
+    capture: &std::sync::Arc<crate::CaptureTransport>,
+) -> sentry::ClientOptions {
+    let mut options = sentry::ClientOptions::new().traces_sample_rate(1.0);
+    options.dsn = sentry_profiling_examples::LOCAL_DSN.parse().ok();
+    options.transport = Some(capture.factory());
+    options.shutdown_timeout = Duration::from_secs(30);
+    sentry_profiling::ProfilingIntegration::new()
+        .profile_session_sample_rate(1.0)
+        .profile_lifecycle(sentry_profiling::ProfileLifecycle::Trace)
+        .frequency_hz(500)
+        .apply(options)
+}

@@ -420,3 +420,23 @@ pub fn transaction_window(tx: &Value) -> Option<(f64, f64)> {
         timestamp_secs(tx.get("timestamp")?)?,
     ))
 }
+
+/// For tests with their own `main` (`harness = false`) that run each case in
+/// a child process of their own: runs this test binary again with `env_var`
+/// set, and returns its stdout and stderr after asserting it succeeded.
+pub fn run_self_as_child(env_var: &str) -> (String, String) {
+    let out = std::process::Command::new(std::env::current_exe().expect("current exe"))
+        .env(env_var, "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("run the child");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "child failed: {}\n--- stdout\n{stdout}--- stderr\n{stderr}",
+        out.status
+    );
+    (stdout, stderr)
+}

@@ -12,12 +12,11 @@
 //! The service runs in a child process of this binary (a fresh hub and
 //! profiler, and a stderr of its own to read).
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sentry_profiling::{ProfileLifecycle, ProfilingIntegration};
 use sentry_profiling_tests::fake_sentry::FakeSentry;
-use sentry_profiling_tests::{http_get, parse_envelope, run_service_with};
+use sentry_profiling_tests::{http_get, parse_envelope, run_self_as_child, run_service_with};
 
 const CHILD_ENV: &str = "SENTRY_PROFILING_ADD_INTEGRATION_CHILD";
 const REQUESTS: usize = 32;
@@ -28,19 +27,7 @@ fn main() {
         child();
         return;
     }
-    let out = Command::new(std::env::current_exe().expect("current exe"))
-        .env(CHILD_ENV, "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("run the child");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "child failed: {}\n--- stdout\n{stdout}--- stderr\n{stderr}",
-        out.status
-    );
+    let (stdout, stderr) = run_self_as_child(CHILD_ENV);
     let warnings = stderr
         .lines()
         .filter(|l| l.starts_with("sentry-profiling:"))

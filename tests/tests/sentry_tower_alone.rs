@@ -12,12 +12,10 @@
 //! The service runs in a child process of this binary (a fresh hub and
 //! profiler, and a stderr of its own to read).
 
-use std::process::{Command, Stdio};
-
 use axum::extract::Path;
 use sentry_profiling::{ProfileLifecycle, ProfilingIntegration};
 use sentry_profiling_tests::clients::{cpu, drive};
-use sentry_profiling_tests::{CaptureTransport, run_service_with, split_items};
+use sentry_profiling_tests::{CaptureTransport, run_self_as_child, run_service_with, split_items};
 
 const CHILD_ENV: &str = "SENTRY_PROFILING_TOWER_ALONE_CHILD";
 const CLIENTS: u64 = 6;
@@ -28,19 +26,7 @@ fn main() {
         child();
         return;
     }
-    let out = Command::new(std::env::current_exe().expect("current exe"))
-        .env(CHILD_ENV, "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("run the child");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "child failed: {}\n--- stdout\n{stdout}--- stderr\n{stderr}",
-        out.status
-    );
+    let (stdout, stderr) = run_self_as_child(CHILD_ENV);
     let warnings: Vec<_> = stderr
         .lines()
         .filter(|l| l.starts_with("sentry-profiling:"))

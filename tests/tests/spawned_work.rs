@@ -17,8 +17,7 @@
 use std::time::Instant;
 
 use axum::extract::Path;
-use sentry_profiling::{ProfileLifecycle, ProfilingIntegration};
-use sentry_profiling_tests::clients::{client_of, cpu, drive, own_and_other};
+use sentry_profiling_tests::clients::{captured_options, client_of, cpu, drive, own_and_other};
 use sentry_profiling_tests::{CaptureTransport, link_problem, run_service_with, split_items};
 use sentry_profiling_tracing::{spawn_blocking_in_span, spawn_in_span};
 
@@ -62,18 +61,7 @@ struct Score {
 #[test]
 fn spawned_and_blocking_work_shows_under_the_request() {
     let capture = CaptureTransport::new();
-    let mut options = sentry::ClientOptions::new().traces_sample_rate(1.0);
-    options.dsn = sentry_profiling_examples::LOCAL_DSN.parse().ok();
-    options.transport = Some(capture.factory());
-    // The whole run is one chunk, encoded and handed over at shutdown; on a
-    // loaded machine, in a debug build, that takes longer than the SDK's
-    // default 2 s (after which the chunk would be dropped by design).
-    options.shutdown_timeout = std::time::Duration::from_secs(30);
-    let options = ProfilingIntegration::new()
-        .profile_session_sample_rate(1.0)
-        .profile_lifecycle(ProfileLifecycle::Trace)
-        .frequency_hz(500)
-        .apply(options);
+    let options = captured_options(&capture);
     let app = axum::Router::new()
         .route("/blocking/{k}", axum::routing::get(blocking))
         .route("/spawned/{k}", axum::routing::get(spawned))
