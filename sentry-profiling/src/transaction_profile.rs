@@ -269,6 +269,9 @@ impl V1Pending {
                 .fill_suspended(&mut window, ctx.period_ns, self.end_ns);
         }
         let keys = ctx.lanes.thread_keys(&window, ctx.attribution);
+        // As in chunks: a worker's OS thread shows `(running a request)`
+        // where it polled requests, so no gap is charged to its last stack.
+        let keys = crate::encode::synthetic::mark_running_requests(&mut window, keys);
         let keyed: Vec<(u64, Option<Arc<str>>)> = keys
             .iter()
             .map(|k| k.clone().unwrap_or((0, None)))

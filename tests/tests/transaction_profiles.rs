@@ -141,6 +141,7 @@ fn profiled_transactions_carry_their_own_v1_profile() {
         assert!(samples.len() >= 2);
         let active = p["transaction"]["active_thread_id"].as_str().unwrap();
         let mut burn = false;
+        let mut running_marks = 0;
         for s in samples {
             let elapsed: u64 = s["elapsed_since_start_ns"]
                 .as_str()
@@ -152,12 +153,30 @@ fn profiled_transactions_carry_their_own_v1_profile() {
                 "samples from the transaction's own window"
             );
             let stack = &p["profile"]["stacks"][s["stack_id"].as_u64().unwrap() as usize];
+            let running = stack.as_array().unwrap().iter().any(|f| {
+                p["profile"]["frames"][f.as_u64().unwrap() as usize]["function"]
+                    == sentry_profiling::sentry_view::RUNNING_REQUEST_FUNCTION
+            });
+            if running {
+                assert_ne!(
+                    s["thread_id"], active,
+                    "(running a request) marks an OS thread, never the request"
+                );
+                running_marks += 1;
+            }
             if s["thread_id"] == active {
                 burn |= stack.as_array().unwrap().iter().any(|f| {
                     p["profile"]["frames"][f.as_u64().unwrap() as usize]["function"]
                         == "sentry_profiling_examples::burn_cpu"
                 });
             }
+        }
+        if name.starts_with("GET /work") {
+            assert!(
+                running_marks > 0,
+                "the worker that ran {name} shows (running a request) in its OS-thread timeline, \
+                 so Sentry charges that time to no unrelated stack"
+            );
         }
         with_burn += usize::from(burn);
     }
