@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 
 use sentry_core::protocol::Value;
-use sentry_core::{Hub, TransactionOrSpan};
+use sentry_core::{Hub, Transaction, TransactionOrSpan};
 use sentry_profiling::attribution::{LaneLink, ThreadAttribution, is_lane, new_lane};
 use tracing::Subscriber;
 use tracing::field::{Field, Visit};
@@ -54,6 +54,10 @@ struct SpanLane {
     /// The root span's display name (its `otel.name` field, else its
     /// static name, borrowed); only on root spans.
     name: Option<Cow<'static, str>>,
+    /// The Sentry transaction already on the scope when the root span was
+    /// created (`sentry-tower`'s, for example, with tower-http's
+    /// `TraceLayer` inside it); only on root spans.
+    transaction: Option<Transaction>,
 }
 
 /// What the layer decided at a span's first entry.
@@ -244,14 +248,27 @@ where
                 } else {
                     None
                 };
+                // A `sentry-tracing` layer makes this span a child of that
+                // transaction, and the child is what the scope holds once
+                // the span is entered; Sentry links the transaction by its
+                // own `thread.id`, so it is kept to be tagged too.
+                let transaction = match Hub::current().configure_scope(|s| s.get_span()) {
+                    Some(TransactionOrSpan::Transaction(tx)) => Some(tx),
+                    _ => None,
+                };
                 span.extensions_mut().insert(SpanLane {
                     lane: new_lane(),
                     name: Some(name.unwrap_or(Cow::Borrowed(meta.name()))),
+                    transaction,
                 });
                 return;
             }
         };
-        span.extensions_mut().insert(SpanLane { lane, name: None });
+        span.extensions_mut().insert(SpanLane {
+            lane,
+            name: None,
+            transaction: None,
+        });
     }
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
@@ -290,6 +307,7 @@ where
         };
         let ext = span.extensions();
         let lane_name = ext.get::<SpanLane>().and_then(|l| l.name.as_deref());
+        let outer = ext.get::<SpanLane>().and_then(|l| l.transaction.as_ref());
         let running = sentry_profiling::hooks::running_profiler_id();
         if span.parent().is_none() {
             #[expect(
@@ -333,6 +351,17 @@ where
         let running = running.or_else(sentry_profiling::hooks::running_profiler_id);
         if let (Some(s), Some(profiler_id)) = (&sentry_span, running) {
             tag_with_thread(s, &profiler_id, lane, lane_name);
+            // The root span is a child of a transaction that was already
+            // there (tower-http's `TraceLayer` inside `sentry-tower`): the
+            // transaction carries the thread, or Sentry finds no profile.
+            if let (TransactionOrSpan::Span(_), Some(tx)) = (s, outer) {
+                tag_with_thread(
+                    &TransactionOrSpan::Transaction(tx.clone()),
+                    &profiler_id,
+                    lane,
+                    lane_name,
+                );
+            }
         }
         drop(ext);
         let mut ext = span.extensions_mut();

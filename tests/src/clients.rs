@@ -184,3 +184,137 @@ pub fn captured_options(
         .frequency_hz(500)
         .apply(options)
 }
+
+/// One transaction as Sentry's UI shows it, scored against its client.
+#[derive(Debug, Clone)]
+pub struct Shown {
+    /// The transaction's name.
+    pub name: String,
+    /// Its client and request number (see [`trace_header`]).
+    pub client: u64,
+    /// See [`Shown::client`].
+    pub request: u64,
+    /// Why Sentry would find no profile for it (`link_problem`), if so.
+    pub link_problem: Option<String>,
+    /// The shown time (each sample weighted by the time to the next sample
+    /// of its thread, as Sentry weights them) of samples showing the
+    /// client's own CPU function, in nanoseconds.
+    pub own_ns: u64,
+    /// The same for samples showing another client's CPU function.
+    pub other_ns: u64,
+    /// Samples shown with the client's own CPU function.
+    pub own_samples: usize,
+    /// Samples shown with another client's CPU function.
+    pub other_samples: usize,
+}
+
+/// Scores every transaction as Sentry shows it, with
+/// `sentry_profiling::sentry_view`: the samples of its `profiler_id` on its
+/// `thread.id` inside its `[start, end]`, weighted by the time to the next
+/// sample of that thread. Transactions without a client in their trace id
+/// are skipped.
+pub fn shown(transactions: &[Value], chunks: &[ChunkItem]) -> Vec<Shown> {
+    use sentry_profiling::sentry_view::{ProfileChunk, TransactionWindow, transaction_profile};
+    let parsed: Vec<ProfileChunk> = chunks
+        .iter()
+        .map(|c| ProfileChunk::from_value(&c.payload).expect("a readable chunk"))
+        .collect();
+    let mut index = crate::SampleIndex::default();
+    for c in chunks {
+        index.add_chunk(c);
+    }
+    let mut out = Vec::new();
+    for tx in transactions {
+        let Some((client, request)) = client_of(tx) else {
+            continue;
+        };
+        let mut s = Shown {
+            name: tx["transaction"].as_str().unwrap_or("?").to_owned(),
+            client,
+            request,
+            link_problem: index.link_problem(tx),
+            own_ns: 0,
+            other_ns: 0,
+            own_samples: 0,
+            other_samples: 0,
+        };
+        if let Ok(window) = TransactionWindow::from_value(tx) {
+            let profile = transaction_profile(&parsed, &window);
+            for sample in &profile.samples {
+                let names: Vec<String> = profile
+                    .stack(sample)
+                    .filter_map(|f| f.function.clone())
+                    .collect();
+                match cpu_client(&names) {
+                    Some(c) if c == client => {
+                        s.own_ns += sample.weight_ns;
+                        s.own_samples += 1;
+                    }
+                    Some(_) => {
+                        s.other_ns += sample.weight_ns;
+                        s.other_samples += 1;
+                    }
+                    None => {}
+                }
+            }
+        }
+        out.push(s);
+    }
+    out
+}
+
+/// The bar every integration-style test sets: every request after the
+/// warm-up round (request 0 of each client, see [`drive`]) has a linked
+/// transaction that shows its own CPU function, and of the CPU time shown
+/// under all transactions (warm-ups included) at least 99 % is the
+/// transaction's own.
+///
+/// `tolerated` transactions may show no own CPU time: a request can get no
+/// stack capture of its own (its time then shows as
+/// `(running: no stack captured in time)`), a known sampler gap. Prints
+/// every shortfall and the figures; panics, naming `what`, below the bar.
+pub fn assert_shown(what: &str, shown: &[Shown], tolerated: usize) {
+    let scored: Vec<&Shown> = shown.iter().filter(|s| s.request > 0).collect();
+    let mut unlinked = 0;
+    let mut without_own = 0;
+    for s in &scored {
+        if let Some(p) = &s.link_problem {
+            println!(
+                "{what}: not linked: {p} (client {} request {})",
+                s.client, s.request
+            );
+            unlinked += 1;
+        } else if s.own_ns == 0 {
+            println!(
+                "{what}: {} (client {} request {}) shows none of its own CPU time",
+                s.name, s.client, s.request
+            );
+            without_own += 1;
+        }
+    }
+    let warmup_unlinked = shown
+        .iter()
+        .filter(|s| s.request == 0 && s.link_problem.is_some())
+        .count();
+    let own_ns: u64 = shown.iter().map(|s| s.own_ns).sum();
+    let other_ns: u64 = shown.iter().map(|s| s.other_ns).sum();
+    let own_samples: usize = shown.iter().map(|s| s.own_samples).sum();
+    let other_samples: usize = shown.iter().map(|s| s.other_samples).sum();
+    let precision = own_ns as f64 / (own_ns + other_ns).max(1) as f64;
+    println!(
+        "{what}: {} transactions scored ({warmup_unlinked} warm-ups unlinked), {} linked, {} show their own CPU function; own CPU shown {:.1} ms in {own_samples} samples, other requests' {:.1} ms in {other_samples}; precision {precision:.4}",
+        scored.len(),
+        scored.len() - unlinked,
+        scored.len() - unlinked - without_own,
+        own_ns as f64 / 1e6,
+        other_ns as f64 / 1e6,
+    );
+    assert!(!scored.is_empty(), "{what}: no transaction to score");
+    assert_eq!(unlinked, 0, "{what}: {unlinked} transactions not linked");
+    assert!(
+        without_own <= tolerated,
+        "{what}: {without_own} linked transactions show none of their own CPU time (tolerated: {tolerated})"
+    );
+    assert!(own_ns > 0, "{what}: no own CPU time shown at all");
+    assert!(precision >= 0.99, "{what}: precision {precision:.4} < 0.99");
+}

@@ -1,0 +1,74 @@
+//! tower-http's `TraceLayer` inside sentry-tower's layers (`NewSentryLayer`
+//! and `SentryHttpLayer` making the transactions): the first span the tracing
+//! layer sees in a request is `TraceLayer`'s, which `sentry-tracing` makes
+//! a child span of sentry-tower's transaction. The transaction itself must
+//! carry `thread.id` and be linked, not only that child span.
+//!
+//! A real axum service on loopback under concurrent load, scored as
+//! Sentry's UI shows each transaction (`sentry_profiling::sentry_view`, see
+//! `sentry_profiling_tests::clients::shown`): every request has a linked
+//! transaction showing its own CPU function, with precision at least 0.99.
+
+use axum::extract::Path;
+use sentry_profiling_tests::clients::{assert_shown, captured_options, cpu, drive, shown};
+use sentry_profiling_tests::{CaptureTransport, run_service_with, split_items};
+use serde_json::Value;
+
+const CLIENTS: u64 = 6;
+const REQUESTS_PER_CLIENT: u64 = 6;
+const CPU_MS: u64 = 20;
+
+async fn work(Path(k): Path<u64>) -> String {
+    let mut x = 0;
+    for _ in 0..2 {
+        x ^= cpu(k, CPU_MS / 2);
+        tokio::task::yield_now().await;
+    }
+    format!("{x:x}\n")
+}
+
+#[test]
+fn transactions_are_linked_with_trace_layer_inside_sentry_tower() {
+    let capture = CaptureTransport::new();
+    let options = captured_options(&capture);
+    let app = axum::Router::new()
+        .route("/work/{k}", axum::routing::get(work))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .layer(sentry_tower::SentryHttpLayer::new().enable_transaction())
+        .layer(sentry_tower::NewSentryLayer::new_from_top());
+    let responses = run_service_with(options, app, |addr, _| {
+        drive(addr, CLIENTS, REQUESTS_PER_CLIENT, |k, n| {
+            format!("/work/{k}?n={n}")
+        })
+    });
+    let requests = (CLIENTS * REQUESTS_PER_CLIENT) as usize;
+    let ok = responses
+        .iter()
+        .filter(|r| r.starts_with("HTTP/1.1 200"))
+        .count();
+    assert_eq!(ok, requests, "every request succeeds");
+
+    let (chunks, transactions) = split_items(&capture.envelopes());
+    assert_eq!(transactions.len(), requests, "one transaction per request");
+    for tx in &transactions {
+        assert_eq!(
+            tx.pointer("/contexts/trace/origin").and_then(Value::as_str),
+            Some("auto.http.tower"),
+            "sentry-tower's transaction: {tx}"
+        );
+        assert_eq!(tx["transaction"], "GET /work/{k}");
+        // The transaction itself carries the thread Sentry finds its
+        // samples under (not only TraceLayer's child span).
+        assert!(
+            tx.pointer("/contexts/trace/data/thread.id")
+                .and_then(Value::as_str)
+                .is_some(),
+            "no thread.id on the transaction: {tx}"
+        );
+    }
+    assert_shown(
+        "TraceLayer inside sentry-tower",
+        &shown(&transactions, &chunks),
+        1,
+    );
+}
