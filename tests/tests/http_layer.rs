@@ -12,7 +12,9 @@
 //! only.
 
 use axum::extract::Path;
-use sentry_profiling_tests::clients::{captured_options, client_of, cpu, drive, own_and_other};
+use sentry_profiling_tests::clients::{
+    assert_shown, captured_options, client_of, cpu, drive, own_and_other, shown,
+};
 use sentry_profiling_tests::{CaptureTransport, link_problem, run_service_with, split_items};
 use serde_json::Value;
 
@@ -158,7 +160,8 @@ fn records_the_request_and_survives_panics() {
     assert!(
         showing_own + 1 >= scored,
         "only {showing_own} of {scored} transactions show their own CPU"
-    );
+    ); // The same, weighted as Sentry weights the samples it shows.
+    assert_shown("http_layer() with apply", &shown(&transactions, &chunks), 1);
 }
 
 /// A service that answers `200` at once.

@@ -17,7 +17,9 @@
 use std::time::Instant;
 
 use axum::extract::Path;
-use sentry_profiling_tests::clients::{captured_options, client_of, cpu, drive, own_and_other};
+use sentry_profiling_tests::clients::{
+    assert_shown, captured_options, client_of, cpu, drive, own_and_other, shown,
+};
 use sentry_profiling_tests::{CaptureTransport, link_problem, run_service_with, split_items};
 use sentry_profiling_tracing::{spawn_blocking_in_span, spawn_in_span};
 
@@ -154,5 +156,18 @@ fn spawned_and_blocking_work_shows_under_the_request() {
             score.showing_own, score.transactions,
             "{kind}: not every transaction shows its own CPU function"
         );
+    }
+    // The same, weighted as Sentry weights the samples it shows.
+    let all = shown(&transactions, &chunks);
+    for (kind, prefix) in [
+        ("spawn_blocking_in_span", "GET /blocking"),
+        ("spawn_in_span", "GET /spawned"),
+    ] {
+        let of_kind: Vec<_> = all
+            .iter()
+            .filter(|s| s.name.starts_with(prefix))
+            .cloned()
+            .collect();
+        assert_shown(kind, &of_kind, 1);
     }
 }
