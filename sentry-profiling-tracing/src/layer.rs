@@ -9,7 +9,8 @@ use std::marker::PhantomData;
 
 use sentry_core::protocol::Value;
 use sentry_core::{Hub, Transaction, TransactionOrSpan};
-use sentry_profiling::attribution::{LaneLink, ThreadAttribution, is_lane, new_lane};
+use sentry_profiling::ThreadAttribution;
+use sentry_profiling::hooks::{LaneLink, is_lane, new_lane};
 use tracing::Subscriber;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -47,7 +48,7 @@ impl<S> std::fmt::Debug for ProfilingLayer<S> {
 }
 
 /// The lane a span belongs to: its root span's (see
-/// `sentry_profiling::attribution`), set when the span is created.
+/// `sentry_profiling::hooks::new_lane`), set when the span is created.
 #[derive(Debug)]
 struct SpanLane {
     lane: u64,
@@ -134,7 +135,7 @@ fn thread_name() -> String {
             .get_or_insert_with(|| {
                 std::fs::read_to_string(format!(
                     "/proc/self/task/{}/comm",
-                    sentry_profiling::current_thread_id()
+                    sentry_profiling::hooks::current_thread_id()
                 ))
                 .map(|s| s.trim_end().to_owned())
                 .unwrap_or_default()
@@ -156,7 +157,10 @@ pub(crate) fn tag_with_thread(
     let (id, name) = if lanes && is_lane(lane) {
         (lane, lane_name.map(str::to_owned))
     } else {
-        (sentry_profiling::current_thread_id(), Some(thread_name()))
+        (
+            sentry_profiling::hooks::current_thread_id(),
+            Some(thread_name()),
+        )
     };
     span.set_data("thread.id", Value::String(id.to_string()));
     if let Some(name) = name {
@@ -166,11 +170,11 @@ pub(crate) fn tag_with_thread(
         // For the transport: a request too short for its lane to get two
         // samples is linked by this OS thread instead.
         span.set_data(
-            sentry_profiling::OS_THREAD_ID,
-            Value::String(sentry_profiling::current_thread_id().to_string()),
+            sentry_profiling::hooks::OS_THREAD_ID,
+            Value::String(sentry_profiling::hooks::current_thread_id().to_string()),
         );
         span.set_data(
-            sentry_profiling::OS_THREAD_NAME,
+            sentry_profiling::hooks::OS_THREAD_NAME,
             Value::String(thread_name()),
         );
     }
@@ -213,7 +217,7 @@ impl<S> ProfilingLayer<S> {
         CONTEXT_STACK.with(|s| {
             let mut s = s.borrow_mut();
             if !s.is_empty() {
-                let prev = sentry_profiling::set_thread_context(0);
+                let prev = sentry_profiling::hooks::set_thread_context(0);
                 s.push(id.into_u64(), 0, prev);
             }
         });
@@ -292,7 +296,7 @@ where
                 // stays as it is.
                 return false;
             }
-            let prev = sentry_profiling::set_thread_context(lane);
+            let prev = sentry_profiling::hooks::set_thread_context(lane);
             s.push(id.into_u64(), lane, prev);
             true
         });
@@ -342,7 +346,7 @@ where
         let lane = if span.parent().is_none() && !state.holds_lane {
             let word = CONTEXT_STACK.with(|s| s.borrow_mut().replace(id.into_u64(), 0));
             if let Some(word) = word {
-                sentry_profiling::set_thread_context(word);
+                sentry_profiling::hooks::set_thread_context(word);
             }
             0
         } else {
@@ -375,7 +379,7 @@ where
 
     fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
         if let Some(word) = CONTEXT_STACK.with(|s| s.borrow_mut().pop(id.into_u64())) {
-            sentry_profiling::set_thread_context(word);
+            sentry_profiling::hooks::set_thread_context(word);
         }
     }
 

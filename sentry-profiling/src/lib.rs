@@ -110,7 +110,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod attribution;
+mod attribution;
 mod chunk;
 #[cfg(profiling_supported)]
 mod context;
@@ -131,11 +131,8 @@ mod transaction_profile;
 mod transport;
 mod unwind;
 
-pub use chunk::{Chunk, ChunkSample, MAX_CHUNK_DURATION};
-pub use encode::otlp::export_request as otlp_export_request;
-pub use encode::pprof::{MAX_PPROF_SAMPLES, PprofBuilder};
-pub use encode::sentry_chunk::{ChunkMeta, EncodedChunk, MAX_CHUNK_BYTES, PLATFORM, encode_chunk};
-pub use encode::view::{ProfileView, ViewFrame, ViewSample};
+pub use attribution::ThreadAttribution;
+pub use chunk::MAX_CHUNK_DURATION;
 pub use error::Error;
 pub use integration::ProfilingIntegration;
 pub use options::{
@@ -145,18 +142,14 @@ pub use options::{
 };
 pub use runtime::{ChunkDrops, ProfilerStats};
 pub use sampler::{Sample, Sampler, SamplerControl, SamplerStats};
-pub use symbolize::{Symbol, Symbolizer};
-pub use transaction_profile::ProfilesSampler;
-pub use transport::exporters::ExportTarget;
-pub use transport::{EnvelopeDirTransport, OS_THREAD_ID, OS_THREAD_NAME};
-
-/// pprof's `profile.proto` message types (as written by [`PprofBuilder`]).
-pub mod pprof_proto {
-    pub use crate::encode::pprof::{
-        Function, Label, Line, Location, Mapping, Profile, Sample, ValueType,
-    };
-}
-pub use unwind::{ModuleInfo, ModuleSet, debug_id_from_build_id};
+pub use symbolize::Symbolizer;
+pub use transaction_profile::TransactionProfileDrops;
+pub use transport::EnvelopeDirTransport;
+pub use unwind::{ModuleInfo, ModuleSet};
+// Crate-internal paths the modules use (`crate::EncodedChunk`, ...).
+use encode::sentry_chunk::EncodedChunk;
+#[cfg(all(test, profiling_supported))]
+use unwind::debug_id_from_build_id;
 
 /// Starts the profiler (manual lifecycle). A no-op, logged in debug mode,
 /// when the session is not sampled, the profiler already runs, or the
@@ -187,36 +180,6 @@ pub fn stats() -> Option<ProfilerStats> {
     runtime::last().map(|rt| rt.stats())
 }
 
-/// Sets the calling thread's context word, which the signal handler copies
-/// into every sample of this thread; returns the previous value. The
-/// tracing layer stores the entered span here. A plain thread-local store.
-#[inline]
-pub fn set_thread_context(value: u64) -> u64 {
-    #[cfg(profiling_supported)]
-    {
-        context::publish(value, || sys::current_tid() as u32);
-        sys::set_thread_context(value)
-    }
-    #[cfg(not(profiling_supported))]
-    {
-        let _ = value;
-        0
-    }
-}
-
-/// The calling thread's context word (see [`set_thread_context`]).
-#[inline]
-pub fn thread_context() -> u64 {
-    #[cfg(profiling_supported)]
-    {
-        sys::thread_context()
-    }
-    #[cfg(not(profiling_supported))]
-    {
-        0
-    }
-}
-
 /// The kernel's release string, for profiles' `os.version`.
 fn kernel_release() -> String {
     #[cfg(profiling_supported)]
@@ -229,21 +192,79 @@ fn kernel_release() -> String {
     }
 }
 
-/// The kernel id of the calling thread (the `thread.id` Sentry links by).
-pub fn current_thread_id() -> u64 {
+/// The calling thread's context word and kernel id (for the tracing layer,
+/// through [`hooks`]).
+mod thread_word {
     #[cfg(profiling_supported)]
-    {
-        sys::current_tid() as u64
+    use crate::{context, sys};
+
+    /// Sets the calling thread's context word, which the signal handler copies
+    /// into every sample of this thread; returns the previous value. The
+    /// tracing layer stores the entered span here. A plain thread-local store.
+    #[inline]
+    pub fn set_thread_context(value: u64) -> u64 {
+        #[cfg(profiling_supported)]
+        {
+            context::publish(value, || sys::current_tid() as u32);
+            sys::set_thread_context(value)
+        }
+        #[cfg(not(profiling_supported))]
+        {
+            let _ = value;
+            0
+        }
     }
-    #[cfg(not(profiling_supported))]
-    {
-        0
+
+    /// The calling thread's context word (see [`set_thread_context`]).
+    #[inline]
+    pub fn thread_context() -> u64 {
+        #[cfg(profiling_supported)]
+        {
+            sys::thread_context()
+        }
+        #[cfg(not(profiling_supported))]
+        {
+            0
+        }
+    }
+
+    /// The kernel id of the calling thread (the `thread.id` Sentry links by).
+    pub fn current_thread_id() -> u64 {
+        #[cfg(profiling_supported)]
+        {
+            sys::current_tid() as u64
+        }
+        #[cfg(not(profiling_supported))]
+        {
+            0
+        }
     }
 }
 
 /// Hooks for integrations such as `sentry-profiling-tracing`'s layer: the
 /// trace lifecycle and linking data of the current session.
+///
+/// Not part of the API: for this workspace's crates (the tracing layer,
+/// tests, benches, the stress run), and may change in any release.
+#[doc(hidden)]
 pub mod hooks {
+    // What the workspace's other crates need that is not a hook: the
+    // tracing layer's lanes, thread word and link keys; the benches' chunk
+    // encoder; the tests' pprof decoding.
+    pub use crate::attribution::{LaneLink, is_lane, new_lane};
+    pub use crate::chunk::{Chunk, ChunkSample};
+    pub use crate::encode::sentry_chunk::{ChunkMeta, EncodedChunk, encode_chunk};
+    pub use crate::thread_word::{current_thread_id, set_thread_context, thread_context};
+    pub use crate::transport::{OS_THREAD_ID, OS_THREAD_NAME};
+
+    /// pprof's `profile.proto` message types (as the `pprof_file` export
+    /// writes them).
+    pub mod pprof_proto {
+        pub use crate::encode::pprof::{
+            Function, Label, Line, Location, Mapping, Profile, Sample, ValueType,
+        };
+    }
+
     /// A sampled root span (transaction) became active. Returns the session's
     /// `profiler_id` when the profiler runs for it (trace lifecycle, session
     /// sampled); the caller must then call [`root_span_finished`] once.
