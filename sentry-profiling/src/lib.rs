@@ -9,12 +9,17 @@
 //!
 //! # How it samples, and why that is safe
 //!
-//! A sampler thread wakes at absolute deadlines. For each thread (listed
-//! from `/proc/self/task`, so threads you did not register are sampled too)
-//! it reads the thread's CPU clock: a thread that has not run since its last
-//! sample is not disturbed and its previous stack is recorded again. The
-//! others receive a real-time signal (one nobody else handles; an
-//! application's handler is never replaced). The handler copies the
+//! Every thread of the process is sampled (listed from `/proc/self/task`,
+//! so threads you did not register are sampled too). A running thread is
+//! interrupted by a real-time signal (one nobody else handles; an
+//! application's handler is never replaced), raised by its own CPU-time
+//! timer after each sampling period of CPU it uses, on the core it runs on
+//! (or, with [`ProfilingIntegration::cpu_timers`] off, sent by the sampler thread
+//! to threads whose CPU clock moved). A thread blocked in a system call is
+//! not signalled: the sampler thread, which wakes at absolute deadlines,
+//! reads where it waits from `/proc` and copies its stack; a thread that
+//! has not run since its last sample has its previous stack recorded
+//! again. The handler copies the
 //! interrupted registers and the live part of the thread's stack into a
 //! preallocated slot and returns. It allocates nothing, takes no lock, calls
 //! neither the dynamic loader nor the system unwinder, and never reads
@@ -53,13 +58,14 @@
 //! # What it costs
 //!
 //! Measured on a 2-core x86_64 VM (`cargo xtask bench`; the repository's
-//! `BENCHMARKS.md` has every figure and how it was taken): 0.6 to 1.4 µs in
-//! the signal handler per sample (stack depth 10 to 200), 2 to 7 µs of
-//! unwinding per sample on the sampler thread, 0.1 to 0.6 % of one core for
-//! the sampler with 1 to 64 threads, and about 1 % more CPU per request for
-//! a saturated axum service. Threads that did not run since their last
-//! sample are not interrupted; the sampler still reads their CPU clock each
-//! tick (about 0.6 µs per thread).
+//! `BENCHMARKS.md` has every figure and how it was taken): 0.3 to 2.1 µs in
+//! the signal handler per sample (stack depth 10 to 200), 1 to 5 µs of
+//! unwinding per sample on the sampler thread, 0.1 to 0.7 % of one core for
+//! the profiler threads with 1 to 64 threads, and CPU per request within
+//! about 0.5 % (median) of an unprofiled run for a saturated axum service.
+//! Threads that did not run since their last sample are not interrupted;
+//! the sampler still reads their CPU clock each tick (about 0.65 µs per
+//! thread).
 //!
 //! # Example
 //!
