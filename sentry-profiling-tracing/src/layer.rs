@@ -358,13 +358,18 @@ where
             // The root span is a child of a transaction that was already
             // there (tower-http's `TraceLayer` inside `sentry-tower`): the
             // transaction carries the thread, or Sentry finds no profile.
+            // The first such root span of a transaction names it (a handler
+            // may open more than one).
             if let (TransactionOrSpan::Span(_), Some(tx)) = (s, outer) {
-                tag_with_thread(
-                    &TransactionOrSpan::Transaction(tx.clone()),
-                    &profiler_id,
-                    lane,
-                    lane_name,
-                );
+                let tagged = tx.data().iter().any(|(key, _)| key == "thread.id");
+                if !tagged {
+                    tag_with_thread(
+                        &TransactionOrSpan::Transaction(tx.clone()),
+                        &profiler_id,
+                        lane,
+                        lane_name,
+                    );
+                }
             }
         }
         drop(ext);
