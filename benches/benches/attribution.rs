@@ -6,7 +6,7 @@
 //! `cargo bench -p sentry-profiling-benches --bench attribution` (add
 //! `-- --test` for a short smoke run).
 
-use sentry_profiling::attribution::ThreadAttribution;
+use sentry_profiling::ThreadAttribution;
 use sentry_profiling_tests::attribution::measure;
 
 fn main() {

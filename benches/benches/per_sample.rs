@@ -27,9 +27,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use sentry_profiling::{
-    Chunk, ChunkMeta, ModuleSet, Sampler, SamplerConfig, SamplerStats, encode_chunk,
-};
+use sentry_profiling::hooks::{Chunk, ChunkMeta, encode_chunk};
+use sentry_profiling::{ModuleSet, Sampler, SamplerConfig, SamplerStats};
 use sentry_profiling_benches::{at_depth, spin};
 
 /// Left out of every measurement: start-up costs.

@@ -293,7 +293,7 @@ where
                         crate::layer::tag_with_thread(
                             &target,
                             &profiler_id,
-                            sentry_profiling::thread_context(),
+                            sentry_profiling::hooks::thread_context(),
                             Some(name),
                         );
                     }

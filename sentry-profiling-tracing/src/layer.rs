@@ -8,8 +8,9 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 
 use sentry_core::protocol::Value;
-use sentry_core::{Hub, TransactionOrSpan};
-use sentry_profiling::attribution::{LaneLink, ThreadAttribution, is_lane, new_lane};
+use sentry_core::{Hub, Transaction, TransactionOrSpan};
+use sentry_profiling::ThreadAttribution;
+use sentry_profiling::hooks::{LaneLink, is_lane, new_lane};
 use tracing::Subscriber;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -47,13 +48,17 @@ impl<S> std::fmt::Debug for ProfilingLayer<S> {
 }
 
 /// The lane a span belongs to: its root span's (see
-/// `sentry_profiling::attribution`), set when the span is created.
+/// `sentry_profiling::hooks::new_lane`), set when the span is created.
 #[derive(Debug)]
 struct SpanLane {
     lane: u64,
     /// The root span's display name (its `otel.name` field, else its
     /// static name, borrowed); only on root spans.
     name: Option<Cow<'static, str>>,
+    /// The Sentry transaction already on the scope when the root span was
+    /// created (`sentry-tower`'s, for example, with tower-http's
+    /// `TraceLayer` inside it); only on root spans.
+    transaction: Option<Transaction>,
 }
 
 /// What the layer decided at a span's first entry.
@@ -130,7 +135,7 @@ fn thread_name() -> String {
             .get_or_insert_with(|| {
                 std::fs::read_to_string(format!(
                     "/proc/self/task/{}/comm",
-                    sentry_profiling::current_thread_id()
+                    sentry_profiling::hooks::current_thread_id()
                 ))
                 .map(|s| s.trim_end().to_owned())
                 .unwrap_or_default()
@@ -152,7 +157,10 @@ pub(crate) fn tag_with_thread(
     let (id, name) = if lanes && is_lane(lane) {
         (lane, lane_name.map(str::to_owned))
     } else {
-        (sentry_profiling::current_thread_id(), Some(thread_name()))
+        (
+            sentry_profiling::hooks::current_thread_id(),
+            Some(thread_name()),
+        )
     };
     span.set_data("thread.id", Value::String(id.to_string()));
     if let Some(name) = name {
@@ -162,11 +170,11 @@ pub(crate) fn tag_with_thread(
         // For the transport: a request too short for its lane to get two
         // samples is linked by this OS thread instead.
         span.set_data(
-            sentry_profiling::OS_THREAD_ID,
-            Value::String(sentry_profiling::current_thread_id().to_string()),
+            sentry_profiling::hooks::OS_THREAD_ID,
+            Value::String(sentry_profiling::hooks::current_thread_id().to_string()),
         );
         span.set_data(
-            sentry_profiling::OS_THREAD_NAME,
+            sentry_profiling::hooks::OS_THREAD_NAME,
             Value::String(thread_name()),
         );
     }
@@ -209,7 +217,7 @@ impl<S> ProfilingLayer<S> {
         CONTEXT_STACK.with(|s| {
             let mut s = s.borrow_mut();
             if !s.is_empty() {
-                let prev = sentry_profiling::set_thread_context(0);
+                let prev = sentry_profiling::hooks::set_thread_context(0);
                 s.push(id.into_u64(), 0, prev);
             }
         });
@@ -244,14 +252,27 @@ where
                 } else {
                     None
                 };
+                // A `sentry-tracing` layer makes this span a child of that
+                // transaction, and the child is what the scope holds once
+                // the span is entered; Sentry links the transaction by its
+                // own `thread.id`, so it is kept to be tagged too.
+                let transaction = match Hub::current().configure_scope(|s| s.get_span()) {
+                    Some(TransactionOrSpan::Transaction(tx)) => Some(tx),
+                    _ => None,
+                };
                 span.extensions_mut().insert(SpanLane {
                     lane: new_lane(),
                     name: Some(name.unwrap_or(Cow::Borrowed(meta.name()))),
+                    transaction,
                 });
                 return;
             }
         };
-        span.extensions_mut().insert(SpanLane { lane, name: None });
+        span.extensions_mut().insert(SpanLane {
+            lane,
+            name: None,
+            transaction: None,
+        });
     }
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
@@ -275,7 +296,7 @@ where
                 // stays as it is.
                 return false;
             }
-            let prev = sentry_profiling::set_thread_context(lane);
+            let prev = sentry_profiling::hooks::set_thread_context(lane);
             s.push(id.into_u64(), lane, prev);
             true
         });
@@ -290,6 +311,7 @@ where
         };
         let ext = span.extensions();
         let lane_name = ext.get::<SpanLane>().and_then(|l| l.name.as_deref());
+        let outer = ext.get::<SpanLane>().and_then(|l| l.transaction.as_ref());
         let running = sentry_profiling::hooks::running_profiler_id();
         if span.parent().is_none() {
             #[expect(
@@ -324,7 +346,7 @@ where
         let lane = if span.parent().is_none() && !state.holds_lane {
             let word = CONTEXT_STACK.with(|s| s.borrow_mut().replace(id.into_u64(), 0));
             if let Some(word) = word {
-                sentry_profiling::set_thread_context(word);
+                sentry_profiling::hooks::set_thread_context(word);
             }
             0
         } else {
@@ -333,6 +355,22 @@ where
         let running = running.or_else(sentry_profiling::hooks::running_profiler_id);
         if let (Some(s), Some(profiler_id)) = (&sentry_span, running) {
             tag_with_thread(s, &profiler_id, lane, lane_name);
+            // The root span is a child of a transaction that was already
+            // there (tower-http's `TraceLayer` inside `sentry-tower`): the
+            // transaction carries the thread, or Sentry finds no profile.
+            // The first such root span of a transaction names it (a handler
+            // may open more than one).
+            if let (TransactionOrSpan::Span(_), Some(tx)) = (s, outer) {
+                let tagged = tx.data().iter().any(|(key, _)| key == "thread.id");
+                if !tagged {
+                    tag_with_thread(
+                        &TransactionOrSpan::Transaction(tx.clone()),
+                        &profiler_id,
+                        lane,
+                        lane_name,
+                    );
+                }
+            }
         }
         drop(ext);
         let mut ext = span.extensions_mut();
@@ -346,7 +384,7 @@ where
 
     fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
         if let Some(word) = CONTEXT_STACK.with(|s| s.borrow_mut().pop(id.into_u64())) {
-            sentry_profiling::set_thread_context(word);
+            sentry_profiling::hooks::set_thread_context(word);
         }
     }
 

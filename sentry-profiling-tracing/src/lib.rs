@@ -6,7 +6,9 @@
 //!   lifecycle (the profiler runs while at least one root span whose Sentry
 //!   transaction is sampled is active), tags every Sentry transaction and
 //!   span with the `thread.id` / `thread.name` (and `profiler_id`) that
-//!   Sentry uses to find their samples, and keeps each thread's context word
+//!   Sentry uses to find their samples (a transaction that was already
+//!   there when a root span opened inside it, such as sentry-tower's with
+//!   tower-http's `TraceLayer` inside, is tagged too), and keeps each thread's context word
 //!   (the entered span) up to date so every sample says which span was
 //!   running. Register it after `sentry-tracing`'s `SpanLayer` if you use
 //!   that, so it sees each span's Sentry span. The work per span entry and

@@ -19,8 +19,6 @@ pub enum Error {
     Signal(String),
     /// The sampler thread could not be started.
     Spawn(std::io::Error),
-    /// A sampler is already running in this process.
-    AlreadyRunning,
     /// This process is the child of a `fork()` of a profiled process; the
     /// profiler's state was copied mid-flight, so it does not start here
     /// (start it in a fresh process: `exec` after `fork`).
@@ -38,7 +36,6 @@ impl fmt::Display for Error {
             }
             Self::Signal(msg) => write!(f, "sentry-profiling: {msg}"),
             Self::Spawn(e) => write!(f, "sentry-profiling: cannot start the sampler thread: {e}"),
-            Self::AlreadyRunning => f.write_str("sentry-profiling: a sampler is already running"),
             Self::ForkedChild => f.write_str(
                 "sentry-profiling: not started in the forked child of a profiled process",
             ),

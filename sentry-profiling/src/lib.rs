@@ -9,12 +9,17 @@
 //!
 //! # How it samples, and why that is safe
 //!
-//! A sampler thread wakes at absolute deadlines. For each thread (listed
-//! from `/proc/self/task`, so threads you did not register are sampled too)
-//! it reads the thread's CPU clock: a thread that has not run since its last
-//! sample is not disturbed and its previous stack is recorded again. The
-//! others receive a real-time signal (one nobody else handles; an
-//! application's handler is never replaced). The handler copies the
+//! Every thread of the process is sampled (listed from `/proc/self/task`,
+//! so threads you did not register are sampled too). A running thread is
+//! interrupted by a real-time signal (one nobody else handles; an
+//! application's handler is never replaced), raised by its own CPU-time
+//! timer after each sampling period of CPU it uses, on the core it runs on
+//! (or, with [`ProfilingIntegration::cpu_timers`] off, sent by the sampler thread
+//! to threads whose CPU clock moved). A thread blocked in a system call is
+//! not signalled: the sampler thread, which wakes at absolute deadlines,
+//! reads where it waits from `/proc` and copies its stack; a thread that
+//! has not run since its last sample has its previous stack recorded
+//! again. The handler copies the
 //! interrupted registers and the live part of the thread's stack into a
 //! preallocated slot and returns. It allocates nothing, takes no lock, calls
 //! neither the dynamic loader nor the system unwinder, and never reads
@@ -53,13 +58,14 @@
 //! # What it costs
 //!
 //! Measured on a 2-core x86_64 VM (`cargo xtask bench`; the repository's
-//! `BENCHMARKS.md` has every figure and how it was taken): 0.6 to 1.4 µs in
-//! the signal handler per sample (stack depth 10 to 200), 2 to 7 µs of
-//! unwinding per sample on the sampler thread, 0.1 to 0.6 % of one core for
-//! the sampler with 1 to 64 threads, and about 1 % more CPU per request for
-//! a saturated axum service. Threads that did not run since their last
-//! sample are not interrupted; the sampler still reads their CPU clock each
-//! tick (about 0.6 µs per thread).
+//! `BENCHMARKS.md` has every figure and how it was taken): 0.3 to 2.1 µs in
+//! the signal handler per sample (stack depth 10 to 200), 1 to 5 µs of
+//! unwinding per sample on the sampler thread, 0.1 to 0.7 % of one core for
+//! the profiler threads with 1 to 64 threads, and CPU per request within
+//! about 0.5 % (median) of an unprofiled run for a saturated axum service.
+//! Threads that did not run since their last sample are not interrupted;
+//! the sampler still reads their CPU clock each tick (about 0.65 µs per
+//! thread).
 //!
 //! # Example
 //!
@@ -110,7 +116,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod attribution;
+mod attribution;
 mod chunk;
 #[cfg(profiling_supported)]
 mod context;
@@ -131,11 +137,8 @@ mod transaction_profile;
 mod transport;
 mod unwind;
 
-pub use chunk::{Chunk, ChunkSample, MAX_CHUNK_DURATION};
-pub use encode::otlp::export_request as otlp_export_request;
-pub use encode::pprof::{MAX_PPROF_SAMPLES, PprofBuilder};
-pub use encode::sentry_chunk::{ChunkMeta, EncodedChunk, MAX_CHUNK_BYTES, PLATFORM, encode_chunk};
-pub use encode::view::{ProfileView, ViewFrame, ViewSample};
+pub use attribution::ThreadAttribution;
+pub use chunk::MAX_CHUNK_DURATION;
 pub use error::Error;
 pub use integration::ProfilingIntegration;
 pub use options::{
@@ -145,18 +148,14 @@ pub use options::{
 };
 pub use runtime::{ChunkDrops, ProfilerStats};
 pub use sampler::{Sample, Sampler, SamplerControl, SamplerStats};
-pub use symbolize::{Symbol, Symbolizer};
-pub use transaction_profile::ProfilesSampler;
-pub use transport::exporters::ExportTarget;
-pub use transport::{EnvelopeDirTransport, OS_THREAD_ID, OS_THREAD_NAME};
-
-/// pprof's `profile.proto` message types (as written by [`PprofBuilder`]).
-pub mod pprof_proto {
-    pub use crate::encode::pprof::{
-        Function, Label, Line, Location, Mapping, Profile, Sample, ValueType,
-    };
-}
-pub use unwind::{ModuleInfo, ModuleSet, debug_id_from_build_id};
+pub use symbolize::Symbolizer;
+pub use transaction_profile::TransactionProfileDrops;
+pub use transport::EnvelopeDirTransport;
+pub use unwind::{ModuleInfo, ModuleSet};
+// Crate-internal paths the modules use (`crate::EncodedChunk`, ...).
+use encode::sentry_chunk::EncodedChunk;
+#[cfg(all(test, profiling_supported))]
+use unwind::debug_id_from_build_id;
 
 /// Starts the profiler (manual lifecycle). A no-op, logged in debug mode,
 /// when the session is not sampled, the profiler already runs, or the
@@ -187,36 +186,6 @@ pub fn stats() -> Option<ProfilerStats> {
     runtime::last().map(|rt| rt.stats())
 }
 
-/// Sets the calling thread's context word, which the signal handler copies
-/// into every sample of this thread; returns the previous value. The
-/// tracing layer stores the entered span here. A plain thread-local store.
-#[inline]
-pub fn set_thread_context(value: u64) -> u64 {
-    #[cfg(profiling_supported)]
-    {
-        context::publish(value, || sys::current_tid() as u32);
-        sys::set_thread_context(value)
-    }
-    #[cfg(not(profiling_supported))]
-    {
-        let _ = value;
-        0
-    }
-}
-
-/// The calling thread's context word (see [`set_thread_context`]).
-#[inline]
-pub fn thread_context() -> u64 {
-    #[cfg(profiling_supported)]
-    {
-        sys::thread_context()
-    }
-    #[cfg(not(profiling_supported))]
-    {
-        0
-    }
-}
-
 /// The kernel's release string, for profiles' `os.version`.
 fn kernel_release() -> String {
     #[cfg(profiling_supported)]
@@ -229,21 +198,79 @@ fn kernel_release() -> String {
     }
 }
 
-/// The kernel id of the calling thread (the `thread.id` Sentry links by).
-pub fn current_thread_id() -> u64 {
+/// The calling thread's context word and kernel id (for the tracing layer,
+/// through [`hooks`]).
+mod thread_word {
     #[cfg(profiling_supported)]
-    {
-        sys::current_tid() as u64
+    use crate::{context, sys};
+
+    /// Sets the calling thread's context word, which the signal handler copies
+    /// into every sample of this thread; returns the previous value. The
+    /// tracing layer stores the entered span here. A plain thread-local store.
+    #[inline]
+    pub fn set_thread_context(value: u64) -> u64 {
+        #[cfg(profiling_supported)]
+        {
+            context::publish(value, || sys::current_tid() as u32);
+            sys::set_thread_context(value)
+        }
+        #[cfg(not(profiling_supported))]
+        {
+            let _ = value;
+            0
+        }
     }
-    #[cfg(not(profiling_supported))]
-    {
-        0
+
+    /// The calling thread's context word (see [`set_thread_context`]).
+    #[inline]
+    pub fn thread_context() -> u64 {
+        #[cfg(profiling_supported)]
+        {
+            sys::thread_context()
+        }
+        #[cfg(not(profiling_supported))]
+        {
+            0
+        }
+    }
+
+    /// The kernel id of the calling thread (the `thread.id` Sentry links by).
+    pub fn current_thread_id() -> u64 {
+        #[cfg(profiling_supported)]
+        {
+            sys::current_tid() as u64
+        }
+        #[cfg(not(profiling_supported))]
+        {
+            0
+        }
     }
 }
 
 /// Hooks for integrations such as `sentry-profiling-tracing`'s layer: the
 /// trace lifecycle and linking data of the current session.
+///
+/// Not part of the API: for this workspace's crates (the tracing layer,
+/// tests, benches, the stress run), and may change in any release.
+#[doc(hidden)]
 pub mod hooks {
+    // What the workspace's other crates need that is not a hook: the
+    // tracing layer's lanes, thread word and link keys; the benches' chunk
+    // encoder; the tests' pprof decoding.
+    pub use crate::attribution::{LaneLink, is_lane, new_lane};
+    pub use crate::chunk::{Chunk, ChunkSample};
+    pub use crate::encode::sentry_chunk::{ChunkMeta, EncodedChunk, encode_chunk};
+    pub use crate::thread_word::{current_thread_id, set_thread_context, thread_context};
+    pub use crate::transport::{OS_THREAD_ID, OS_THREAD_NAME};
+
+    /// pprof's `profile.proto` message types (as the `pprof_file` export
+    /// writes them).
+    pub mod pprof_proto {
+        pub use crate::encode::pprof::{
+            Function, Label, Line, Location, Mapping, Profile, Sample, ValueType,
+        };
+    }
+
     /// A sampled root span (transaction) became active. Returns the session's
     /// `profiler_id` when the profiler runs for it (trace lifecycle, session
     /// sampled); the caller must then call [`root_span_finished`] once.

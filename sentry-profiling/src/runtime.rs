@@ -192,9 +192,8 @@ pub struct ProfilerStats {
     pub export_samples_dropped: u64,
     /// Transaction-based (V1) profiles sent with their transaction.
     pub transaction_profiles_sent: u64,
-    /// V1 profiles not sent, by reason: fewer than 2 samples, longer than
-    /// 30 s, larger than 50 MiB, missing metadata, queue full.
-    pub transaction_profiles_dropped: [u64; 5],
+    /// V1 profiles not sent, by reason.
+    pub transaction_profiles_dropped: crate::TransactionProfileDrops,
     /// The sampler's counters.
     pub sampler: SamplerStats,
 }
@@ -647,9 +646,9 @@ impl Runtime {
             exports_failed: c.export_failed.load(Ordering::Relaxed),
             export_samples_dropped: c.export_dropped.load(Ordering::Relaxed),
             transaction_profiles_sent: c.v1_sent.load(Ordering::Relaxed),
-            transaction_profiles_dropped: std::array::from_fn(|i| {
-                c.v1_dropped[i].load(Ordering::Relaxed)
-            }),
+            transaction_profiles_dropped: crate::TransactionProfileDrops::from_counts(
+                std::array::from_fn(|i| c.v1_dropped[i].load(Ordering::Relaxed)),
+            ),
             sampler: self
                 .control
                 .get()

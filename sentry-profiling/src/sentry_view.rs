@@ -368,6 +368,7 @@ pub struct WeightedSample {
 
 /// One thread's samples in one window, weighted as Sentry weights them.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ShownProfile<'a> {
     chunks: &'a [ProfileChunk],
     /// The thread shown.

@@ -24,7 +24,7 @@ use crate::symbolize::Symbolizer;
 use crate::unwind::ModuleSet;
 
 /// Decides per transaction, by name, the share to profile (0.0 to 1.0).
-pub type ProfilesSampler = Arc<dyn Fn(&str) -> f64 + Send + Sync>;
+pub(crate) type ProfilesSampler = Arc<dyn Fn(&str) -> f64 + Send + Sync>;
 
 /// Transaction data key marking a transaction to profile; removed before
 /// sending.
@@ -85,6 +85,38 @@ impl V1Config {
         }
         let seed = *SEED.get_or_init(rand::random);
         (splitmix(lane ^ seed) as f64 / u64::MAX as f64) < p.min(1.0)
+    }
+}
+
+/// Transaction-based (V1) profiles not sent, by reason (in
+/// [`ProfilerStats::transaction_profiles_dropped`](crate::ProfilerStats)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TransactionProfileDrops {
+    /// The profile had fewer than 2 samples (Sentry rejects those).
+    pub too_few_samples: u64,
+    /// The transaction lasted longer than 30 s (Sentry's bound for V1).
+    pub too_long: u64,
+    /// The encoded profile was larger than 50 MiB.
+    pub too_large: u64,
+    /// Something a V1 profile requires was missing: the client's
+    /// `release`, the transaction's name or trace id, or its thread.
+    pub missing_metadata: u64,
+    /// The queue of transactions waiting for their profile was full; the
+    /// transaction was sent without one.
+    pub queue_full: u64,
+}
+
+impl TransactionProfileDrops {
+    /// From the runtime's counters, in the order of the fields.
+    pub(crate) fn from_counts(c: [u64; 5]) -> Self {
+        Self {
+            too_few_samples: c[0],
+            too_long: c[1],
+            too_large: c[2],
+            missing_metadata: c[3],
+            queue_full: c[4],
+        }
     }
 }
 

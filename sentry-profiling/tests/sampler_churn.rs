@@ -74,7 +74,7 @@ fn burn(cpu: Duration) -> u64 {
 fn churn_thread(n: usize, registry: Registry, gate: Option<Arc<Barrier>>) {
     let name = format!("churn-{n}");
     let started_ns = now_ns();
-    let tid = sentry_profiling::current_thread_id();
+    let tid = sentry_profiling::hooks::current_thread_id();
     registry.lock().unwrap().insert(
         name.clone(),
         Record {
@@ -138,7 +138,7 @@ fn thread_churn_at_1000_hz_keeps_samples_attributed_correctly() {
         std::thread::Builder::new()
             .name(STEADY.into())
             .spawn(move || {
-                let tid = sentry_profiling::current_thread_id();
+                let tid = sentry_profiling::hooks::current_thread_id();
                 let mut x = 1u64;
                 while !stop.load(Ordering::Relaxed) {
                     for i in 0..10_000u64 {

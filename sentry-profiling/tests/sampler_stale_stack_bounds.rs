@@ -30,7 +30,7 @@ static OWN_RELEASE: AtomicBool = AtomicBool::new(false);
 /// released.
 extern "C" fn spin_on_given_stack(_arg: *mut libc::c_void) -> *mut libc::c_void {
     OWN_TID.store(
-        sentry_profiling::current_thread_id() as u32,
+        sentry_profiling::hooks::current_thread_id() as u32,
         Ordering::Relaxed,
     );
     let mut x = 1u64;

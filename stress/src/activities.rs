@@ -36,7 +36,7 @@ pub(crate) fn now_ns() -> u64 {
 }
 
 fn tid() -> u32 {
-    sentry_profiling::current_thread_id() as u32
+    sentry_profiling::hooks::current_thread_id() as u32
 }
 
 /// Mixing rounds; the result depends on every round.

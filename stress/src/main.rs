@@ -135,7 +135,7 @@ fn main() -> ExitCode {
     eprintln!("stress: {seconds} s at {hz} Hz, {chunk_secs} s chunks, library {lib}");
     let main_life = Life {
         name: kernel_name(),
-        tid: sentry_profiling::current_thread_id() as u32,
+        tid: sentry_profiling::hooks::current_thread_id() as u32,
         start_ns: now_ns(),
         end_ns: u64::MAX,
         spawned: false,
@@ -151,7 +151,7 @@ fn main() -> ExitCode {
             let digest = check::run_checker(rx);
             let life = Life {
                 name: "st-checker".into(),
-                tid: sentry_profiling::current_thread_id() as u32,
+                tid: sentry_profiling::hooks::current_thread_id() as u32,
                 start_ns,
                 end_ns: now_ns(),
                 spawned: false,
@@ -247,7 +247,7 @@ fn main() -> ExitCode {
                 watchdog(watched, stop, done);
                 Life {
                     name: "st-watchdog".into(),
-                    tid: sentry_profiling::current_thread_id() as u32,
+                    tid: sentry_profiling::hooks::current_thread_id() as u32,
                     start_ns,
                     end_ns: now_ns(),
                     spawned: false,
@@ -289,7 +289,7 @@ fn main() -> ExitCode {
                 main_stop.store(true, Ordering::Relaxed);
                 Life {
                     name: "st-ticker".into(),
-                    tid: sentry_profiling::current_thread_id() as u32,
+                    tid: sentry_profiling::hooks::current_thread_id() as u32,
                     start_ns,
                     end_ns: now_ns(),
                     spawned: false,

@@ -29,7 +29,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::routing::get;
-use sentry_profiling::attribution::ThreadAttribution;
+use sentry_profiling::ThreadAttribution;
 use sentry_profiling::{ProfileLifecycle, ProfilingIntegration};
 use serde_json::Value;
 
@@ -143,7 +143,7 @@ where
             let start = now_secs();
             let out = fut.as_mut().poll(cx);
             let p = Poll1 {
-                tid: sentry_profiling::current_thread_id(),
+                tid: sentry_profiling::hooks::current_thread_id(),
                 start,
                 end: now_secs(),
             };
@@ -362,7 +362,7 @@ fn score(
                 return None;
             }
             let n: u64 = s.thread.parse().unwrap_or(0);
-            if sentry_profiling::attribution::is_lane(n) {
+            if sentry_profiling::hooks::is_lane(n) {
                 let id = *lane_owner.get(s.thread.as_str())?;
                 polled_at(id, None, s.ts).then_some(id)
             } else {

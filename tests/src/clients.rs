@@ -184,3 +184,170 @@ pub fn captured_options(
         .frequency_hz(500)
         .apply(options)
 }
+
+/// One transaction as Sentry's UI shows it, scored against its client.
+#[derive(Debug, Clone)]
+pub struct Shown {
+    /// The transaction's name.
+    pub name: String,
+    /// Its client and request number (see [`trace_header`]).
+    pub client: u64,
+    /// See [`Shown::client`].
+    pub request: u64,
+    /// Why Sentry would find no profile for it (`link_problem`), if so.
+    pub link_problem: Option<String>,
+    /// The shown time (each sample weighted by the time to the next sample
+    /// of its thread, as Sentry weights them) of samples showing the
+    /// client's own CPU function, in nanoseconds.
+    pub own_ns: u64,
+    /// The same for samples showing another client's CPU function.
+    pub other_ns: u64,
+    /// Samples shown with the client's own CPU function.
+    pub own_samples: usize,
+    /// Samples shown with another client's CPU function.
+    pub other_samples: usize,
+    /// All the time shown for it, and the parts shown as a synthetic
+    /// frame: suspended (awaiting or queued), and request time whose stack
+    /// was not captured in time.
+    pub total_ns: u64,
+    /// See [`Shown::total_ns`].
+    pub suspended_ns: u64,
+    /// See [`Shown::total_ns`].
+    pub uncaptured_ns: u64,
+}
+
+/// Scores every transaction as Sentry shows it, with
+/// `sentry_profiling::sentry_view`: the samples of its `profiler_id` on its
+/// `thread.id` inside its `[start, end]`, weighted by the time to the next
+/// sample of that thread. Transactions without a client in their trace id
+/// are skipped.
+pub fn shown(transactions: &[Value], chunks: &[ChunkItem]) -> Vec<Shown> {
+    use sentry_profiling::sentry_view::{ProfileChunk, TransactionWindow, transaction_profile};
+    let parsed: Vec<ProfileChunk> = chunks
+        .iter()
+        .map(|c| ProfileChunk::from_value(&c.payload).expect("a readable chunk"))
+        .collect();
+    let mut index = crate::SampleIndex::default();
+    for c in chunks {
+        index.add_chunk(c);
+    }
+    let mut out = Vec::new();
+    for tx in transactions {
+        let Some((client, request)) = client_of(tx) else {
+            continue;
+        };
+        let mut s = Shown {
+            name: tx["transaction"].as_str().unwrap_or("?").to_owned(),
+            client,
+            request,
+            link_problem: index.link_problem(tx),
+            own_ns: 0,
+            other_ns: 0,
+            own_samples: 0,
+            other_samples: 0,
+            total_ns: 0,
+            suspended_ns: 0,
+            uncaptured_ns: 0,
+        };
+        if let Ok(window) = TransactionWindow::from_value(tx) {
+            let profile = transaction_profile(&parsed, &window);
+            s.total_ns = profile.total_ns();
+            s.suspended_ns = profile.weight_where(|f| {
+                f.instruction_addr == Some(sentry_profiling::sentry_view::SUSPENDED_ADDRESS)
+            });
+            s.uncaptured_ns = profile.weight_where(|f| {
+                f.instruction_addr == Some(sentry_profiling::sentry_view::UNCAPTURED_ADDRESS)
+            });
+            for sample in &profile.samples {
+                let names: Vec<String> = profile
+                    .stack(sample)
+                    .filter_map(|f| f.function.clone())
+                    .collect();
+                match cpu_client(&names) {
+                    Some(c) if c == client => {
+                        s.own_ns += sample.weight_ns;
+                        s.own_samples += 1;
+                    }
+                    Some(_) => {
+                        s.other_ns += sample.weight_ns;
+                        s.other_samples += 1;
+                    }
+                    None => {}
+                }
+            }
+        }
+        out.push(s);
+    }
+    out
+}
+
+/// The share of scored transactions that must show their own CPU
+/// function (see [`assert_shown`]).
+pub const MIN_SHOWING_OWN: f64 = 0.75;
+
+/// The bar every integration-style test sets, on what Sentry shows: every
+/// request after the warm-up round (request 0 of each client, see
+/// [`drive`]) has a linked transaction; of the CPU time shown under all
+/// transactions (warm-ups included) at least 99 % is the transaction's own
+/// (precision); and at least [`MIN_SHOWING_OWN`] of the linked
+/// transactions show their own CPU function at all.
+///
+/// Why not every one: on a loaded machine (the tests run beside CPU hogs)
+/// a request of 20 to 30 ms of CPU can get no stack capture of its own,
+/// and Sentry then shows its time as `(running: no stack captured in
+/// time)` or suspended, never as another request's code (a known sampler
+/// gap, see the README's limitations; idle, every transaction shows its
+/// own function). Every shortfall is printed with what it shows instead;
+/// panics, naming `what`, below the bar.
+pub fn assert_shown(what: &str, shown: &[Shown]) {
+    let scored: Vec<&Shown> = shown.iter().filter(|s| s.request > 0).collect();
+    let mut unlinked = 0;
+    let mut without_own = 0;
+    for s in &scored {
+        if let Some(p) = &s.link_problem {
+            println!(
+                "{what}: not linked: {p} (client {} request {})",
+                s.client, s.request
+            );
+            unlinked += 1;
+        } else if s.own_ns == 0 {
+            println!(
+                "{what}: {} (client {} request {}) shows none of its own CPU time: {:.1} ms shown, {:.1} suspended, {:.1} with no stack captured in time",
+                s.name,
+                s.client,
+                s.request,
+                s.total_ns as f64 / 1e6,
+                s.suspended_ns as f64 / 1e6,
+                s.uncaptured_ns as f64 / 1e6,
+            );
+            without_own += 1;
+        }
+    }
+    let warmup_unlinked = shown
+        .iter()
+        .filter(|s| s.request == 0 && s.link_problem.is_some())
+        .count();
+    let own_ns: u64 = shown.iter().map(|s| s.own_ns).sum();
+    let other_ns: u64 = shown.iter().map(|s| s.other_ns).sum();
+    let own_samples: usize = shown.iter().map(|s| s.own_samples).sum();
+    let other_samples: usize = shown.iter().map(|s| s.other_samples).sum();
+    let precision = own_ns as f64 / (own_ns + other_ns).max(1) as f64;
+    println!(
+        "{what}: {} transactions scored ({warmup_unlinked} warm-ups unlinked), {} linked, {} show their own CPU function; own CPU shown {:.1} ms in {own_samples} samples, other requests' {:.1} ms in {other_samples}; precision {precision:.4}",
+        scored.len(),
+        scored.len() - unlinked,
+        scored.len() - unlinked - without_own,
+        own_ns as f64 / 1e6,
+        other_ns as f64 / 1e6,
+    );
+    assert!(!scored.is_empty(), "{what}: no transaction to score");
+    assert_eq!(unlinked, 0, "{what}: {unlinked} transactions not linked");
+    let showing_own = scored.len() - unlinked - without_own;
+    assert!(
+        showing_own as f64 >= MIN_SHOWING_OWN * scored.len() as f64,
+        "{what}: only {showing_own} of {} transactions show their own CPU function (at least {MIN_SHOWING_OWN} required)",
+        scored.len()
+    );
+    assert!(own_ns > 0, "{what}: no own CPU time shown at all");
+    assert!(precision >= 0.99, "{what}: precision {precision:.4} < 0.99");
+}

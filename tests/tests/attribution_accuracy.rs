@@ -14,7 +14,7 @@
 //! the OS thread. Precision is what a user relies on: nothing foreign in a
 //! transaction's profile.
 
-use sentry_profiling::attribution::ThreadAttribution;
+use sentry_profiling::ThreadAttribution;
 use sentry_profiling_tests::attribution::{Accuracy, CpuHogs, measure};
 
 fn check(run: &str, lanes: &Accuracy, os: &Accuracy) -> Vec<String> {

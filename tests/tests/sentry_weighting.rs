@@ -97,10 +97,12 @@ impl<F: Future> Future for RecordedFuture<F> {
         let out = self.0.as_mut().poll(cx);
         let end = now_ns();
         let trace = self.1.clone();
-        POLLS
-            .lock()
-            .unwrap()
-            .push((sentry_profiling::current_thread_id(), start, end, trace));
+        POLLS.lock().unwrap().push((
+            sentry_profiling::hooks::current_thread_id(),
+            start,
+            end,
+            trace,
+        ));
         out
     }
 }

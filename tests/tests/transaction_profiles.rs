@@ -193,7 +193,7 @@ fn profiled_transactions_carry_their_own_v1_profile() {
         4 + u64::from(short_has_profile)
     );
     assert_eq!(
-        stats.transaction_profiles_dropped[0],
+        stats.transaction_profiles_dropped.too_few_samples,
         u64::from(!short_has_profile),
         "a profile with fewer than 2 samples is dropped and counted"
     );

@@ -134,11 +134,6 @@ impl Chunk {
         &self.samples
     }
 
-    /// Mutable access to the samples (for attribution passes).
-    pub fn samples_mut(&mut self) -> &mut [ChunkSample] {
-        &mut self.samples
-    }
-
     /// The interned stacks (leaf-first code addresses).
     pub fn stacks(&self) -> &[Arc<[u64]>] {
         &self.stacks

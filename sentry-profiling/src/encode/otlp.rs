@@ -204,7 +204,10 @@ impl Dictionary {
 }
 
 /// Encodes chunks as one OTLP profiles export request (protobuf).
-pub fn export_request(views: &[ProfileView], service_name: &str) -> ExportProfilesServiceRequest {
+pub(crate) fn export_request(
+    views: &[ProfileView],
+    service_name: &str,
+) -> ExportProfilesServiceRequest {
     let mut dict = Dictionary::new();
     let mut samples = Vec::new();
     for v in views {

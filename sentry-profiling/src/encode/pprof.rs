@@ -161,11 +161,11 @@ pub struct Function {
 
 /// Most distinct (stack, labels) combinations kept; more are dropped and
 /// counted in [`PprofBuilder::dropped`].
-pub const MAX_PPROF_SAMPLES: usize = 1_000_000;
+pub(crate) const MAX_PPROF_SAMPLES: usize = 1_000_000;
 
 /// Accumulates chunks into one pprof profile.
 #[derive(Debug, Default)]
-pub struct PprofBuilder {
+pub(crate) struct PprofBuilder {
     strings: Vec<String>,
     string_index: HashMap<String, i64>,
     mappings: Vec<Mapping>,
@@ -184,7 +184,7 @@ pub struct PprofBuilder {
 
 impl PprofBuilder {
     /// An empty profile.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut b = Self::default();
         b.string("");
         b
@@ -236,12 +236,12 @@ impl PprofBuilder {
     }
 
     /// Samples dropped because the profile reached [`MAX_PPROF_SAMPLES`].
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.dropped
     }
 
     /// Adds a chunk's samples.
-    pub fn add(&mut self, view: &ProfileView) {
+    pub(crate) fn add(&mut self, view: &ProfileView) {
         self.period_ns = view.period_ns;
         // `go tool pprof` takes the first mapping for the main binary: list
         // the executable first.
@@ -362,12 +362,12 @@ impl PprofBuilder {
     }
 
     /// Whether no sample was added.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.samples.is_empty()
     }
 
     /// The profile so far.
-    pub fn profile(&mut self) -> Profile {
+    pub(crate) fn profile(&mut self) -> Profile {
         let samples = self.string("samples");
         let count = self.string("count");
         let wall = self.string("wall");
@@ -400,7 +400,7 @@ impl PprofBuilder {
     }
 
     /// The profile, protobuf-encoded and gzipped, as `go tool pprof` reads it.
-    pub fn to_gzip(&mut self) -> Vec<u8> {
+    pub(crate) fn gzipped(&mut self) -> Vec<u8> {
         let bytes = prost::Message::encode_to_vec(&self.profile());
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         // Writing to a Vec cannot fail.

@@ -21,10 +21,10 @@ use crate::unwind::{ModuleInfo, ModuleSet};
 
 /// The platform Sentry files Rust profiles under; also the envelope item
 /// header's `platform`.
-pub const PLATFORM: &str = "rust";
+pub(crate) const PLATFORM: &str = "rust";
 
 /// Largest chunk payload sent; Relay's limit is 50 MiB.
-pub const MAX_CHUNK_BYTES: usize = 40 * 1024 * 1024;
+pub(crate) const MAX_CHUNK_BYTES: usize = 40 * 1024 * 1024;
 
 /// Chunk-level metadata.
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@ use crate::unwind::{ModuleInfo, ModuleSet};
 /// "suspended", an address below every mapping), its function if
 /// symbolised, and its module.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ViewFrame {
+pub(crate) struct ViewFrame {
     /// Code address (for callers, return address − 1).
     pub address: Option<u64>,
     /// Demangled function name.
@@ -26,7 +26,7 @@ pub struct ViewFrame {
 
 /// A sample with everything exporters label it with.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ViewSample {
+pub(crate) struct ViewSample {
     /// Capture time, nanoseconds since the Unix epoch.
     pub timestamp_ns: u64,
     /// Kernel thread id; `None` for a lane's fill-in sample.
@@ -41,7 +41,7 @@ pub struct ViewSample {
 
 /// One chunk, resolved.
 #[derive(Debug, Clone, Default)]
-pub struct ProfileView {
+pub(crate) struct ProfileView {
     /// Samples in time order.
     pub samples: Vec<ViewSample>,
     /// Stacks as frame indices, leaf first.
@@ -122,7 +122,7 @@ impl ProfileView {
     }
 
     /// Earliest and latest sample timestamps.
-    pub fn span_ns(&self) -> Option<(u64, u64)> {
+    pub(crate) fn span_ns(&self) -> Option<(u64, u64)> {
         Some((
             self.samples.first()?.timestamp_ns,
             self.samples.last()?.timestamp_ns,

@@ -75,8 +75,9 @@ impl Sample {
         &self.frames
     }
 
-    /// The thread's context word at the time of the sample (see
-    /// [`crate::set_thread_context`]).
+    /// The thread's context word at the time of the sample: what
+    /// `sentry-profiling-tracing`'s layer stored for the span the thread
+    /// was running (0 outside any request).
     pub fn context(&self) -> u64 {
         self.context
     }

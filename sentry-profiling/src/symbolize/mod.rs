@@ -65,13 +65,6 @@ impl SymbolTable {
     }
 }
 
-/// A resolved frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Symbol {
-    /// Demangled function name, without the trailing hash.
-    pub function: String,
-}
-
 /// Resolves addresses to function names, caching symbol tables per module
 /// and results per address.
 #[derive(Default)]

@@ -21,7 +21,7 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
 /// Where profiles are exported, as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum ExportTarget {
+pub(crate) enum ExportTarget {
     /// A gzipped pprof `profile.proto`, written at shutdown.
     PprofFile(PathBuf),
     /// An OTLP `ExportProfilesServiceRequest` (protobuf), written at shutdown.
@@ -115,7 +115,7 @@ impl Exporter {
         let result = match self {
             Self::PprofFile { path, builder } => {
                 counts.dropped += builder.dropped();
-                (!builder.is_empty()).then(|| (path.clone(), builder.to_gzip()))
+                (!builder.is_empty()).then(|| (path.clone(), builder.gzipped()))
             }
             Self::OtlpFile { path, views, .. } => (!views.is_empty()).then(|| {
                 (

@@ -137,7 +137,7 @@ struct ProfilingTransport {
 /// The warning, given once, when a transaction reaches the transport
 /// without a root span the profiler knows while it profiles (see
 /// [`ProfilingTransport::warn_if_unprofiled`]).
-pub(crate) const UNPROFILED: &str = "has no profiled root span, so no profile is linked to it (with the trace lifecycle the profiler does not even start for it); this happens when only sentry-tower's `SentryHttpLayer` makes transactions: add `sentry_profiling_tracing::http_layer()` to the router inside sentry-tower's layers (the `.layer(...)` call before theirs), or run the request in a `tracing` span with `sentry_profiling_tracing::layer()` registered";
+pub(crate) const UNPROFILED: &str = "has no profiled root span, so no profile is linked to it (with the trace lifecycle the profiler does not even start for it); this happens when only sentry-tower's `SentryHttpLayer` makes transactions: add `sentry_profiling_tracing::http_layer()` to the router inside sentry-tower's layers (the `.layer(...)` call before theirs), or run the request in a `tracing` span (tower-http's `TraceLayer` inside sentry-tower's layers does) with `sentry_profiling_tracing::layer()` registered";
 
 impl ProfilingTransport {
     /// Warns once when a transaction in `envelope` carries no `thread.id`

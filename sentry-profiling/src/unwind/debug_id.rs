@@ -3,7 +3,7 @@
 /// Derives Sentry's `debug_id` from a GNU build-id, as Sentry does for ELF:
 /// the first 16 bytes (zero-padded) read as a GUID, so the first three fields
 /// are byte-swapped on little-endian targets; printed as a lowercase UUID.
-pub fn debug_id_from_build_id(build_id: &[u8]) -> String {
+pub(crate) fn debug_id_from_build_id(build_id: &[u8]) -> String {
     let mut b = [0u8; 16];
     let n = build_id.len().min(16);
     b[..n].copy_from_slice(&build_id[..n]);

@@ -17,7 +17,7 @@ use crate::sys::{self, LoadedImage, Regs};
 
 mod debug_id;
 
-pub use debug_id::debug_id_from_build_id;
+pub(crate) use debug_id::debug_id_from_build_id;
 
 /// Upper bound on frames per stack; deeper stacks are truncated at the root.
 #[cfg(profiling_supported)]
@@ -33,6 +33,7 @@ type NativeCache = framehop::CacheNative<MayAllocateDuringUnwind>;
 
 /// A loaded module as the encoders see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ModuleInfo {
     /// Path of the file.
     pub path: String,
@@ -56,7 +57,7 @@ impl ModuleInfo {
             .map(|b| b.iter().map(|x| format!("{x:02x}")).collect())
     }
 
-    /// Sentry's `debug_id` for this ELF module (see [`debug_id_from_build_id`]).
+    /// Sentry's `debug_id` for this ELF module, derived from its GNU build-id.
     pub fn debug_id(&self) -> Option<String> {
         self.build_id.as_deref().map(debug_id_from_build_id)
     }
