@@ -9,7 +9,8 @@ use std::marker::PhantomData;
 
 use sentry_core::protocol::Value;
 use sentry_core::{Hub, TransactionOrSpan};
-use sentry_profiling::attribution::{LaneLink, ThreadAttribution, is_lane, new_lane};
+use sentry_profiling::attribution::ThreadAttribution;
+use sentry_profiling::hooks::{LaneLink, is_lane, new_lane};
 use tracing::Subscriber;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -47,7 +48,7 @@ impl<S> std::fmt::Debug for ProfilingLayer<S> {
 }
 
 /// The lane a span belongs to: its root span's (see
-/// `sentry_profiling::attribution`), set when the span is created.
+/// `sentry_profiling::hooks`), set when the span is created.
 #[derive(Debug)]
 struct SpanLane {
     lane: u64,
