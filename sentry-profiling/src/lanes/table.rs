@@ -165,9 +165,19 @@ impl Lanes {
             // period has at most one sample of its own (or one fill-in), so
             // it also gets one at its start (or just after its end).
             // These are never capped: they are what links the transaction.
-            if let Some(lane_end) = info.end_ns.filter(|&e| e <= until_ns && e >= chunk_start) {
+            //
+            // A lane can also end before `chunk_start`: its end was stamped
+            // just before the previous chunk was written but read just
+            // after, so that chunk took it for open (and gave it one
+            // fill-in, perhaps, which a lane needs two of to be filed). It
+            // gets its samples here, inside its own window.
+            if let Some(lane_end) = info.end_ns.filter(|&e| e <= until_ns) {
                 let mut count = times.len() + pushed;
-                let start = info.start_ns.max(chunk_start);
+                let start = if lane_end >= chunk_start {
+                    info.start_ns.max(chunk_start)
+                } else {
+                    info.start_ns
+                };
                 let mut end_sampled = false;
                 for t in [lane_end, start, lane_end.saturating_add(1)] {
                     if count >= 2 && end_sampled {
@@ -414,6 +424,49 @@ mod tests {
         }
         assert_eq!(lanes.prune(u64::MAX), 0);
         assert_eq!((lanes.len(), lanes.finished()), (0, 0));
+    }
+
+    #[test]
+    fn a_lane_whose_end_was_read_after_its_chunk_is_still_filed() {
+        // The lane ran 5 µs before the first chunk was written at 20_000;
+        // its end (at 16_000) was read only afterwards, so that chunk took
+        // it for open and gave it a single fill-in, which is not filed.
+        let lane = new_lane();
+        let mut lanes = Lanes::default();
+        lanes.apply(LaneEvent::Started {
+            lane,
+            link: Arc::new(LaneLink::default()),
+            start_ns: 15_000,
+        });
+        let mut first = Chunk::new();
+        first.push(&sample(10_000, 9, 0));
+        first.push(&sample(19_000, 9, 0));
+        lanes.fill_suspended_from(&mut first, 10_000, 0, 20_000);
+        let keys = lanes.thread_keys(&first, ThreadAttribution::Lanes);
+        assert_eq!(keys.iter().flatten().filter(|(k, _)| *k == lane).count(), 0);
+        lanes.apply(LaneEvent::Finished {
+            lane,
+            end_ns: 16_000,
+        });
+        // The next chunk gives it two samples inside [start, end].
+        let mut next = Chunk::new();
+        next.push(&sample(25_000, 9, 0));
+        lanes.fill_suspended_from(&mut next, 10_000, 20_000, 40_000);
+        let keys = lanes.thread_keys(&next, ThreadAttribution::Lanes);
+        let own: Vec<u64> = next
+            .samples()
+            .iter()
+            .zip(&keys)
+            .filter(|(_, k)| k.as_ref().is_some_and(|(id, _)| *id == lane))
+            .map(|(s, _)| s.timestamp_ns)
+            .collect();
+        assert_eq!(own.len(), 2, "{own:?}");
+        assert!(
+            own.iter().all(|&t| (15_000..=16_000).contains(&t)),
+            "{own:?}"
+        );
+        assert_eq!(lanes.prune(40_000), 0);
+        assert_eq!(lanes.len(), 0);
     }
 
     #[test]
