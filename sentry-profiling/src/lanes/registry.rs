@@ -9,7 +9,8 @@
 //! bound is refused and stays on its OS threads (counted).
 //!
 //! The profiler thread reads the queue every sampling period while lanes
-//! are in flight ([`read_interval`]), so a finished request is known as
+//! are in flight ([`read_interval`]; the first lane in flight wakes it), so
+//! a finished request is known as
 //! finished (and its places freed) within one period, except while a chunk
 //! is being written; it also reads it before any chunk or profile is
 //! written, so no chunk is ever written without the ends it covers.
@@ -103,7 +104,11 @@ impl LaneRegistry {
             self.wake_reader();
             return false;
         };
-        if before + 1 == LANES_HIGH_WATER {
+        // The reader sleeps up to its idle tick while no lane is in
+        // flight: wake it for the first one, so that it reads this lane's
+        // end within a period of it (one wake-up per burst of requests, not
+        // per request, at any rate where requests overlap).
+        if before == 0 || before + 1 == LANES_HIGH_WATER {
             self.wake_reader();
         }
         let event = LaneEvent::Started {
