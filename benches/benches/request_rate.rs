@@ -16,8 +16,11 @@
 //! another on 32 connections.
 //!
 //! `cargo bench -p sentry-profiling-benches --bench request_rate`
-//! (`REQUEST_RATE_BENCH_SECS`, default 20, sets each point's duration);
-//! `-- --test` is the smoke run (2 s at 100 req/s, on and off).
+//! (`REQUEST_RATE_BENCH_SECS`, default 20, sets each point's duration,
+//! lengthened at low rates, up to 70 s, until a chunk is written during the
+//! load: 60 s, or 4,096 finished requests; `REQUEST_RATE_BENCH_RATES`, default
+//! `100,1000,max`, the rates); `-- --test` is the smoke run (2 s at
+//! 100 req/s, on and off).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -358,10 +361,17 @@ fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(20.0)
     };
-    let rates: &[Rate] = if smoke {
-        &[Rate::PerSec(100)]
+    let rates: Vec<Rate> = if smoke {
+        vec![Rate::PerSec(100)]
     } else {
-        &[Rate::PerSec(100), Rate::PerSec(1000), Rate::Max]
+        std::env::var("REQUEST_RATE_BENCH_RATES")
+            .unwrap_or_else(|_| "100,1000,max".into())
+            .split(',')
+            .map(|r| match r.trim() {
+                "max" => Rate::Max,
+                n => Rate::PerSec(n.parse().expect("REQUEST_RATE_BENCH_RATES: numbers or max")),
+            })
+            .collect()
     };
     let dir = std::env::temp_dir().join(format!("request-rate-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bench directory");
@@ -371,7 +381,14 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mib = |k: u64| k as f64 / 1024.0;
     let mut failures = Vec::new();
-    for &rate in rates {
+    for &rate in &rates {
+        // A full run lasts long enough at every rate for chunks to be
+        // written during the load (60 s, or 4,096 finished requests), so
+        // the memory measured is the steady state's.
+        let secs = match rate {
+            Rate::PerSec(n) if !smoke => secs.max(4_096.0 / f64::from(n) + 10.0).min(70.0),
+            _ => secs,
+        };
         for profiling in [false, true] {
             let p = measure(profiling, rate, secs, &dir);
             println!(

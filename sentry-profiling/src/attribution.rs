@@ -10,4 +10,5 @@ pub use crate::lanes::{LANE_BASE, ThreadAttribution, is_lane};
 // The sampler's path to the synthetic frame it records for a request whose
 // stack was not captured in time (kept so that the lanes' move did not
 // touch the sampler).
+#[cfg(profiling_supported)]
 pub(crate) use crate::lanes::UNCAPTURED_FRAME;

@@ -150,6 +150,7 @@ impl Session {
     }
 
     /// The counters the crate's chunk sender keeps.
+    #[cfg(feature = "http")]
     pub(crate) fn delivery_counters(&self) -> Arc<DeliveryCounters> {
         Arc::clone(&self.delivery)
     }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use sentry_core::{Transport, TransportOptions};
 
-use super::log_throttled;
+use crate::error::log_throttled;
 use crate::session::DeliveryCounters;
 
 /// Chunks waiting to be sent, at most.

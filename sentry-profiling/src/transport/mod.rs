@@ -13,13 +13,12 @@ use std::time::{Duration, Instant};
 use sentry_core::protocol::{Context, Envelope, EnvelopeItem, Map, Value};
 use sentry_core::{Transport, TransportFactory};
 
-use crate::encode::envelope::{chunk_envelope, chunk_envelope_bytes};
+use crate::encode::envelope::chunk_envelope;
 use crate::encode::sentry_chunk::EncodedChunk;
 use crate::session::Session;
 use crate::session::sink::{ChunkSink, Handed};
 use crate::transaction_profile::Intercepted;
 
-pub(crate) use crate::error::log_throttled;
 pub use crate::transaction_tags::{OS_THREAD_ID, OS_THREAD_NAME};
 use crate::transaction_tags::{settle_lane, write_transaction};
 pub use envelope_dir::EnvelopeDirTransport;
@@ -37,7 +36,7 @@ impl ChunkSink for SentrySink {
     fn send_chunk(&self, chunk: EncodedChunk) -> Handed {
         #[cfg(feature = "http")]
         if let Some(sender) = &self.chunks {
-            return if sender.submit(chunk_envelope_bytes(chunk)) {
+            return if sender.submit(crate::encode::envelope::chunk_envelope_bytes(chunk)) {
                 Handed::Taken
             } else {
                 Handed::Dropped
