@@ -51,3 +51,12 @@ impl std::error::Error for Error {
         }
     }
 }
+
+/// Reports the first failure of a kind and then every hundredth (`count`
+/// is the number so far, this one included), so that an endpoint that stays
+/// down does not flood the log.
+pub(crate) fn log_throttled(count: u64, message: impl FnOnce() -> String) {
+    if count % 100 == 1 {
+        eprintln!("sentry-profiling: {}", message());
+    }
+}

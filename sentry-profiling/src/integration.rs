@@ -6,15 +6,15 @@ use std::time::Duration;
 
 use sentry_core::{ClientOptions, Integration};
 
-use crate::attribution::ThreadAttribution;
 use crate::chunk::MAX_CHUNK_DURATION;
+use crate::export::ExportTarget;
+use crate::lanes::ThreadAttribution;
 use crate::options::{
     DEFAULT_CHUNK_DURATION, DEFAULT_HTTP_TIMEOUT, DEFAULT_PROFILE_SESSION_SAMPLE_RATE,
     ProfileLifecycle, SamplerConfig,
 };
-use crate::runtime::{Runtime, RuntimeConfig};
+use crate::session::{Session, SessionConfig};
 use crate::transaction_profile::{ProfilesSampler, V1Config};
-use crate::transport::exporters::ExportTarget;
 use crate::transport::{InnerFactory, ProfilingTransportFactory};
 
 /// Continuous profiling for Sentry.
@@ -50,7 +50,7 @@ pub struct ProfilingIntegration {
     /// Whether [`ProfilingIntegration::apply`] put this integration into the
     /// options (wrapping their transport); see [`NOT_APPLIED`].
     applied: bool,
-    runtime: Arc<OnceLock<Arc<Runtime>>>,
+    runtime: Arc<OnceLock<Arc<Session>>>,
 }
 
 /// The warning when the integration reaches `sentry::init` without
@@ -272,7 +272,7 @@ impl ProfilingIntegration {
         // Defaults are applied; a second application in `sentry::init` must
         // not add the default integrations twice.
         options.default_integrations = false;
-        let runtime = Arc::clone(self.runtime.get_or_init(Runtime::new));
+        let runtime = Arc::clone(self.runtime.get_or_init(Session::new));
         let inner = if own_transport {
             options.transport.take().map(InnerFactory::Client)
         } else {
@@ -313,7 +313,7 @@ impl ProfilingIntegration {
         sdk_default.map(InnerFactory::Client)
     }
 
-    fn settle(&self, options: &ClientOptions) -> Option<RuntimeConfig> {
+    fn settle(&self, options: &ClientOptions) -> Option<SessionConfig> {
         let rate = if self.profiles_sample_rate.is_some() || self.profiles_sampler.is_some() {
             // Transaction-based: every process runs the profiler; each
             // transaction is sampled on its own.
@@ -345,7 +345,7 @@ impl ProfilingIntegration {
                 "sentry-profiling: `profile_lifecycle` is Trace but tracing is disabled (set `traces_sample_rate` or `traces_sampler`): the profiler will never start"
             );
         }
-        Some(RuntimeConfig {
+        Some(SessionConfig {
             sampler,
             lifecycle: self.lifecycle,
             chunk_duration,
@@ -422,7 +422,7 @@ impl Integration for ProfilingIntegration {
             eprintln!("{NOT_APPLIED}");
             return;
         }
-        let runtime = Arc::clone(self.runtime.get_or_init(Runtime::new));
+        let runtime = Arc::clone(self.runtime.get_or_init(Session::new));
         let Some(config) = self.settle(options) else {
             return;
         };

@@ -122,18 +122,23 @@ mod chunk;
 mod context;
 mod encode;
 mod error;
+mod export;
+#[doc(hidden)]
+pub mod hooks;
 mod integration;
+mod lanes;
 mod options;
-mod runtime;
 #[cfg(profiling_supported)]
 mod sampler;
 #[cfg(not(profiling_supported))]
 #[path = "sampler/unsupported.rs"]
 mod sampler;
 pub mod sentry_view;
+mod session;
 mod symbolize;
 mod sys;
 mod transaction_profile;
+mod transaction_tags;
 mod transport;
 mod unwind;
 
@@ -146,16 +151,14 @@ pub use options::{
     DEFAULT_PROFILE_SESSION_SAMPLE_RATE, DEFAULT_QUEUE_CAPACITY, DEFAULT_STACK_COPY_BYTES,
     MAX_FREQUENCY_HZ, MAX_STACK_COPY_BYTES, ProfileLifecycle, SamplerConfig,
 };
-pub use runtime::{ChunkDrops, ProfilerStats};
 pub use sampler::{Sample, Sampler, SamplerControl, SamplerStats};
+pub use session::v1::TransactionProfileDrops;
+pub use session::{ChunkDrops, ProfilerStats};
 pub use symbolize::Symbolizer;
-pub use transaction_profile::TransactionProfileDrops;
 pub use transport::EnvelopeDirTransport;
-pub use unwind::{ModuleInfo, ModuleSet};
-// Crate-internal paths the modules use (`crate::EncodedChunk`, ...).
-use encode::sentry_chunk::EncodedChunk;
 #[cfg(all(test, profiling_supported))]
 use unwind::debug_id_from_build_id;
+pub use unwind::{ModuleInfo, ModuleSet};
 
 /// Starts the profiler (manual lifecycle). A no-op, logged in debug mode,
 /// when the session is not sampled, the profiler already runs, or the
@@ -165,7 +168,7 @@ use unwind::debug_id_from_build_id;
 /// Not async-signal-safe (it may log, and reads the session through
 /// `arc-swap`): from a signal handler, set a flag and call it elsewhere.
 pub fn start_profiler() {
-    if let Some(rt) = runtime::current() {
+    if let Some(rt) = session::current() {
         rt.start_manual();
     }
 }
@@ -174,7 +177,7 @@ pub fn start_profiler() {
 /// with the trace lifecycle, when it is not running, and in a forked child.
 /// Not async-signal-safe, like [`start_profiler`].
 pub fn stop_profiler() {
-    if let Some(rt) = runtime::current() {
+    if let Some(rt) = session::current() {
         rt.stop_manual();
     }
 }
@@ -183,7 +186,7 @@ pub fn stop_profiler() {
 /// the client closed), if one was configured. `None` in the forked child of
 /// a profiled process, which has no profiler.
 pub fn stats() -> Option<ProfilerStats> {
-    runtime::last().map(|rt| rt.stats())
+    session::last().map(|rt| rt.stats())
 }
 
 /// The kernel's release string, for profiles' `os.version`.
@@ -244,140 +247,5 @@ mod thread_word {
         {
             0
         }
-    }
-}
-
-/// Hooks for integrations such as `sentry-profiling-tracing`'s layer: the
-/// trace lifecycle and linking data of the current session.
-///
-/// Not part of the API: for this workspace's crates (the tracing layer,
-/// tests, benches, the stress run), and may change in any release.
-#[doc(hidden)]
-pub mod hooks {
-    // What the workspace's other crates need that is not a hook: the
-    // tracing layer's lanes, thread word and link keys; the benches' chunk
-    // encoder; the tests' pprof decoding.
-    pub use crate::attribution::{LaneLink, is_lane, new_lane};
-    pub use crate::chunk::{Chunk, ChunkSample};
-    pub use crate::encode::sentry_chunk::{ChunkMeta, EncodedChunk, encode_chunk};
-    pub use crate::thread_word::{current_thread_id, set_thread_context, thread_context};
-    pub use crate::transport::{OS_THREAD_ID, OS_THREAD_NAME};
-
-    /// pprof's `profile.proto` message types (as the `pprof_file` export
-    /// writes them).
-    pub mod pprof_proto {
-        pub use crate::encode::pprof::{
-            Function, Label, Line, Location, Mapping, Profile, Sample, ValueType,
-        };
-    }
-
-    /// A sampled root span (transaction) became active. Returns the session's
-    /// `profiler_id` when the profiler runs for it (trace lifecycle, session
-    /// sampled); the caller must then call [`root_span_finished`] once.
-    ///
-    /// `lane` and `name` identify the root span; with transaction-based
-    /// profiling they decide (deterministically) whether it is profiled.
-    pub fn root_span_started(lane: u64, name: &str) -> Option<String> {
-        // The lane begins now, before the profiler resumes: resuming wakes
-        // the sampler thread, which on a busy machine can take this
-        // thread's core for a while, and the lane must cover that time.
-        ROOT_STARTED.with(|c| c.set((lane, now_ns())));
-        let rt = crate::runtime::current()?;
-        rt.root_started(lane, name)
-            .then(|| rt.profiler_id().map(str::to_owned))
-            .flatten()
-    }
-
-    /// A root span for which [`root_span_started`] returned `Some` finished.
-    pub fn root_span_finished() {
-        if let Some(rt) = crate::runtime::current() {
-            rt.root_finished();
-        }
-    }
-
-    /// The session's `profiler_id` if samples are being taken right now
-    /// (either lifecycle), for tagging transactions and spans.
-    pub fn running_profiler_id() -> Option<String> {
-        let rt = crate::runtime::current()?;
-        if rt.is_running() {
-            rt.profiler_id().map(str::to_owned)
-        } else {
-            None
-        }
-    }
-
-    /// The configured lifecycle of the current session.
-    pub fn lifecycle() -> Option<crate::ProfileLifecycle> {
-        crate::runtime::current().map(|rt| rt.lifecycle())
-    }
-
-    /// With transaction-based (V1) profiling: whether the transaction of
-    /// root span `lane` named `name` gets a profile (the same decision
-    /// [`root_span_started`] made). Always false in continuous mode.
-    pub fn transaction_profiled(lane: u64, name: &str) -> bool {
-        crate::runtime::current()
-            .and_then(|rt| rt.v1().map(|v1| v1.sampled(lane, name)))
-            .unwrap_or(false)
-    }
-
-    /// The transaction data key that asks the transport to attach a V1
-    /// profile (set by the tracing layer and middleware; removed before
-    /// sending).
-    pub const TRANSACTION_PROFILE_MARKER: &str = crate::transaction_profile::V1_MARKER;
-
-    /// The configured thread attribution of the current session.
-    pub fn attribution() -> Option<crate::attribution::ThreadAttribution> {
-        crate::runtime::current().map(|rt| rt.attribution())
-    }
-
-    /// A sampled root span holding `lane` (from
-    /// [`crate::attribution::new_lane`]) was entered for the first time; its
-    /// samples are filed under the lane, named and linked as `link` says.
-    /// Never blocks.
-    ///
-    /// Returns false when the lane could not be registered (too many
-    /// requests in flight, counted in
-    /// [`ProfilerStats::lane_registrations_refused`](crate::ProfilerStats),
-    /// or no session): the caller must then leave the request on its OS
-    /// threads (context word 0, `thread.id` of the OS thread) and not call
-    /// [`lane_finished`].
-    #[must_use]
-    pub fn lane_started(lane: u64, link: crate::attribution::LaneLink) -> bool {
-        let Some(rt) = crate::runtime::current() else {
-            return false;
-        };
-        // The lane began when its root span was created or, created on
-        // another thread, when it was first entered here (before the
-        // profiler resumed); whatever came first on this thread.
-        let mut start_ns = now_ns();
-        for (l, t) in [
-            crate::attribution::LANE_CREATED.with(std::cell::Cell::get),
-            ROOT_STARTED.with(std::cell::Cell::get),
-        ] {
-            if l == lane {
-                start_ns = start_ns.min(t);
-            }
-        }
-        rt.lane_started(lane, std::sync::Arc::new(link), start_ns)
-    }
-
-    thread_local! {
-        /// The lane whose root span last called [`root_span_started`] on
-        /// this thread, and when.
-        static ROOT_STARTED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
-    }
-
-    /// The root span holding `lane`, for which [`lane_started`] returned
-    /// true, closed. Never blocks.
-    pub fn lane_finished(lane: u64) {
-        if let Some(rt) = crate::runtime::current() {
-            rt.lane_finished(lane, now_ns());
-        }
-    }
-
-    pub(crate) fn now_ns() -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
     }
 }

@@ -24,17 +24,17 @@ use std::fmt;
 
 use serde_json::Value;
 
-pub use crate::attribution::LANE_BASE;
 pub use crate::encode::synthetic::{
     RUNNING_REQUEST_ADDRESS, RUNNING_REQUEST_FUNCTION, SUSPENDED_ADDRESS, UNCAPTURED_ADDRESS,
 };
+pub use crate::lanes::LANE_BASE;
 
 /// The function name of the synthetic frame of request time whose stack
 /// was not captured in time.
-pub const UNCAPTURED_FUNCTION: &str = crate::attribution::UNCAPTURED_FUNCTION;
+pub const UNCAPTURED_FUNCTION: &str = crate::lanes::UNCAPTURED_FUNCTION;
 
 /// The function name of a suspended lane's synthetic frame.
-pub const SUSPENDED_FUNCTION: &str = crate::attribution::SUSPENDED_FUNCTION;
+pub const SUSPENDED_FUNCTION: &str = crate::lanes::SUSPENDED_FUNCTION;
 
 /// Synthetic frames are written at addresses below this one, where Linux
 /// never maps anything (see [`Frame::is_synthetic`]).
@@ -475,9 +475,7 @@ pub fn transaction_profile<'a>(
 
 /// Whether a chunk `thread_id` is a request's lane (not an OS thread).
 pub fn is_lane_thread_id(thread_id: &str) -> bool {
-    thread_id
-        .parse::<u64>()
-        .is_ok_and(crate::attribution::is_lane)
+    thread_id.parse::<u64>().is_ok_and(crate::lanes::is_lane)
 }
 
 #[cfg(test)]

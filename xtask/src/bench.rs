@@ -57,13 +57,14 @@ fn machine() -> String {
     )
 }
 
-const BENCHES: [&str; 6] = [
+const BENCHES: [&str; 7] = [
     "sampler",
     "per_sample",
     "growth",
     "encode",
     "attribution",
     "preview",
+    "request_rate",
 ];
 
 /// Runs everything and writes the report.

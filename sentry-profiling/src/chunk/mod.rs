@@ -82,7 +82,7 @@ impl Chunk {
     }
 
     /// Adds a sample that no thread took: a lane's fill-in at a tick when it
-    /// was suspended (see [`crate::attribution`]). Its thread id is 0.
+    /// was suspended (see [`crate::lanes`]). Its thread id is 0.
     pub(crate) fn push_synthetic(&mut self, timestamp_ns: u64, context: u64, frames: &Arc<[u64]>) {
         let stack = self.intern(frames);
         self.samples.push(ChunkSample {

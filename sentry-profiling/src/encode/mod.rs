@@ -1,5 +1,6 @@
 //! Encoders: chunks in the formats their destinations accept.
 
+pub(crate) mod envelope;
 pub(crate) mod otlp;
 pub(crate) mod pprof;
 pub(crate) mod sentry_chunk;

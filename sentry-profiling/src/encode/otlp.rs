@@ -14,7 +14,7 @@ use opentelemetry_proto::tonic::profiles::v1development as otlp;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
 use super::view::ProfileView;
-use crate::attribution::LaneLink;
+use crate::lanes::LaneLink;
 
 fn hex_bytes(hex: &str) -> Vec<u8> {
     (0..hex.len() / 2)

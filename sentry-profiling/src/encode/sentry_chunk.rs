@@ -774,9 +774,9 @@ mod tests {
 
         use super::super::{ChunkMeta, encode_chunk, new_id};
         use super::by_tid;
-        use crate::attribution::{SUSPENDED_FRAME, SUSPENDED_FUNCTION};
         use crate::chunk::Chunk;
         use crate::encode::synthetic::SUSPENDED_ADDRESS;
+        use crate::lanes::{SUSPENDED_FRAME, SUSPENDED_FUNCTION};
         use crate::symbolize::Symbolizer;
         use crate::unwind::ModuleSet;
         use crate::{Sample, debug_id_from_build_id};

@@ -16,10 +16,8 @@
 
 use std::sync::Arc;
 
-use crate::attribution::{
-    SUSPENDED_FRAME, SUSPENDED_FUNCTION, UNCAPTURED_FRAME, UNCAPTURED_FUNCTION,
-};
 use crate::chunk::Chunk;
+use crate::lanes::{SUSPENDED_FRAME, SUSPENDED_FUNCTION, UNCAPTURED_FRAME, UNCAPTURED_FUNCTION};
 
 /// Marker (inside a chunk) of the frame standing for a worker's OS thread
 /// polling a request's lane.
@@ -51,7 +49,7 @@ pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
 }
 
 /// A sample's thread as the encoder files it (see
-/// [`crate::attribution::Lanes::thread_keys`]).
+/// [`crate::lanes::Lanes::thread_keys`]).
 pub(crate) type ThreadKey = Option<(u64, Option<Arc<str>>)>;
 
 /// Gives each worker's OS thread a sample with the single frame
@@ -113,7 +111,7 @@ mod tests {
     #[test]
     fn a_worker_polling_a_lane_gets_a_running_sample_per_lane_tick() {
         let mut chunk = Chunk::new();
-        let lane = crate::attribution::LANE_BASE + 7;
+        let lane = crate::lanes::LANE_BASE + 7;
         let push = |c: &mut Chunk, ts, ctx| {
             c.push(&Sample::new(
                 ts,

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::synthetic::synthetic_frame;
-use crate::attribution::{LaneLink, Lanes};
 use crate::chunk::Chunk;
+use crate::lanes::{LaneLink, Lanes};
 use crate::symbolize::Symbolizer;
 use crate::unwind::{ModuleInfo, ModuleSet};
 

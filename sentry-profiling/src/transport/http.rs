@@ -19,7 +19,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use sentry_core::{Transport, TransportOptions};
 
-use super::{DeliveryCounters, log_throttled};
+use crate::error::log_throttled;
+use crate::session::DeliveryCounters;
 
 /// Chunks waiting to be sent, at most.
 const MAX_QUEUED_CHUNKS: usize = 8;

@@ -4,63 +4,51 @@
 //! client has no transport of its own), and a local envelope-directory sink.
 
 mod envelope_dir;
-pub(crate) mod exporters;
 #[cfg(feature = "http")]
 pub(crate) mod http;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use sentry_core::protocol::{Context, Envelope, EnvelopeItem, Map, Value};
 use sentry_core::{Transport, TransportFactory};
 
-use crate::encode::sentry_chunk::{EncodedChunk, PLATFORM};
-use crate::runtime::Runtime;
+use crate::encode::envelope::chunk_envelope;
+use crate::encode::sentry_chunk::EncodedChunk;
+use crate::session::Session;
+use crate::session::sink::{ChunkSink, Handed};
+use crate::transaction_profile::Intercepted;
 
+pub use crate::transaction_tags::{OS_THREAD_ID, OS_THREAD_NAME};
+use crate::transaction_tags::{settle_lane, write_transaction};
 pub use envelope_dir::EnvelopeDirTransport;
 
-/// Builds the envelope for one chunk: a raw envelope, because the SDK's
-/// typed envelope has no `profile_chunk` item.
-pub(crate) fn chunk_envelope(chunk: EncodedChunk) -> Envelope {
-    // `from_bytes_raw` does not parse and cannot fail.
-    Envelope::from_bytes_raw(chunk_envelope_bytes(chunk)).unwrap_or_default()
+/// The session's sink for chunks: the crate's chunk sender when there is
+/// one (it never waits for the network; a full queue drops the chunk and
+/// counts it in [`crate::ChunkDrops`]), else the client's transport.
+struct SentrySink {
+    transport: Arc<dyn Transport>,
+    #[cfg(feature = "http")]
+    chunks: Option<Arc<http::ChunkSender>>,
 }
 
-/// The bytes of [`chunk_envelope`], built in the chunk's own buffer: the
-/// headers are moved in front of the JSON rather than the JSON copied after
-/// them, so a chunk of several megabytes is not held twice.
-pub(crate) fn chunk_envelope_bytes(chunk: EncodedChunk) -> Vec<u8> {
-    let header = format!(
-        "{{\"event_id\":\"{}\"}}\n{{\"type\":\"profile_chunk\",\"platform\":\"{PLATFORM}\",\"length\":{}}}\n",
-        chunk.chunk_id,
-        chunk.json.len()
-    );
-    let mut bytes = chunk.json;
-    bytes.reserve_exact(header.len() + 1);
-    bytes.splice(0..0, header.into_bytes());
-    bytes.push(b'\n');
-    bytes
-}
-
-/// Reports the first failure of a kind and then every hundredth (`count`
-/// is the number so far, this one included), so that an endpoint that stays
-/// down does not flood the log.
-pub(crate) fn log_throttled(count: u64, message: impl FnOnce() -> String) {
-    if count % 100 == 1 {
-        eprintln!("sentry-profiling: {}", message());
+impl ChunkSink for SentrySink {
+    fn send_chunk(&self, chunk: EncodedChunk) -> Handed {
+        #[cfg(feature = "http")]
+        if let Some(sender) = &self.chunks {
+            return if sender.submit(crate::encode::envelope::chunk_envelope_bytes(chunk)) {
+                Handed::Taken
+            } else {
+                Handed::Dropped
+            };
+        }
+        self.transport.send_envelope(chunk_envelope(chunk));
+        Handed::Taken
     }
-}
 
-/// What became of the chunks handed to the crate's own chunk sender (see
-/// [`crate::ChunkDrops`]).
-#[derive(Debug, Default)]
-pub(crate) struct DeliveryCounters {
-    pub(crate) delivered: AtomicU64,
-    pub(crate) queue_full: AtomicU64,
-    pub(crate) send_failed: AtomicU64,
-    pub(crate) http_error: AtomicU64,
-    pub(crate) rate_limited: AtomicU64,
+    fn send_envelope(&self, envelope: Envelope) {
+        self.transport.send_envelope(envelope);
+    }
 }
 
 /// The transport a [`ProfilingTransportFactory`] wraps.
@@ -77,7 +65,7 @@ pub(crate) enum InnerFactory {
 /// [`crate::ProfilingIntegration::apply`]).
 pub(crate) struct ProfilingTransportFactory {
     pub(crate) inner: InnerFactory,
-    pub(crate) runtime: Arc<Runtime>,
+    pub(crate) runtime: Arc<Session>,
 }
 
 impl std::fmt::Debug for ProfilingTransportFactory {
@@ -96,9 +84,11 @@ impl TransportFactory for ProfilingTransportFactory {
         match &self.inner {
             InnerFactory::Client(factory) => {
                 let inner = factory.create_transport_with_options(options);
-                runtime.set_transport(Arc::clone(&inner));
-                #[cfg(feature = "http")]
-                runtime.set_chunk_sender(None);
+                runtime.set_sink(Arc::new(SentrySink {
+                    transport: Arc::clone(&inner),
+                    #[cfg(feature = "http")]
+                    chunks: None,
+                }));
                 Arc::new(ProfilingTransport {
                     warned_unprofiled: Default::default(),
                     inner,
@@ -110,8 +100,10 @@ impl TransportFactory for ProfilingTransportFactory {
             #[cfg(feature = "http")]
             InnerFactory::Http(timeout) => {
                 let (inner, chunks) = http::create(options, *timeout, runtime.delivery_counters());
-                runtime.set_transport(Arc::clone(&inner));
-                runtime.set_chunk_sender(Some(Arc::clone(&chunks)));
+                runtime.set_sink(Arc::new(SentrySink {
+                    transport: Arc::clone(&inner),
+                    chunks: Some(Arc::clone(&chunks)),
+                }));
                 Arc::new(ProfilingTransport {
                     warned_unprofiled: Default::default(),
                     inner,
@@ -131,7 +123,7 @@ struct ProfilingTransport {
     /// The chunk sender, when the crate delivers chunks itself.
     #[cfg(feature = "http")]
     chunks: Option<Arc<http::ChunkSender>>,
-    runtime: Arc<Runtime>,
+    runtime: Arc<Session>,
 }
 
 /// The warning, given once, when a transaction reaches the transport
@@ -214,7 +206,11 @@ impl Transport for ProfilingTransport {
         if self.runtime.v1().is_some() {
             // Transaction-based profiling: the profiler thread attaches the
             // profile and sends the envelope on.
-            if let Some(envelope) = self.runtime.v1_submit(envelope) {
+            let unprofiled = match crate::transaction_profile::intercept(envelope) {
+                Intercepted::Profile(p) => self.runtime.v1_enqueue(Box::new(p)),
+                Intercepted::Pass(envelope) => Some(envelope),
+            };
+            if let Some(envelope) = unprofiled {
                 self.inner.send_envelope(envelope);
             }
             return;
@@ -312,67 +308,6 @@ pub(crate) fn drop_http_root_spans(envelope: Envelope) -> Envelope {
         }
     }
     out
-}
-
-/// Span and transaction data key under which the tracing layer records the
-/// OS thread next to a lane's `thread.id`; removed before sending.
-pub const OS_THREAD_ID: &str = "sentry_profiling.os_thread.id";
-/// Like [`OS_THREAD_ID`], for the thread's name.
-pub const OS_THREAD_NAME: &str = "sentry_profiling.os_thread.name";
-
-/// Points a short transaction's lane tags at its OS thread, and removes the
-/// OS-thread keys from every transaction and span.
-pub(crate) fn settle_lane(tx: &mut sentry_core::protocol::Transaction<'_>, min_lane: Duration) {
-    let duration = tx
-        .timestamp
-        .and_then(|end| end.duration_since(tx.start_timestamp).ok())
-        .unwrap_or_default();
-    let short = duration < min_lane;
-    let mut lane = None;
-    if let Some(Context::Trace(tc)) = tx.contexts.get_mut("trace") {
-        lane = rewrite(&mut tc.data, short, None);
-    }
-    for span in &mut tx.spans {
-        rewrite(&mut span.data, short, lane.as_ref());
-    }
-}
-
-/// Removes the OS-thread keys from `data`; when `short` (and the span's
-/// `thread.id` is the transaction's lane, if given), moves them into
-/// `thread.id`/`thread.name`. Returns the lane id that was replaced.
-fn rewrite(data: &mut Map<String, Value>, short: bool, lane: Option<&Value>) -> Option<Value> {
-    let os_id = data.remove(OS_THREAD_ID)?;
-    let os_name = data.remove(OS_THREAD_NAME);
-    let current = data.get("thread.id").cloned();
-    if !short || lane.is_some_and(|l| current.as_ref() != Some(l)) {
-        return None;
-    }
-    data.insert("thread.id".into(), os_id);
-    match os_name {
-        Some(name) => data.insert("thread.name".into(), name),
-        None => data.remove("thread.name"),
-    };
-    current
-}
-
-/// Appends a transaction item to raw envelope bytes. A `profile` context
-/// added as `Context::Other` is written with `"type":"profile"` instead of
-/// the SDK's `"type":"unknown"`, which Relay would not read as a profile
-/// context.
-pub(crate) fn write_transaction(bytes: &mut Vec<u8>, tx: &sentry_core::protocol::Transaction<'_>) {
-    let Ok(mut json) = serde_json::to_vec(tx) else {
-        return;
-    };
-    const FROM: &[u8] = br#""profile":{"type":"unknown","#;
-    const TO: &[u8] = br#""profile":{"type":"profile","#;
-    if let Some(pos) = json.windows(FROM.len()).position(|w| w == FROM) {
-        json[pos..pos + FROM.len()].copy_from_slice(TO);
-    }
-    bytes.extend_from_slice(
-        format!("{{\"type\":\"transaction\",\"length\":{}}}\n", json.len()).as_bytes(),
-    );
-    bytes.extend_from_slice(&json);
-    bytes.push(b'\n');
 }
 
 /// Whether the profiler tagged this transaction (see the tracing layer).

@@ -98,7 +98,7 @@ impl Exporter {
                     Err(e) => {
                         counts.failed += 1;
                         *failures += 1;
-                        super::log_throttled(*failures, || {
+                        crate::error::log_throttled(*failures, || {
                             format!(
                                 "OTLP export to {} failed ({} so far): {e}",
                                 endpoint.url, failures

@@ -1,0 +1,132 @@
+//! **Not public API.** The seam between this crate and
+//! `sentry-profiling-tracing` (its `tracing` layer and `http_layer`): the
+//! trace lifecycle, lane registration, and the linking data of the current
+//! session. Exported (hidden) only because the two crates are separate; it
+//! may change in any release without notice. Applications use
+//! `sentry_profiling_tracing::layer()` and never call these.
+//!
+//! It sits above the session and the lanes: both are reached through it,
+//! neither calls back into it.
+
+use crate::lanes::now_ns;
+pub use crate::lanes::{LaneLink, is_lane, new_lane};
+
+// What the workspace's other crates need that is not a hook: the tracing
+// layer's thread word and OS-thread keys; the benches' chunk encoder; the
+// tests' pprof decoding.
+pub use crate::chunk::{Chunk, ChunkSample};
+pub use crate::encode::sentry_chunk::{ChunkMeta, EncodedChunk, encode_chunk};
+pub use crate::thread_word::{current_thread_id, set_thread_context, thread_context};
+pub use crate::transport::{OS_THREAD_ID, OS_THREAD_NAME};
+
+/// pprof's `profile.proto` message types (as the `pprof_file` export
+/// writes them).
+pub mod pprof_proto {
+    pub use crate::encode::pprof::{
+        Function, Label, Line, Location, Mapping, Profile, Sample, ValueType,
+    };
+}
+
+/// A sampled root span (transaction) became active. Returns the session's
+/// `profiler_id` when the profiler runs for it (trace lifecycle, session
+/// sampled); the caller must then call [`root_span_finished`] once.
+///
+/// `lane` and `name` identify the root span; with transaction-based
+/// profiling they decide (deterministically) whether it is profiled.
+pub fn root_span_started(lane: u64, name: &str) -> Option<String> {
+    // The lane begins now, before the profiler resumes: resuming wakes
+    // the sampler thread, which on a busy machine can take this
+    // thread's core for a while, and the lane must cover that time.
+    ROOT_STARTED.with(|c| c.set((lane, now_ns())));
+    let rt = crate::session::current()?;
+    rt.root_started(lane, name)
+        .then(|| rt.profiler_id().map(str::to_owned))
+        .flatten()
+}
+
+/// A root span for which [`root_span_started`] returned `Some` finished.
+pub fn root_span_finished() {
+    if let Some(rt) = crate::session::current() {
+        rt.root_finished();
+    }
+}
+
+/// The session's `profiler_id` if samples are being taken right now
+/// (either lifecycle), for tagging transactions and spans.
+pub fn running_profiler_id() -> Option<String> {
+    let rt = crate::session::current()?;
+    if rt.is_running() {
+        rt.profiler_id().map(str::to_owned)
+    } else {
+        None
+    }
+}
+
+/// The configured lifecycle of the current session.
+pub fn lifecycle() -> Option<crate::ProfileLifecycle> {
+    crate::session::current().map(|rt| rt.lifecycle())
+}
+
+/// With transaction-based (V1) profiling: whether the transaction of
+/// root span `lane` named `name` gets a profile (the same decision
+/// [`root_span_started`] made). Always false in continuous mode.
+pub fn transaction_profiled(lane: u64, name: &str) -> bool {
+    crate::session::current()
+        .and_then(|rt| rt.v1().map(|v1| v1.sampled(lane, name)))
+        .unwrap_or(false)
+}
+
+/// The transaction data key that asks the transport to attach a V1
+/// profile (set by the tracing layer and middleware; removed before
+/// sending).
+pub const TRANSACTION_PROFILE_MARKER: &str = crate::transaction_profile::V1_MARKER;
+
+/// The configured thread attribution of the current session.
+pub fn attribution() -> Option<crate::attribution::ThreadAttribution> {
+    crate::session::current().map(|rt| rt.attribution())
+}
+
+/// A sampled root span holding `lane` (from
+/// [`new_lane`]) was entered for the first time; its
+/// samples are filed under the lane, named and linked as `link` says.
+/// Never blocks.
+///
+/// Returns false when the lane could not be registered (too many
+/// requests in flight, counted in
+/// [`ProfilerStats::lane_registrations_refused`](crate::ProfilerStats),
+/// or no session): the caller must then leave the request on its OS
+/// threads (context word 0, `thread.id` of the OS thread) and not call
+/// [`lane_finished`].
+#[must_use]
+pub fn lane_started(lane: u64, link: LaneLink) -> bool {
+    let Some(rt) = crate::session::current() else {
+        return false;
+    };
+    // The lane began when its root span was created or, created on
+    // another thread, when it was first entered here (before the
+    // profiler resumed); whatever came first on this thread.
+    let mut start_ns = now_ns();
+    for (l, t) in [
+        crate::lanes::LANE_CREATED.with(std::cell::Cell::get),
+        ROOT_STARTED.with(std::cell::Cell::get),
+    ] {
+        if l == lane {
+            start_ns = start_ns.min(t);
+        }
+    }
+    rt.lane_started(lane, std::sync::Arc::new(link), start_ns)
+}
+
+thread_local! {
+    /// The lane whose root span last called [`root_span_started`] on
+    /// this thread, and when.
+    static ROOT_STARTED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// The root span holding `lane`, for which [`lane_started`] returned
+/// true, closed. Never blocks.
+pub fn lane_finished(lane: u64) {
+    if let Some(rt) = crate::session::current() {
+        rt.lane_finished(lane, now_ns());
+    }
+}

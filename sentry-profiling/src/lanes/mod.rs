@@ -1,0 +1,142 @@
+//! Async attribution: which request a sample belongs to, across `.await`
+//! hops between Tokio workers.
+//!
+//! Sentry's UI shows a transaction's profile as the samples of one
+//! `thread.id` inside the transaction's time window. A Tokio request runs on
+//! whichever worker is free after each `.await`, and that worker interleaves
+//! other requests, so with OS thread ids the window shows other requests'
+//! work and misses the request's own work on other workers.
+//!
+//! Lanes fix that. Each root span gets a *lane*: a numeric id of its own,
+//! above any kernel thread id. While any span of the request is entered on a
+//! thread, the tracing layer keeps the lane in that thread's context word,
+//! which the signal handler copies into every sample. The encoder then files
+//! such samples under the lane's id instead of the OS thread's, and the
+//! transaction and its spans carry the lane as their `thread.id`: Sentry
+//! shows exactly the request's samples, whichever workers took them. Samples
+//! taken outside any sampled root span stay on their OS thread. Each sample
+//! is filed once.
+//!
+//! A lane that is not running on any thread at a tick (suspended at an
+//! `.await`, or queued for a worker) gets a sample with a single
+//! `(suspended: awaiting or queued)` frame, so its flame graph shows wall
+//! time like a thread's does, and a request that mostly awaits still has
+//! samples to link to. These fill-in samples are added when the chunk is
+//! encoded, never by the signal handler.
+//!
+//! # Where the parts live
+//!
+//! - this file: lane ids, what a lane stands for ([`LaneLink`]) and the
+//!   events of its life ([`LaneEvent`]);
+//! - [`registry`]: how a request registers its lane and reports its end
+//!   from an application thread (bounded, never blocking), and how the
+//!   profiler thread reads them;
+//! - [`table`]: the profiler thread's table of lanes: their windows,
+//!   expiry, fill-ins and end samples, the caps on both, and which thread
+//!   key each sample of a chunk is filed under (what the encoders read).
+//!
+//! The functions `sentry-profiling-tracing` calls live in
+//! the hidden `hooks` module (not public API), above both this module and the
+//! session: lanes never call into the session.
+//!
+//! The seam to the sampler is the per-thread context word only
+//! ([`crate::set_thread_context`]): the layer publishes the lane there, the
+//! signal handler copies it into each sample, and nothing here touches the
+//! sampler. The seam to the encoders is [`Lanes::thread_keys`] (and
+//! [`Lanes::link`] for the exporters' labels).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(crate) mod registry;
+pub(crate) mod table;
+
+pub(crate) use registry::LaneRegistry;
+pub(crate) use table::Lanes;
+
+/// Lane ids start here: above Linux's largest possible thread id (2^22), so
+/// they can never be mistaken for one, and still small decimal numbers as
+/// parts of Sentry's pipeline expect thread ids to be.
+pub const LANE_BASE: u64 = 1_000_000_000;
+
+/// The code address standing for "suspended" in fill-in samples' stacks.
+pub(crate) const SUSPENDED_FRAME: u64 = u64::MAX;
+
+/// The function name shown for [`SUSPENDED_FRAME`].
+pub(crate) const SUSPENDED_FUNCTION: &str = "(suspended: awaiting or queued)";
+
+/// The code address standing, in a request's sample, for a period its
+/// thread spent running (or preempted) inside the request before any stack
+/// of the request was captured: the time is the request's, but no stack of
+/// it is known, and another request's would show that request's code here.
+pub(crate) const UNCAPTURED_FRAME: u64 = u64::MAX - 2;
+
+/// The function name shown for [`UNCAPTURED_FRAME`].
+pub(crate) const UNCAPTURED_FUNCTION: &str = "(running: no stack captured in time)";
+
+static NEXT_LANE: AtomicU64 = AtomicU64::new(LANE_BASE);
+
+/// Allocates a new lane id.
+pub fn new_lane() -> u64 {
+    let lane = NEXT_LANE.fetch_add(1, Ordering::Relaxed);
+    // A lane begins when its root span is created (see `hooks::lane_started`).
+    LANE_CREATED.with(|c| c.set((lane, now_ns())));
+    lane
+}
+
+thread_local! {
+    /// The lane this thread last allocated, and when.
+    pub(crate) static LANE_CREATED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Whether a context word names a lane.
+pub fn is_lane(context: u64) -> bool {
+    context >= LANE_BASE
+}
+
+/// How samples and transactions are tied to threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ThreadAttribution {
+    /// Each sampled root span gets a lane of its own (see the module docs):
+    /// a transaction's profile is its own work, across `.await` hops.
+    #[default]
+    Lanes,
+    /// Samples and transactions use OS thread ids, as Sentry's spec
+    /// describes: a transaction shows the samples of the thread it started
+    /// on, including other requests' work there and missing its own
+    /// elsewhere.
+    OsThreads,
+}
+
+/// A lane's life, as the tracing layer reports it.
+#[derive(Debug, Clone)]
+pub(crate) enum LaneEvent {
+    /// A sampled root span was entered for the first time.
+    Started {
+        lane: u64,
+        link: Arc<LaneLink>,
+        start_ns: u64,
+    },
+    /// That root span closed.
+    Finished { lane: u64, end_ns: u64 },
+}
+
+/// What a lane stands for: its root span, by name and Sentry ids.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LaneLink {
+    /// The root span's display name (the transaction's name).
+    pub name: Arc<str>,
+    /// The trace id, 32 lowercase hex digits.
+    pub trace_id: String,
+    /// The root span's id (the transaction's span id), 16 lowercase hex
+    /// digits.
+    pub span_id: String,
+}
+
+/// Wall-clock time in nanoseconds since the Unix epoch (the samples' clock).
+pub(crate) fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}

@@ -1,0 +1,218 @@
+//! Registering lanes from application threads, and reading them on the
+//! profiler thread.
+//!
+//! An application thread (the tracing layer) reports a lane's start and end
+//! through a bounded queue; it never blocks and never allocates beyond the
+//! event. Each lane *reserves* two places when it registers (its start and
+//! its end), so a lane whose start was taken can always report its end: no
+//! finished request stays "open" collecting fill-ins. A request past the
+//! bound is refused and stays on its OS threads (counted).
+//!
+//! The profiler thread reads the queue every sampling period while lanes
+//! are in flight ([`read_interval`]; the first lane in flight wakes it), so
+//! a finished request is known as
+//! finished (and its places freed) within one period, except while a chunk
+//! is being written; it also reads it before any chunk or profile is
+//! written, so no chunk is ever written without the ends it covers.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use super::{LaneEvent, LaneLink, Lanes};
+
+/// Lane events waiting for the profiler thread, at most.
+pub(crate) const LANE_QUEUE: usize = 16_384;
+
+/// Lanes registered whose end the profiler thread has not read yet, at
+/// most. Each such lane holds two places in the lane queue (its start and
+/// its end), so the queue never refuses an event. A request past this bound
+/// (that many requests in flight at once) is not given a lane: its samples
+/// stay on the OS threads that ran it (counted in
+/// [`crate::ProfilerStats::lane_registrations_refused`]).
+pub(crate) const MAX_LANES_IN_FLIGHT: usize = LANE_QUEUE / 2;
+
+/// Lanes in flight from which the profiler thread is woken at once to read
+/// the lane queue.
+const LANES_HIGH_WATER: usize = MAX_LANES_IN_FLIGHT / 4;
+
+/// How long the profiler thread may wait before it reads the lane queue
+/// again: one sampling period while any lane is in flight (a finished
+/// request is then known within one period), else `idle`.
+pub(crate) fn read_interval(in_flight: usize, period: Duration, idle: Duration) -> Duration {
+    if in_flight > 0 {
+        period.min(idle)
+    } else {
+        idle
+    }
+}
+
+/// The registry's counters (see [`crate::ProfilerStats`]).
+#[derive(Debug, Default)]
+pub(crate) struct RegistryCounters {
+    pub(crate) registered: AtomicU64,
+    pub(crate) refused: AtomicU64,
+    pub(crate) events_dropped: AtomicU64,
+}
+
+/// The application threads' side of the lane queue, and its bound.
+#[derive(Debug, Default)]
+pub(crate) struct LaneRegistry {
+    events: OnceLock<SyncSender<LaneEvent>>,
+    /// Lanes holding places in the queue (see [`MAX_LANES_IN_FLIGHT`]).
+    in_flight: AtomicUsize,
+    /// The reader, woken when lanes pile up.
+    reader: OnceLock<std::thread::Thread>,
+    pub(crate) counters: RegistryCounters,
+}
+
+impl LaneRegistry {
+    /// Creates the queue (once per session) and returns its reading end.
+    pub(crate) fn open(&self) -> Option<LaneReader> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(LANE_QUEUE);
+        self.events.set(tx).ok()?;
+        Some(LaneReader { events: rx })
+    }
+
+    /// Records the thread that reads the queue.
+    pub(crate) fn set_reader(&self, thread: std::thread::Thread) {
+        let _ = self.reader.set(thread);
+    }
+
+    /// Lanes registered whose end was not read yet.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Registers a lane; never blocks. Returns false (and counts it) when
+    /// the lane cannot be tracked: too many lanes in flight, or no reader.
+    /// The caller then leaves the request on its OS threads and must not
+    /// report its end.
+    pub(crate) fn started(&self, lane: u64, link: Arc<LaneLink>, start_ns: u64) -> bool {
+        let Some(tx) = self.events.get() else {
+            return false;
+        };
+        let c = &self.counters;
+        let reserved = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_LANES_IN_FLIGHT).then_some(n + 1)
+            });
+        let Ok(before) = reserved else {
+            c.refused.fetch_add(1, Ordering::Relaxed);
+            self.wake_reader();
+            return false;
+        };
+        // The reader sleeps up to its idle tick while no lane is in
+        // flight: wake it for the first one, so that it reads this lane's
+        // end within a period of it (one wake-up per burst of requests, not
+        // per request, at any rate where requests overlap).
+        if before == 0 || before + 1 == LANES_HIGH_WATER {
+            self.wake_reader();
+        }
+        let event = LaneEvent::Started {
+            lane,
+            link,
+            start_ns,
+        };
+        if tx.try_send(event).is_err() {
+            // Only when the reader is gone (or the reservation invariant
+            // broke): give the place back.
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            c.events_dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        c.registered.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Reports the end of a lane for which [`LaneRegistry::started`]
+    /// returned true; never blocks (its place in the queue is reserved).
+    pub(crate) fn finished(&self, lane: u64, end_ns: u64) {
+        if let Some(tx) = self.events.get() {
+            if tx.try_send(LaneEvent::Finished { lane, end_ns }).is_err() {
+                self.counters.events_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The reader took a lane's end: its places are free again.
+    fn released(&self) {
+        let _ = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    fn wake_reader(&self) {
+        if let Some(t) = self.reader.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// The profiler thread's side of the lane queue.
+#[derive(Debug)]
+pub(crate) struct LaneReader {
+    events: Receiver<LaneEvent>,
+}
+
+impl LaneReader {
+    /// Moves every event waiting into `lanes`, freeing the places of the
+    /// lanes whose end it read. Returns how many ends it read.
+    pub(crate) fn read_into(&self, registry: &LaneRegistry, lanes: &mut Lanes) -> usize {
+        let mut ends = 0;
+        for event in self.events.try_iter() {
+            if matches!(event, LaneEvent::Finished { .. }) {
+                registry.released();
+                ends += 1;
+            }
+            lanes.apply(event);
+        }
+        ends
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ends_are_read_every_period_while_lanes_are_in_flight() {
+        let period = Duration::from_millis(10);
+        let idle = Duration::from_millis(100);
+        assert_eq!(read_interval(0, period, idle), idle);
+        assert_eq!(read_interval(1, period, idle), period);
+        assert_eq!(read_interval(MAX_LANES_IN_FLIGHT, period, idle), period);
+        // A period longer than the idle tick never slows reading down.
+        assert_eq!(read_interval(3, Duration::from_secs(1), idle), idle);
+    }
+
+    #[test]
+    fn lanes_reserve_their_end_and_refuse_past_the_bound() {
+        let registry = LaneRegistry::default();
+        assert!(
+            !registry.started(1, Arc::default(), 0),
+            "no reader: no lane"
+        );
+        let reader = registry.open().expect("opened once");
+        assert!(registry.open().is_none(), "and only once");
+        let mut lanes = Lanes::default();
+        for lane in 0..MAX_LANES_IN_FLIGHT as u64 {
+            assert!(registry.started(lane, Arc::default(), lane));
+        }
+        assert!(!registry.started(u64::MAX, Arc::default(), 0));
+        assert_eq!(registry.counters.refused.load(Ordering::Relaxed), 1);
+        // Every end still fits: the queue holds a start and an end per lane.
+        for lane in 0..MAX_LANES_IN_FLIGHT as u64 {
+            registry.finished(lane, lane + 1);
+        }
+        assert_eq!(registry.counters.events_dropped.load(Ordering::Relaxed), 0);
+        assert_eq!(registry.in_flight(), MAX_LANES_IN_FLIGHT);
+        let ends = reader.read_into(&registry, &mut lanes);
+        assert_eq!(ends, MAX_LANES_IN_FLIGHT);
+        assert_eq!(registry.in_flight(), 0);
+        assert_eq!(lanes.finished(), MAX_LANES_IN_FLIGHT);
+        assert!(registry.started(u64::MAX, Arc::default(), 0), "room again");
+    }
+}

@@ -1,0 +1,226 @@
+//! The chunk in progress on the profiler thread: samples go in, and when
+//! the chunk is due (its duration, or as many finished requests as one
+//! chunk holds) its lanes are filled in, it is encoded, exported and handed
+//! to the session's sink.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::Session;
+use super::sink::Handed;
+use crate::chunk::Chunk;
+use crate::encode::sentry_chunk::{ChunkMeta, encode_chunk};
+use crate::encode::view::ProfileView;
+use crate::export::{ExportCounts, Exporter};
+use crate::lanes::registry::LaneReader;
+use crate::lanes::{Lanes, ThreadAttribution, now_ns};
+use crate::sampler::Sampler;
+use crate::symbolize::Symbolizer;
+
+/// How far before a chunk's first sample lanes are filled in, at most.
+const MAX_FILL_LEAD_NS: u64 = 2_000_000_000;
+
+/// Finished lanes one chunk holds, at most: the chunk in progress is written
+/// out early when more requests than that have finished in it. This bounds
+/// the profiler's memory (the lanes, and their samples in the chunk) and the
+/// chunk's size at any request rate; at low rates chunks last their full
+/// duration.
+const MAX_FINISHED_LANES_PER_CHUNK: usize = 4_096;
+
+/// The profiler thread's chunk in progress.
+pub(super) struct ChunkWriter<'a> {
+    pub(super) session: &'a Session,
+    pub(super) meta: ChunkMeta,
+    pub(super) chunk: Chunk,
+    pub(super) symbolizer: Option<Symbolizer>,
+    pub(super) chunk_duration: Duration,
+    pub(super) lanes: Lanes,
+    pub(super) lane_events: LaneReader,
+    pub(super) attribution: ThreadAttribution,
+    pub(super) period_ns: u64,
+    /// Where the last chunk's lane fill-ins ended.
+    pub(super) filled_until_ns: u64,
+    pub(super) meter: crate::chunk::ProcessMeter,
+    pub(super) exporters: Vec<Exporter>,
+    pub(super) service_name: String,
+    pub(super) v1: Option<super::v1::V1State>,
+}
+
+impl ChunkWriter<'_> {
+    pub(super) fn push(&mut self, sample: &crate::Sample, modules: &crate::ModuleSet) {
+        // A recycled thread id starts a new chunk, so each thread keeps its
+        // own name. (Transaction profiles keep history instead of chunks;
+        // their samples are filed by lane.)
+        if !self
+            .chunk
+            .accepts(sample.timestamp_ns(), self.chunk_duration)
+            || (self.v1.is_none() && self.chunk.holds_other_thread(sample))
+        {
+            self.finish_with(modules);
+        }
+        self.chunk.push(sample);
+    }
+
+    pub(super) fn drain(&mut self, sampler: &Sampler) {
+        self.meter.measure_into(&mut self.chunk);
+        let modules = sampler.modules();
+        for s in sampler.try_iter() {
+            self.push(&s, &modules);
+        }
+    }
+
+    /// Takes the lane queue's events into the lane table (every profiler
+    /// tick, and before a chunk or profile is written).
+    pub(super) fn read_lane_events(&mut self) {
+        self.lane_events
+            .read_into(&self.session.lanes, &mut self.lanes);
+        self.note_lanes_tracked();
+    }
+
+    pub(super) fn note_lanes_tracked(&self) {
+        let c = &self.session.counters;
+        let n = self.lanes.len() as u64;
+        c.lanes_tracked.store(n, Ordering::Relaxed);
+        c.lanes_tracked_max.fetch_max(n, Ordering::Relaxed);
+    }
+
+    pub(super) fn rotate_if_due(&mut self, sampler: &Sampler) {
+        if let Some(v1) = &self.v1 {
+            // V1 mode sends no chunks: keep enough history for the longest
+            // transaction still waiting, and the longest profile.
+            let keep_from = now_ns().saturating_sub(super::v1::V1_HISTORY.as_nanos() as u64);
+            let oldest = v1
+                .pending
+                .iter()
+                .map(|p| p.start_ns())
+                .min()
+                .unwrap_or(u64::MAX);
+            self.chunk.retain_since(keep_from.min(oldest));
+            // Lanes that ended before the history kept are no longer needed.
+            let expired = self.lanes.prune(keep_from.min(oldest));
+            self.session
+                .counters
+                .lanes_expired
+                .fetch_add(expired as u64, Ordering::Relaxed);
+            self.note_lanes_tracked();
+            let modules = sampler.modules();
+            self.process_v1(&modules, false);
+            return;
+        }
+        let Some(first) = self.chunk.first_timestamp_ns() else {
+            return;
+        };
+        let now = now_ns();
+        let full = self.lanes.finished() >= MAX_FINISHED_LANES_PER_CHUNK;
+        if full || now.saturating_sub(first) >= self.chunk_duration.as_nanos() as u64 {
+            if full {
+                self.session
+                    .counters
+                    .chunks_cut_early
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            self.drain(sampler);
+            self.finish(sampler);
+        }
+    }
+
+    pub(super) fn finish(&mut self, sampler: &Sampler) {
+        let modules = sampler.modules();
+        self.finish_with(&modules);
+    }
+
+    fn record_exports(&self, counts: ExportCounts) {
+        let c = &self.session.counters;
+        c.export_sent.fetch_add(counts.sent, Ordering::Relaxed);
+        c.export_failed.fetch_add(counts.failed, Ordering::Relaxed);
+        c.export_dropped
+            .fetch_add(counts.dropped, Ordering::Relaxed);
+    }
+
+    /// Writes the file exporters' accumulated profiles (at shutdown).
+    pub(super) fn finish_exports(&mut self) {
+        let mut counts = ExportCounts::default();
+        for e in &mut self.exporters {
+            e.finish(&self.service_name, &mut counts);
+        }
+        self.record_exports(counts);
+    }
+
+    pub(super) fn finish_with(&mut self, modules: &crate::ModuleSet) {
+        if self.v1.is_some() {
+            self.process_v1(modules, true);
+            return;
+        }
+        self.read_lane_events();
+        if self.chunk.is_empty() {
+            return;
+        }
+        let mut chunk = self.chunk.take();
+        let now = now_ns();
+        if self.attribution == ThreadAttribution::Lanes {
+            // Fill lanes from where the previous chunk's fill-ins ended (not
+            // from this chunk's first sample, which can come well after the
+            // root span that resumed the sampler), at most `MAX_FILL_LEAD`
+            // before the first sample so the chunk stays within Relay's span.
+            let from = chunk
+                .first_timestamp_ns()
+                .map_or(now, |first| first.saturating_sub(MAX_FILL_LEAD_NS))
+                .max(self.filled_until_ns);
+            let filled = self
+                .lanes
+                .fill_suspended_from(&mut chunk, self.period_ns, from, now);
+            self.filled_until_ns = now;
+            let c = &self.session.counters;
+            c.lane_fill_ins
+                .fetch_add(filled.added as u64, Ordering::Relaxed);
+            c.lane_fill_ins_capped
+                .fetch_add(filled.capped as u64, Ordering::Relaxed);
+        }
+        if !self.exporters.is_empty() {
+            let view = ProfileView::build(
+                &chunk,
+                &self.lanes,
+                modules,
+                self.symbolizer.as_mut(),
+                self.period_ns,
+            );
+            let mut counts = ExportCounts::default();
+            for e in &mut self.exporters {
+                e.export(&view, &self.service_name, &mut counts);
+            }
+            self.record_exports(counts);
+        }
+        let keys = self.lanes.thread_keys(&chunk, self.attribution);
+        let keys = crate::encode::synthetic::mark_running_requests(&mut chunk, keys);
+        let pieces = encode_chunk(
+            &self.meta,
+            &chunk,
+            modules,
+            self.symbolizer.as_mut(),
+            &|i, _| keys[i].clone(),
+        );
+        let expired = self.lanes.prune(now);
+        self.note_lanes_tracked();
+        let c = &self.session.counters;
+        c.lanes_expired.fetch_add(expired as u64, Ordering::Relaxed);
+        c.samples_single_thread.fetch_add(
+            pieces.iter().map(|p| p.dropped_single).sum::<usize>() as u64,
+            Ordering::Relaxed,
+        );
+        for piece in pieces {
+            let samples = piece.samples as u64;
+            match self.session.send_profile_chunk(piece) {
+                Handed::Taken => {
+                    c.chunks_sent.fetch_add(1, Ordering::Relaxed);
+                    c.samples_sent.fetch_add(samples, Ordering::Relaxed);
+                }
+                // Counted by the sender, by reason.
+                #[cfg(feature = "http")]
+                Handed::Dropped => {}
+                Handed::NoTransport => {
+                    c.chunks_without_transport.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! The profiler session: its lifecycle (manual or trace), flush and
+//! shutdown. The parts:
+//!
+//! - this file: the session itself, what application threads call (a few
+//!   atomic operations each), and starting and stopping it;
+//! - [`profiler_thread`]: the thread that takes the sampler's samples and
+//!   the lanes' events and drives the chunk writer;
+//! - [`chunk_writer`]: the chunk in progress: fill-ins, encoding, exports,
+//!   handing chunks to the sink;
+//! - [`v1`]: transaction-based (V1) profiling's part of the profiler
+//!   thread, and the seam ([`v1::PendingProfile`]) through which the Sentry
+//!   glue hands it transactions;
+//! - [`sink`]: where finished chunks go ([`sink::ChunkSink`], implemented
+//!   by the Sentry transport glue);
+//! - [`stats`]: counters and [`ProfilerStats`].
+//!
+//! The session depends on the sampler, the lanes and the encoders, never on
+//! the Sentry glue (`transport`, `transaction_profile`, `integration`): the
+//! glue hands it a sink and pending transactions through the traits above.
+//! A unit test (`no_import_circle`) keeps it that way.
+//!
+//! Everything an application thread calls here (root span started/finished,
+//! start/stop) is a few atomic operations: the sampler is created paused on
+//! the profiler thread at init (which waits for it, up to two seconds, so
+//! that the first transactions are sampled) and only resumed or paused
+//! afterwards.
+
+mod chunk_writer;
+mod profiler_thread;
+pub(crate) mod sink;
+mod stats;
+pub(crate) mod v1;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+
+use crate::export::ExportTarget;
+use crate::lanes::{LaneLink, LaneRegistry, ThreadAttribution};
+use crate::options::{ProfileLifecycle, SamplerConfig};
+use crate::sampler::{SamplerControl, SamplerStats};
+use profiler_thread::Request;
+use sink::ChunkSink;
+use stats::Counters;
+pub(crate) use stats::DeliveryCounters;
+pub use stats::{ChunkDrops, ProfilerStats};
+use v1::{PendingProfile, V1Config};
+
+/// The session currently running in this process, for the tracing layer.
+static CURRENT: ArcSwapOption<Session> = ArcSwapOption::const_empty();
+/// The most recent session, kept after shutdown so its counters stay readable.
+static LAST: ArcSwapOption<Session> = ArcSwapOption::const_empty();
+
+/// The running session, if profiling is configured and this process's
+/// session was sampled. Never in a forked child: the session's threads
+/// stayed in the parent.
+pub(crate) fn current() -> Option<Arc<Session>> {
+    if crate::sys::in_forked_child() {
+        return None;
+    }
+    CURRENT.load_full()
+}
+
+/// The current session, or the last one after it shut down (none in a
+/// forked child, whose copy of the counters would only mislead).
+pub(crate) fn last() -> Option<Arc<Session>> {
+    if crate::sys::in_forked_child() {
+        return None;
+    }
+    LAST.load_full()
+}
+
+/// Settled configuration of a session.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionConfig {
+    pub(crate) sampler: SamplerConfig,
+    pub(crate) lifecycle: ProfileLifecycle,
+    pub(crate) chunk_duration: Duration,
+    pub(crate) symbolize: bool,
+    pub(crate) release: String,
+    pub(crate) environment: Option<String>,
+    pub(crate) debug: bool,
+    pub(crate) attribution: ThreadAttribution,
+    pub(crate) exports: Vec<ExportTarget>,
+    pub(crate) service_name: String,
+    /// Transaction-based (V1) profiling instead of continuous chunks.
+    pub(crate) v1: Option<V1Config>,
+}
+
+/// How long `sentry::init` waits for the sampler to be ready, at most.
+const SAMPLER_READY_WAIT: Duration = Duration::from_secs(2);
+
+/// One profiling session (one `sentry::init`).
+pub(crate) struct Session {
+    profiler_id: String,
+    config: OnceLock<SessionConfig>,
+    session_sampled: AtomicBool,
+    /// Where chunks go (set by the Sentry glue's transport factory).
+    sink: Mutex<Option<Arc<dyn ChunkSink>>>,
+    delivery: Arc<DeliveryCounters>,
+    control: OnceLock<SamplerControl>,
+    requests: Mutex<Option<Sender<Request>>>,
+    /// Lanes registered by application threads, read by the profiler thread.
+    lanes: LaneRegistry,
+    v1_queue: OnceLock<std::sync::mpsc::SyncSender<Box<dyn PendingProfile>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    active_roots: AtomicUsize,
+    manual_running: AtomicBool,
+    shut_down: AtomicBool,
+    counters: Counters,
+    last_sampler_stats: Mutex<SamplerStats>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("profiler_id", &self.profiler_id)
+            .field("session_sampled", &self.session_sampled)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            profiler_id: crate::encode::sentry_chunk::new_id(),
+            config: OnceLock::new(),
+            session_sampled: AtomicBool::new(false),
+            sink: Mutex::new(None),
+            delivery: Arc::default(),
+            control: OnceLock::new(),
+            requests: Mutex::new(None),
+            lanes: LaneRegistry::default(),
+            v1_queue: OnceLock::new(),
+            thread: Mutex::new(None),
+            active_roots: AtomicUsize::new(0),
+            manual_running: AtomicBool::new(false),
+            shut_down: AtomicBool::new(false),
+            counters: Counters::default(),
+            last_sampler_stats: Mutex::new(SamplerStats::default()),
+        })
+    }
+
+    /// Records where chunks go (called by the transport factory).
+    pub(crate) fn set_sink(&self, sink: Arc<dyn ChunkSink>) {
+        *self.sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    /// The counters the crate's chunk sender keeps.
+    #[cfg(feature = "http")]
+    pub(crate) fn delivery_counters(&self) -> Arc<DeliveryCounters> {
+        Arc::clone(&self.delivery)
+    }
+
+    /// Starts the session: publishes it and starts the profiler thread with a
+    /// paused sampler. Called once, from the integration's `setup`.
+    pub(crate) fn activate(self: &Arc<Self>, config: SessionConfig, sampled: bool) {
+        crate::sys::watch_fork();
+        if self.config.set(config).is_err() {
+            return;
+        }
+        if crate::sys::in_forked_child() {
+            // The parent's sampler state (its locks, slots and thread list)
+            // was copied mid-flight; a fresh session here could trip on it.
+            self.debug("profiling disabled: this process is a fork of a profiled process");
+            return;
+        }
+        LAST.store(Some(Arc::clone(self)));
+        self.session_sampled.store(sampled, Ordering::Release);
+        if !sampled {
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        *self.requests.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        let Some(lane_rx) = self.lanes.open() else {
+            return;
+        };
+        let (v1_tx, v1_rx) = std::sync::mpsc::sync_channel(v1::V1_QUEUE);
+        let _ = self.v1_queue.set(v1_tx);
+        let this = Arc::clone(self);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("sentry-profiler-chunks".into())
+            .spawn(move || this.run(rx, lane_rx, v1_rx, ready_tx));
+        match spawned {
+            Ok(handle) => {
+                self.lanes.set_reader(handle.thread().clone());
+                *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+                CURRENT.store(Some(Arc::clone(self)));
+                // Wait for the sampler (its module list takes a while to
+                // read): a transaction that starts before it samples would
+                // be linked to a profile with no samples of it.
+                if ready_rx.recv_timeout(SAMPLER_READY_WAIT)
+                    == Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+                {
+                    self.debug("the sampler is not ready yet; the first samples will come late");
+                }
+            }
+            Err(e) => {
+                eprintln!(
+                    "sentry-profiling: profiling disabled: cannot start the profiler thread: {e}"
+                );
+                self.session_sampled.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    fn config(&self) -> Option<&SessionConfig> {
+        self.config.get()
+    }
+
+    fn debug(&self, msg: &str) {
+        if self.config().is_some_and(|c| c.debug) {
+            eprintln!("[sentry] sentry-profiling: {msg}");
+        }
+    }
+
+    /// The profiler id, when this session profiles.
+    pub(crate) fn profiler_id(&self) -> Option<&str> {
+        self.session_sampled
+            .load(Ordering::Acquire)
+            .then_some(self.profiler_id.as_str())
+    }
+
+    /// The lifecycle mode.
+    pub(crate) fn lifecycle(&self) -> ProfileLifecycle {
+        self.config()
+            .map_or(ProfileLifecycle::Manual, |c| c.lifecycle)
+    }
+
+    /// Whether samples are being taken right now, or will be as soon as the
+    /// sampler (created at init on the profiler thread) is ready.
+    pub(crate) fn is_running(&self) -> bool {
+        if self.shut_down.load(Ordering::Acquire) || self.profiler_id().is_none() {
+            return false;
+        }
+        self.active_roots.load(Ordering::Acquire) > 0
+            || self.manual_running.load(Ordering::Acquire)
+            || self.control.get().is_some_and(SamplerControl::is_active)
+    }
+
+    fn set_sampling(&self, on: bool) {
+        if let Some(control) = self.control.get() {
+            if on {
+                control.resume()
+            } else {
+                control.pause()
+            }
+        }
+    }
+
+    /// Trace lifecycle: a sampled root span became active. Returns whether
+    /// the profiler runs for it.
+    pub(crate) fn root_started(&self, lane: u64, name: &str) -> bool {
+        if self.profiler_id().is_none() || self.shut_down.load(Ordering::Acquire) {
+            return false;
+        }
+        let wanted = match self.v1() {
+            Some(v1) => v1.sampled(lane, name),
+            None => self.lifecycle() == ProfileLifecycle::Trace,
+        };
+        if !wanted {
+            return false;
+        }
+        if self.active_roots.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.set_sampling(true);
+        }
+        true
+    }
+
+    /// Trace lifecycle: a root span for which [`Session::root_started`]
+    /// returned true has finished.
+    pub(crate) fn root_finished(&self) {
+        let prev = self
+            .active_roots
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if prev == Ok(1) {
+            self.set_sampling(false);
+            // A root that started between the decrement and the pause must
+            // not be left unprofiled.
+            if self.active_roots.load(Ordering::Acquire) > 0 {
+                self.set_sampling(true);
+            }
+        }
+    }
+
+    /// Manual lifecycle: starts the profiler (spec no-op rules apply).
+    pub(crate) fn start_manual(&self) {
+        if self.lifecycle() == ProfileLifecycle::Trace {
+            self.debug("start_profiler() has no effect with the trace lifecycle");
+            return;
+        }
+        if self.profiler_id().is_none() {
+            self.debug("start_profiler() has no effect: this profiling session was not sampled");
+            return;
+        }
+        if self.manual_running.swap(true, Ordering::AcqRel) {
+            self.debug("start_profiler() has no effect: the profiler is already running");
+            return;
+        }
+        self.set_sampling(true);
+    }
+
+    /// Manual lifecycle: stops the profiler.
+    pub(crate) fn stop_manual(&self) {
+        if self.lifecycle() == ProfileLifecycle::Trace {
+            self.debug("stop_profiler() has no effect with the trace lifecycle");
+            return;
+        }
+        if !self.manual_running.swap(false, Ordering::AcqRel) {
+            self.debug("stop_profiler() has no effect: the profiler is not running");
+            return;
+        }
+        self.set_sampling(false);
+    }
+
+    /// Transaction-based profiling settings, when that mode is on.
+    pub(crate) fn v1(&self) -> Option<&V1Config> {
+        self.config().and_then(|c| c.v1.as_ref())
+    }
+
+    /// V1 mode: hands a transaction to be profiled to the profiler thread,
+    /// or gives its envelope back, without a profile, when the queue is
+    /// full (counted) or no profiler thread runs.
+    pub(crate) fn v1_enqueue(
+        &self,
+        pending: Box<dyn PendingProfile>,
+    ) -> Option<sentry_core::protocol::Envelope> {
+        let Some(tx) = self.v1_queue.get() else {
+            return Some(pending.without_profile());
+        };
+        match tx.try_send(pending) {
+            Ok(()) => None,
+            Err(e) => {
+                self.counters.v1_dropped[4].fetch_add(1, Ordering::Relaxed);
+                let pending = match e {
+                    std::sync::mpsc::TrySendError::Full(p)
+                    | std::sync::mpsc::TrySendError::Disconnected(p) => p,
+                };
+                Some(pending.without_profile())
+            }
+        }
+    }
+
+    /// The configured attribution.
+    pub(crate) fn attribution(&self) -> ThreadAttribution {
+        self.config()
+            .map_or_else(ThreadAttribution::default, |c| c.attribution)
+    }
+
+    /// Registers a lane with the profiler thread; never blocks. Returns
+    /// false (and counts it) when the lane cannot be tracked (see
+    /// [`LaneRegistry::started`]).
+    pub(crate) fn lane_started(&self, lane: u64, link: Arc<LaneLink>, start_ns: u64) -> bool {
+        self.lanes.started(lane, link, start_ns)
+    }
+
+    /// Reports the end of a lane for which [`Session::lane_started`]
+    /// returned true; never blocks.
+    pub(crate) fn lane_finished(&self, lane: u64, end_ns: u64) {
+        self.lanes.finished(lane, end_ns);
+    }
+
+    /// Sends the chunk in progress now, waiting up to `timeout`.
+    pub(crate) fn flush(&self, timeout: Duration) -> bool {
+        if crate::sys::in_forked_child() {
+            // The profiler thread stayed in the parent: nothing to wait for.
+            return true;
+        }
+        self.request(Request::Flush, timeout)
+    }
+
+    /// Stops profiling for good, sending the last chunk; waits up to `timeout`.
+    pub(crate) fn shutdown(&self, timeout: Duration) -> bool {
+        if crate::sys::in_forked_child() {
+            // The profiler thread, and the chunk it was building, belong to
+            // the parent, which sends them at its own shutdown.
+            return true;
+        }
+        if self.shut_down.swap(true, Ordering::AcqRel) {
+            return true;
+        }
+        let done = self.request(Request::Shutdown, timeout);
+        if done {
+            if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = t.join();
+            }
+        }
+        let current = CURRENT.load();
+        if current.as_ref().is_some_and(|c| std::ptr::eq(&**c, self)) {
+            CURRENT.store(None);
+        }
+        done
+    }
+
+    fn request(&self, make: fn(Sender<()>) -> Request, timeout: Duration) -> bool {
+        let (ack_tx, ack_rx) = std::sync::mpsc::channel();
+        let sent = self
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|tx| tx.send(make(ack_tx)).is_ok());
+        if !sent {
+            return true;
+        }
+        if let Some(t) = self
+            .thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            t.thread().unpark();
+        }
+        ack_rx.recv_timeout(timeout).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The Sentry glue may depend on the session and the core, never the
+    /// reverse: no core module names a glue module. Scans the sources, so a
+    /// new import of a glue module into the core fails here.
+    #[test]
+    fn no_import_circle() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let core = [
+            "session",
+            "lanes",
+            "sampler",
+            "encode",
+            "chunk",
+            "export.rs",
+            "symbolize",
+            "unwind",
+            "sys",
+            "options.rs",
+            "context.rs",
+            "attribution.rs",
+        ];
+        // Spelled in pieces, so that this test does not find itself.
+        let glue = ["transport", "transaction_profile", "integration", "hooks"]
+            .map(|m| format!("crate::{m}"));
+        let mut files = Vec::new();
+        for c in core {
+            collect(&src.join(c), &mut files);
+        }
+        assert!(files.len() > 20, "found the sources: {files:?}");
+        let mut offenders = Vec::new();
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for g in &glue {
+                if text.contains(g.as_str()) {
+                    offenders.push(format!("{} names {g}", f.display()));
+                }
+            }
+        }
+        assert!(offenders.is_empty(), "core depends on glue: {offenders:#?}");
+    }
+
+    fn collect(path: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        if path.is_dir() {
+            for e in std::fs::read_dir(path).unwrap() {
+                collect(&e.unwrap().path(), out);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path.to_owned());
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! The profiler thread: creates the sampler (paused), then takes its
+//! samples every [`PROFILER_TICK`] and the lanes' events every sampling
+//! period while requests are in flight, and drives the chunk writer;
+//! answers flush and shutdown requests.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, Sender};
+use std::time::{Duration, Instant};
+
+use super::Session;
+use super::chunk_writer::ChunkWriter;
+use super::v1::{PendingProfile, V1State};
+use crate::chunk::Chunk;
+use crate::encode::sentry_chunk::ChunkMeta;
+use crate::export::Exporter;
+use crate::lanes::Lanes;
+use crate::lanes::registry::{LaneReader, read_interval};
+use crate::sampler::{Sampler, register_own_thread};
+use crate::symbolize::Symbolizer;
+
+/// How often the profiler thread takes the sampler's samples (and, with no
+/// request in flight, reads the lane queue).
+pub(super) const PROFILER_TICK: Duration = Duration::from_millis(100);
+
+/// What an application thread asks of the profiler thread.
+pub(super) enum Request {
+    Flush(Sender<()>),
+    Shutdown(Sender<()>),
+}
+
+impl Session {
+    /// The profiler thread.
+    pub(super) fn run(
+        self: Arc<Self>,
+        requests: Receiver<Request>,
+        lane_events: LaneReader,
+        v1_requests: Receiver<Box<dyn PendingProfile>>,
+        ready: Sender<()>,
+    ) {
+        let _own = register_own_thread();
+        let Some(config) = self.config().cloned() else {
+            return;
+        };
+        let sampler = match Sampler::start_paused(config.sampler.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("{e}; profiling disabled");
+                self.session_sampled.store(false, Ordering::Release);
+                return;
+            }
+        };
+        let _ = self.control.set(sampler.control());
+        // Roots may have started while the sampler was being created.
+        if self.active_roots.load(Ordering::Acquire) > 0
+            || self.manual_running.load(Ordering::Acquire)
+        {
+            sampler.resume();
+        }
+        let _ = ready.send(());
+        let meta = ChunkMeta {
+            profiler_id: self.profiler_id.clone(),
+            release: config.release.clone(),
+            environment: config.environment.clone(),
+        };
+        let mut builder = ChunkWriter {
+            session: &self,
+            meta,
+            chunk: Chunk::new(),
+            symbolizer: config.symbolize.then(Symbolizer::new),
+            chunk_duration: config.chunk_duration,
+            lanes: Lanes::default(),
+            lane_events,
+            attribution: config.attribution,
+            period_ns: 1_000_000_000 / u64::from(config.sampler.frequency_hz.max(1)),
+            filled_until_ns: 0,
+            meter: Default::default(),
+            exporters: config
+                .exports
+                .iter()
+                .filter_map(|t| {
+                    Exporter::new(t)
+                        .map_err(|e| eprintln!("sentry-profiling: {e}"))
+                        .ok()
+                })
+                .collect(),
+            service_name: config.service_name.clone(),
+            v1: config.v1.is_some().then(|| V1State {
+                requests: v1_requests,
+                pending: Vec::new(),
+                os_version: crate::kernel_release(),
+            }),
+        };
+        let period = Duration::from_nanos(builder.period_ns);
+        let mut last_drain = Instant::now();
+        loop {
+            match requests.try_recv() {
+                Ok(Request::Flush(ack)) => {
+                    builder.drain(&sampler);
+                    builder.finish(&sampler);
+                    let _ = ack.send(());
+                }
+                Ok(Request::Shutdown(ack)) => {
+                    let modules = sampler.modules();
+                    let (stats, rest) = sampler.stop_and_drain();
+                    for s in &rest {
+                        builder.push(s, &modules);
+                    }
+                    builder.finish_with(&modules);
+                    builder.finish_exports();
+                    *self
+                        .last_sampler_stats
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = stats;
+                    let _ = ack.send(());
+                    return;
+                }
+                Err(_) => {}
+            }
+            // Take samples in batches: sleeping instead of blocking on the
+            // queue spares the sampler a wake-up per sample. Flush and
+            // shutdown requests unpark the thread.
+            // Lane ends are read every sampling period while requests are
+            // in flight, samples every tick.
+            let wait = read_interval(self.lanes.in_flight(), period, PROFILER_TICK);
+            let since = last_drain.elapsed();
+            std::thread::park_timeout(wait.min(PROFILER_TICK.saturating_sub(since)));
+            builder.read_lane_events();
+            if last_drain.elapsed() >= PROFILER_TICK {
+                last_drain = Instant::now();
+                builder.drain(&sampler);
+                builder.read_lane_events();
+                builder.rotate_if_due(&sampler);
+            }
+        }
+    }
+}
