@@ -105,6 +105,46 @@ impl<F: Future> Future for RecordedFuture<F> {
     }
 }
 
+/// Wall time each request spent inside `burn_cpu`, by trace id: on a busy
+/// machine a thread preempted just before `burn_cpu` checks its deadline
+/// stays in it longer than asked, and Sentry rightly shows that time there.
+static IN_BURN: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
+
+/// The example's `GET /work/{ms}` (ten slices of `burn_cpu`, yielding
+/// between them), timing each slice.
+async fn timed_work(
+    axum::extract::Path(ms): axum::extract::Path<u64>,
+    headers: http::HeaderMap,
+) -> String {
+    let trace = headers
+        .get("sentry-trace")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split('-').next())
+        .unwrap_or_default()
+        .to_owned();
+    let mut acc = 0u64;
+    for i in 0..10 {
+        let slice = ms / 10 + u64::from(i < ms % 10);
+        let start = now_ns();
+        acc ^= sentry_profiling_examples::burn_cpu(slice);
+        let spent = now_ns().saturating_sub(start);
+        IN_BURN.lock().unwrap().push((trace.clone(), spent));
+        tokio::task::yield_now().await;
+    }
+    format!("worked {ms} ms ({acc:x})\n")
+}
+
+/// The example's routes, with [`timed_work`] for `/work`.
+fn router() -> axum::Router {
+    axum::Router::new()
+        .route("/work/{ms}", axum::routing::get(timed_work))
+        .route(
+            "/sleep/{ms}",
+            axum::routing::get(sentry_profiling_examples::sleep),
+        )
+        .layer(sentry_profiling_tracing::http_layer())
+}
+
 /// The time between a transaction's start and its root span's, plus
 /// between their ends: the request was not yet (or no longer) in its lane.
 fn outside_root_span_ns(tx: &Value, window: &TransactionWindow) -> u64 {
@@ -124,7 +164,7 @@ fn outside_root_span_ns(tx: &Value, window: &TransactionWindow) -> u64 {
 fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
     let settings = local_settings("weighting");
     let dir = settings.envelope_dir.clone();
-    let app = sentry_profiling_examples::router().layer(RecordPolls);
+    let app = router().layer(RecordPolls);
     run_service(&settings, app, |addr, _shutdown| async move {
         let mut tasks = Vec::new();
         let mut id = 0u64;
@@ -132,6 +172,8 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
             for (ms, route) in [
                 (200u64, "work"),
                 (300, "work"),
+                (40, "work"),
+                (30, "work"),
                 (60, "sleep"),
                 (90, "sleep"),
                 (120, "sleep"),
@@ -208,13 +250,17 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
         .iter()
         .map(|c| ProfileChunk::from_value(&c.payload).unwrap())
         .collect();
-    assert_eq!(transactions.len(), 15);
+    assert_eq!(transactions.len(), 21);
     let polls = std::mem::take(&mut *POLLS.lock().unwrap());
+    let in_burn_all = std::mem::take(&mut *IN_BURN.lock().unwrap());
 
     let mut profiler_id = String::new();
     // Lane thread id -> the request's trace id.
     let mut lane_trace: HashMap<String, String> = HashMap::new();
     let mut burn_ratios = Vec::new();
+    // /work transactions: (N, burn_cpu shown, time in burn_cpu, time shown
+    // with no stack captured).
+    let mut work_seen: Vec<(u64, u64, u64, u64)> = Vec::new();
     for tx in &transactions {
         let window = TransactionWindow::from_value(tx).unwrap();
         profiler_id.clone_from(&window.profiler_id);
@@ -265,13 +311,58 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                 .filter(|p| p.3 == trace)
                 .map(|p| p.2 - p.1)
                 .sum();
+            let in_burn: u64 = in_burn_all
+                .iter()
+                .filter(|b| b.0 == trace)
+                .map(|b| b.1)
+                .sum();
+            let uncaptured = shown.weight_where(|f| {
+                f.function.as_deref() == Some(sentry_profiling::sentry_view::UNCAPTURED_FUNCTION)
+            });
             let ratio = burn as f64 / (n * 1_000_000) as f64;
             eprintln!(
-                "  burn_cpu {:.1} ms of {n} ms ({:.0}%), polled {:.1} ms",
+                "  burn_cpu {:.1} ms of {n} ms ({:.0}%), in burn_cpu {:.1} ms, polled {:.1} ms, no stack captured {:.1} ms",
                 burn as f64 / 1e6,
                 ratio * 100.0,
-                polled as f64 / 1e6
+                in_burn as f64 / 1e6,
+                polled as f64 / 1e6,
+                uncaptured as f64 / 1e6,
             );
+            work_seen.push((n, burn, in_burn, uncaptured));
+            if std::env::var_os("WEIGHTING_DEBUG").is_some()
+                && (uncaptured > 0 || burn * 100 < in_burn * 85)
+            {
+                // Every sample of the lane and of the threads that polled
+                // the request, in its window.
+                let tids: Vec<String> = polls
+                    .iter()
+                    .filter(|p| p.3 == trace)
+                    .map(|p| p.0.to_string())
+                    .collect();
+                for p in polls.iter().filter(|p| p.3 == trace) {
+                    eprintln!("    poll on {} {}..{}", p.0, p.1, p.2);
+                }
+                for c in &parsed {
+                    for smp in &c.samples {
+                        if (smp.thread_id == window.thread_id || tids.contains(&smp.thread_id))
+                            && window.start_ns <= smp.timestamp_ns
+                            && smp.timestamp_ns <= window.end_ns
+                        {
+                            let names: Vec<String> = c.stacks[smp.stack_id]
+                                .iter()
+                                .take(2)
+                                .map(|&f| c.frames[f].name())
+                                .collect();
+                            eprintln!(
+                                "    {} {} {}",
+                                smp.timestamp_ns,
+                                smp.thread_id,
+                                names.join(" < ")
+                            );
+                        }
+                    }
+                }
+            }
             burn_ratios.push(ratio);
             // Where the rest went: samples of burn_cpu the sampler filed
             // under the OS thread (no request) while that thread was

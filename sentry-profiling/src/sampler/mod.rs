@@ -85,6 +85,10 @@ const MAX_ASK_EVERY: u64 = 128;
 /// for samples up to its end.
 const REQUEST_STACK_WAIT_NS: u64 = 100_000_000;
 
+/// CPU time after which the timer of a thread found in a request with no
+/// capture yet fires (see [`Worker::nudge`]).
+const NUDGE_AFTER: Duration = Duration::from_micros(500);
+
 /// Most missed periods one tick records samples for.
 const MAX_CATCH_UP: u32 = 100;
 
@@ -453,7 +457,7 @@ impl Worker {
         let tick_ts = sys::realtime_ns();
         let now = Instant::now();
         self.unwinder.refresh_modules();
-        self.threads.refresh_context_slots();
+        self.threads.refresh_context_slots(&own_threads(), c);
         for idx in 0..self.threads.len() {
             self.tick_thread(idx, periods, tick_ts, now, c);
         }
@@ -486,12 +490,22 @@ impl Worker {
             self.untimed(idx, tick_ts, now, c);
             return;
         }
+        self.nudge(idx, c);
+        let t = self.threads.get_mut(idx);
         let missed = t.slot.map_or(0, |s| s.take_missed());
         let looked_before = t.looked_ns.replace(tick_ts);
         let mut last_ts = 0;
         let mut running = 0;
+        // The times of this tick's samples of running code (captures and
+        // stand-ins), which the fills keep clear of.
+        let mut taken: [u64; 4] = [0; 4];
+        let mut n_taken = 0;
         for sample in harvested.running() {
             last_ts = sample.timestamp_ns();
+            if n_taken < taken.len() {
+                taken[n_taken] = last_ts;
+                n_taken += 1;
+            }
             t.alive_ns = t.alive_ns.max(last_ts);
             insert(t, Pending::Sample(sample));
             running += 1;
@@ -522,6 +536,10 @@ impl Worker {
             // request may get a moment it was not running.
             for _ in 0..cover.stand_ins {
                 last_ts += 1_000;
+                if n_taken < taken.len() {
+                    taken[n_taken] = last_ts;
+                    n_taken += 1;
+                }
                 insert(
                     t,
                     Pending::Sample(sample_of(t, last_ts, stack.clone(), context, true)),
@@ -541,8 +559,14 @@ impl Worker {
         t.surplus = cover.surplus;
         // The periods owed captures paid for are the oldest.
         let uncovered = cover.new_fills + cover.paid;
-        let times = periods::fill_times(uncovered, tick_ts, looked_before, period_ns);
-        for timestamp_ns in times.skip(cover.paid as usize) {
+        let times = periods::fill_times(
+            uncovered,
+            tick_ts,
+            looked_before,
+            period_ns,
+            &taken[..n_taken],
+        );
+        for timestamp_ns in times.into_iter().skip(cover.paid as usize) {
             // What the thread's published context word was at the fill's
             // moment (the sampler may run late).
             let word = t
@@ -661,6 +685,42 @@ impl Worker {
         t.next_check = tick_no + t.check_every;
     }
 
+    /// Brings the timer of thread `idx` forward when it is inside a request
+    /// of which no stack was captured yet (on any thread): its next capture
+    /// comes after `NUDGE_AFTER` of its CPU time rather than after what is
+    /// left of the current period. Otherwise a short request on a thread
+    /// that gets a small share of a busy machine's cores can end before its
+    /// first capture, and its periods have no stack to show. The shortened
+    /// period is one of the thread's periods like any other (a capture
+    /// beyond the tick's periods cancels a fill), so the thread is not
+    /// sampled more than once per period of its wall time. Repeated at every
+    /// tick that finds the thread in such a request (the capture may land in
+    /// another request the thread polls in between), at most once per tick.
+    fn nudge(&mut self, idx: usize, c: &Counters) {
+        let period = self.period;
+        let t = self.threads.get_mut(idx);
+        let (Some(slot), Some(timer)) = (t.context_slot, &t.timer) else {
+            return;
+        };
+        if !t.timer_armed {
+            return;
+        }
+        let word = crate::context::read_for(slot, t.info.tid);
+        if word == 0 || self.requests.get(word).is_some() {
+            return;
+        }
+        // An expired timer whose signal waits for the thread to run again
+        // (preempted) must be left alone: re-arming it makes the kernel
+        // drop that signal, and with it the capture.
+        if timer.remaining().is_none_or(|left| left <= NUDGE_AFTER) {
+            return;
+        }
+        t.nudged_context = word;
+        if timer.set_first(NUDGE_AFTER, period) {
+            c.timers_nudged.add(1);
+        }
+    }
+
     /// A thread without a timer: signalled from here whenever its CPU clock
     /// moved, its previous stack repeated otherwise.
     fn untimed(&mut self, idx: usize, tick_ts: u64, now: Instant, c: &Counters) {
@@ -722,7 +782,17 @@ impl Worker {
         };
         let top = match known_bounds {
             Some((lo, hi)) if (lo..hi).contains(&(sp as usize)) => Some(hi),
-            _ => self.threads.stack_top(sp as usize),
+            _ => {
+                // Blocked in the kernel, its stack pointer is on its stack:
+                // its bounds are learned here, before its first capture.
+                let mapping = self.threads.stack_mapping(sp as usize);
+                if let Some(bounds) = mapping {
+                    if known_bounds.is_none() {
+                        self.threads.set_bounds(idx, bounds);
+                    }
+                }
+                mapping.map(|(_, hi)| hi)
+            }
         };
         let len = top.map_or(0, |hi| (hi.saturating_sub(sp as usize)).min(cap));
         self.copy_buf.resize(len, 0);
@@ -864,6 +934,7 @@ impl Worker {
         let request = t.requested.take();
         c.handler_ns.add(cap.handler_ns);
         if !keep {
+            c.captures_discarded.add(1);
             return Harvested::Discarded;
         }
         let stack: Arc<[u64]> = match &t.last_stack {

@@ -74,24 +74,47 @@ pub(super) fn cover(
     }
 }
 
-/// Timestamps of `n` fills of a thread looked at `now`: one period apart
-/// back from `now`, or, where that would reach back to `since` (when the
-/// thread was looked at before; a late or slow tick) or beyond, spread
-/// evenly over `(since, now]`, the time they stand for.
+/// Timestamps of `n` fills of a thread looked at `now`, whose samples of
+/// running code in the same stretch are at `taken`: the stretch's periods
+/// (the fills' and the taken samples') lie one period apart back from
+/// `now`, or, where that would reach back to `since` (when the thread was
+/// looked at before; a late or slow tick) or beyond, evenly over
+/// `(since, now]`, the time they stand for. Each taken sample occupies the
+/// period nearest to it, and the fills get the others, so a thread's
+/// samples stay about a period apart: Sentry weights a sample by the time to
+/// the next one, and two samples close together leave a gap elsewhere that
+/// the sample before it would carry.
 pub(super) fn fill_times(
     n: u32,
     now: u64,
     since: Option<u64>,
     period_ns: u64,
-) -> impl Iterator<Item = u64> {
-    let back = u64::from(n.saturating_sub(1)).saturating_mul(period_ns);
+    taken: &[u64],
+) -> Vec<u64> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let total = u64::from(n) + taken.len() as u64;
+    let back = (total - 1).saturating_mul(period_ns);
     let step = match since {
         Some(since) if since < now && now.saturating_sub(back) <= since => {
-            (now - since) / u64::from(n.max(1))
+            ((now - since) / total).max(1)
         }
         _ => period_ns,
     };
-    (0..n).map(move |i| now.saturating_sub(u64::from(n - 1 - i).saturating_mul(step)))
+    let mut slots: Vec<u64> = (0..total)
+        .map(|i| now.saturating_sub((total - 1 - i).saturating_mul(step)))
+        .collect();
+    for &t in taken {
+        if slots.len() <= n as usize {
+            break;
+        }
+        // The free period nearest to the taken sample.
+        if let Some(i) = (0..slots.len()).min_by_key(|&i| slots[i].abs_diff(t)) {
+            slots.remove(i);
+        }
+    }
+    slots
 }
 
 /// What the sampler knows of a thread when it decides where a fill stands.
@@ -188,20 +211,35 @@ mod tests {
 
     #[test]
     fn fill_times_step_back_by_periods() {
-        let t: Vec<u64> = fill_times(3, 1_000, None, 100).collect();
+        let t = fill_times(3, 1_000, None, 100, &[]);
         assert_eq!(t, [800, 900, 1_000]);
         // Looked at long enough ago: still a period apart.
-        let t: Vec<u64> = fill_times(3, 1_000, Some(500), 100).collect();
+        let t = fill_times(3, 1_000, Some(500), 100, &[]);
         assert_eq!(t, [800, 900, 1_000]);
-        assert_eq!(fill_times(0, 1_000, None, 100).count(), 0);
+        assert!(fill_times(0, 1_000, None, 100, &[990]).is_empty());
     }
 
     #[test]
     fn fill_times_never_reach_back_before_the_previous_look() {
         // A slow tick: the previous look was 150 ns ago, 3 fills.
-        let t: Vec<u64> = fill_times(3, 1_000, Some(850), 100).collect();
+        let t = fill_times(3, 1_000, Some(850), 100, &[]);
         assert_eq!(t, [900, 950, 1_000]);
         assert!(t.iter().all(|&x| x > 850));
+    }
+
+    #[test]
+    fn fills_take_the_periods_a_capture_left_free() {
+        // A late tick standing for two periods since the look at 800: one
+        // capture at 990, one fill. The fill goes to the older period, not
+        // next to the capture (which would leave 800..990 to one sample).
+        let t = fill_times(1, 1_000, Some(800), 100, &[990]);
+        assert_eq!(t, [900]);
+        // A capture early in the stretch: the fill takes the tick.
+        let t = fill_times(1, 1_000, Some(800), 100, &[880]);
+        assert_eq!(t, [1_000]);
+        // Three periods, captures at both ends: the fill in the middle.
+        let t = fill_times(1, 1_000, Some(700), 100, &[790, 995]);
+        assert_eq!(t, [900]);
     }
 
     #[test]

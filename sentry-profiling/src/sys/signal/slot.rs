@@ -229,6 +229,30 @@ impl Slot {
             .store(SlotState::Requested as u32, Ordering::Release);
     }
 
+    /// Gives an armed slot the thread's stack bounds, learned before its
+    /// first capture. The slot is disarmed for the change (a signal in
+    /// between finds it free and tries the sibling, or counts a missed
+    /// period), so no handler reads half-written bounds. A slot that is
+    /// full or being written gets them at [`Slot::rearm`].
+    pub(crate) fn set_bounds(&self, lo: usize, hi: usize) {
+        if self
+            .state
+            .compare_exchange(
+                SlotState::Requested as u32,
+                SlotState::Free as u32,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return;
+        }
+        self.stack_lo.store(lo, Ordering::Relaxed);
+        self.stack_hi.store(hi, Ordering::Relaxed);
+        self.state
+            .store(SlotState::Requested as u32, Ordering::Release);
+    }
+
     /// Timer signals that found the slot full since the last call.
     pub(crate) fn take_missed(&self) -> u32 {
         self.missed.swap(0, Ordering::Relaxed)
