@@ -515,10 +515,20 @@ impl Worker {
         // through, and its latest stack stands in for those periods.
         // Beyond this tick's periods they cancel fills held from earlier
         // ticks, or are owed to later ones (at most 2).
+        // Only fills within a period before this tick's first capture can
+        // be cancelled by it: the capture shows the thread running about
+        // then. An older fill stands for time the thread was preempted or
+        // waiting (captures come in bursts when a preempted thread runs
+        // again), and cancelling it would leave a gap in its samples that
+        // Sentry charges to the sample before it.
+        let first_capture = if n_taken > 0 { taken[0] } else { u64::MAX };
         let held_fills = t
             .pending
             .iter()
-            .filter(|p| matches!(p, Pending::Fill { .. }))
+            .filter(|p| {
+                matches!(p, Pending::Fill { timestamp_ns, .. }
+                    if timestamp_ns.saturating_add(period_ns) >= first_capture)
+            })
             .count() as u32;
         let cover = periods::cover(
             periods,

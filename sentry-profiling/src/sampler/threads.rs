@@ -345,6 +345,11 @@ impl ThreadTable {
             return;
         }
         t.stack_bounds = Some(bounds);
+        if t.requested.is_some() {
+            // A signal the sampler sent is awaited: the slot must stay
+            // armed for it (it gets the bounds when re-armed).
+            return;
+        }
         for slot in [t.slot, t.slot2].into_iter().flatten() {
             slot.set_bounds(bounds.0, bounds.1);
         }
