@@ -16,7 +16,13 @@
 //!
 //! - a fill is held until the thread is known to be alive at or after its
 //!   tick (a later capture, or its CPU clock read), so no sample outlives its
-//!   thread, and captures beyond the tick's periods cancel the newest fills;
+//!   thread; captures beyond the tick's periods cancel held fills within a
+//!   period before them, and fills take the periods captures left free (a
+//!   thread's samples stay about a period apart);
+//! - a thread's stack bounds are learned before its first capture (see
+//!   `ThreadTable::refresh_context_slots` and [`Worker::look_blocked`]), and
+//!   a thread found in a request with no capture yet has its timer brought
+//!   forward ([`Worker::nudge`]);
 //! - where the thread waits is read without interrupting it (a signal would
 //!   make its `poll`, `nanosleep`, timed `futex` wait… fail with `EINTR`):
 //!   the kernel shows the stack pointer and program counter of a thread
