@@ -582,7 +582,13 @@ impl Worker {
             period_ns,
             &taken[..n_taken],
         );
+        // Never before a sample already emitted (a capture harvested last
+        // tick can be newer than that tick's look): a thread's samples
+        // leave in time order.
+        let mut floor = t.emitted_ns;
         for timestamp_ns in times.into_iter().skip(cover.paid as usize) {
+            let timestamp_ns = timestamp_ns.max(floor.saturating_add(1));
+            floor = timestamp_ns;
             // What the thread's published context word was at the fill's
             // moment (the sampler may run late).
             let word = t
@@ -1237,6 +1243,7 @@ fn flush_with(
         match t.pending.pop_front() {
             Some(Pending::Sample(sample)) => {
                 later_samples = later_samples.saturating_sub(1);
+                t.emitted_ns = t.emitted_ns.max(sample.timestamp_ns());
                 emit(tx, c, sample);
             }
             Some(Pending::Fill {
@@ -1244,6 +1251,7 @@ fn flush_with(
                 at_tick: AtTick::In(stack, context),
             }) => {
                 c.samples_idle.add(1);
+                t.emitted_ns = t.emitted_ns.max(timestamp_ns);
                 emit_for(tx, c, t, timestamp_ns, stack, context, true);
             }
             Some(Pending::Fill {
@@ -1263,6 +1271,7 @@ fn flush_with(
                 };
                 let Some(stack) = stack else { continue };
                 c.samples_idle.add(1);
+                t.emitted_ns = t.emitted_ns.max(timestamp_ns);
                 emit_for(tx, c, t, timestamp_ns, stack, context, true);
             }
             Some(Pending::Fill {
@@ -1276,6 +1285,7 @@ fn flush_with(
                     _ => 0,
                 };
                 c.samples_idle.add(1);
+                t.emitted_ns = t.emitted_ns.max(timestamp_ns);
                 emit_for(tx, c, t, timestamp_ns, stack.clone(), context, true);
             }
             None => break,

@@ -125,6 +125,8 @@ pub(super) struct Tracked {
     /// which the thread is known to have been alive.
     pub(super) pending: std::collections::VecDeque<Pending>,
     pub(super) alive_ns: u64,
+    /// The newest timestamp of the thread's samples emitted so far.
+    pub(super) emitted_ns: u64,
     /// The period before which the thread's scheduler state is not looked
     /// at again.
     pub(super) next_probe: u64,
@@ -170,6 +172,7 @@ impl Tracked {
             surplus: 0,
             pending: std::collections::VecDeque::with_capacity(8),
             alive_ns: 0,
+            emitted_ns: 0,
             next_probe: 0,
             ask_every: 1,
             next_ask: 0,
