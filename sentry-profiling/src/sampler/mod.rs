@@ -916,17 +916,16 @@ impl Worker {
         };
         let frames = &mut self.frames;
         let unwinder = &mut self.unwinder;
-        let Some((cap, off_stack)) = slot.take(|cap, stack| {
-            let off_stack = cap.flags & sys::FLAG_OFF_STACK != 0;
-            if !off_stack {
-                let start = Instant::now();
-                unwinder.unwind(&cap.regs, stack, frames);
-                c.unwind_ns.add(start.elapsed().as_nanos() as u64);
-            }
-            (*cap, off_stack)
-        }) else {
+        let Some(filled) = slot.filled() else {
             return Harvested::Nothing;
         };
+        let cap = *filled.captured();
+        let off_stack = cap.flags & sys::FLAG_OFF_STACK != 0;
+        if !off_stack {
+            let start = Instant::now();
+            unwinder.unwind(&cap.regs, filled.stack(), frames);
+            c.unwind_ns.add(start.elapsed().as_nanos() as u64);
+        }
         let timer = cap.flags & sys::FLAG_TIMER != 0;
         let mut keep = true;
         if off_stack {
@@ -948,7 +947,7 @@ impl Worker {
         }
         let t = self.threads.get_mut(idx);
         let (lo, hi) = t.stack_bounds.unwrap_or((0, 0));
-        slot.rearm(lo, hi);
+        filled.rearm(lo, hi);
         // Any capture proves the thread takes the signal again.
         t.unresponsive = false;
         // A timer capture also ends a question about where the thread waits:
