@@ -12,7 +12,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// How many threads can publish a context word at once; threads beyond it
 /// get fill-in behaviour without a context (their repeated samples say 0).
@@ -31,6 +31,11 @@ static OWNERS: [AtomicU32; MAX_SLOTS] = [const { AtomicU32::new(0) }; MAX_SLOTS]
 /// When each slot was claimed by its current thread (`CLOCK_REALTIME`, ns):
 /// history entries older than that are a previous thread's.
 static CLAIMED_AT: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
+/// An address on each slot's thread's stack, taken when it claimed the
+/// slot: the sampler learns the thread's stack mapping from it before its
+/// first capture (a capture of a thread whose stack bounds are unknown
+/// holds no stack).
+static STACK_HINT: [AtomicUsize; MAX_SLOTS] = [const { AtomicUsize::new(0) }; MAX_SLOTS];
 /// How many times each slot's word was published.
 static CHANGES: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
 
@@ -114,6 +119,11 @@ fn claim(tid: u32) -> u32 {
     t.by_tid.insert(tid, slot);
     drop(table);
     CLAIMED_AT[slot as usize].store(crate::sys::realtime_ns(), Ordering::Relaxed);
+    let on_stack = 0u8;
+    STACK_HINT[slot as usize].store(
+        std::hint::black_box(std::ptr::from_ref(&on_stack)) as usize,
+        Ordering::Relaxed,
+    );
     OWNERS[slot as usize].store(tid, Ordering::Release);
     CLAIMS.fetch_add(1, Ordering::Release);
     // Registers the thread-local destructor that gives the slot back.
@@ -163,6 +173,17 @@ pub(crate) fn slots_by_tid() -> HashMap<u32, u32> {
         .as_ref()
         .map(|t| t.by_tid.clone())
         .unwrap_or_default()
+}
+
+/// An address on the stack of thread `tid`, which publishes in `slot`
+/// (taken when it claimed the slot); `None` if the slot is not its.
+pub(crate) fn stack_hint(slot: u32, tid: i32) -> Option<usize> {
+    let i = slot as usize;
+    if i >= MAX_SLOTS || OWNERS[i].load(Ordering::Acquire) != tid as u32 {
+        return None;
+    }
+    let hint = STACK_HINT[i].load(Ordering::Relaxed);
+    (hint != 0 && OWNERS[i].load(Ordering::Acquire) == tid as u32).then_some(hint)
 }
 
 /// The context word last published in `slot`.

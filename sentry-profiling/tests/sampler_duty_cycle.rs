@@ -92,7 +92,7 @@ fn run(
     config: SamplerConfig,
     on: Duration,
     off: Duration,
-) -> (usize, usize, usize, f64, f64, Duration) {
+) -> (usize, usize, usize, f64, f64, Duration, u64) {
     let stop = Arc::new(AtomicBool::new(false));
     let thread = {
         let stop = Arc::clone(&stop);
@@ -132,7 +132,15 @@ fn run(
          stats={stats:?}",
         config_timers(&stats)
     );
-    (total, computing, waiting, share, cpu_share, elapsed)
+    (
+        total,
+        computing,
+        waiting,
+        share,
+        cpu_share,
+        elapsed,
+        stats.samples_late,
+    )
 }
 
 fn config_timers(stats: &sentry_profiling::SamplerStats) -> bool {
@@ -140,16 +148,26 @@ fn config_timers(stats: &sentry_profiling::SamplerStats) -> bool {
 }
 
 fn check(config: SamplerConfig, on_ms: u64, off_ms: u64, what: &str) {
-    let bound = if config.cpu_timers { 0.12 } else { 0.30 };
-    let (total, computing, waiting, share, cpu_share, elapsed) = run(
+    let timers = config.cpu_timers;
+    let bound = if timers { 0.12 } else { 0.30 };
+    let (total, computing, waiting, share, cpu_share, elapsed, late) = run(
         config,
         Duration::from_millis(on_ms),
         Duration::from_millis(off_ms),
     );
     let expected = f64::from(HZ) * elapsed.as_secs_f64();
+    // Without timers, a tick at which the sampler's signal to the thread is
+    // still unanswered (the thread is waiting for a core) records nothing
+    // for it (`samples_late`; only this thread is signalled): on a busy
+    // machine that is a third of the ticks or more.
+    let total_or_late = if timers {
+        total as f64
+    } else {
+        total as f64 + late as f64
+    };
     assert!(
-        (total as f64 - expected).abs() <= expected * 0.15,
-        "{what}: {total} samples of the thread, expected {expected:.0} ± 15%"
+        (total_or_late - expected).abs() <= expected * 0.15,
+        "{what}: {total} samples of the thread ({late} ticks late), expected {expected:.0} ± 15%"
     );
     assert!(
         (computing + waiting) * 100 >= total * 95,

@@ -16,7 +16,7 @@
 //!   stretch the worker spent on requests is charged to the OS-thread
 //!   sample before it).
 //!
-//! Two of the issue's bounds depend on the sampler seeing running threads,
+//! Two of the issue's bounds depend on the sampler sampling running threads regularly,
 //! which it does not always do on a loaded machine; they are measured and
 //! printed, and asserted only where they hold whatever the sampler misses
 //! (see the comments at each).
@@ -107,6 +107,46 @@ impl<F: Future> Future for RecordedFuture<F> {
     }
 }
 
+/// Wall time each request spent inside `burn_cpu`, by trace id: on a busy
+/// machine a thread preempted just before `burn_cpu` checks its deadline
+/// stays in it longer than asked, and Sentry rightly shows that time there.
+static IN_BURN: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
+
+/// The example's `GET /work/{ms}` (ten slices of `burn_cpu`, yielding
+/// between them), timing each slice.
+async fn timed_work(
+    axum::extract::Path(ms): axum::extract::Path<u64>,
+    headers: http::HeaderMap,
+) -> String {
+    let trace = headers
+        .get("sentry-trace")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split('-').next())
+        .unwrap_or_default()
+        .to_owned();
+    let mut acc = 0u64;
+    for i in 0..10 {
+        let slice = ms / 10 + u64::from(i < ms % 10);
+        let start = now_ns();
+        acc ^= sentry_profiling_examples::burn_cpu(slice);
+        let spent = now_ns().saturating_sub(start);
+        IN_BURN.lock().unwrap().push((trace.clone(), spent));
+        tokio::task::yield_now().await;
+    }
+    format!("worked {ms} ms ({acc:x})\n")
+}
+
+/// The example's routes, with [`timed_work`] for `/work`.
+fn router() -> axum::Router {
+    axum::Router::new()
+        .route("/work/{ms}", axum::routing::get(timed_work))
+        .route(
+            "/sleep/{ms}",
+            axum::routing::get(sentry_profiling_examples::sleep),
+        )
+        .layer(sentry_profiling_tracing::http_layer())
+}
+
 /// The time between a transaction's start and its root span's, plus
 /// between their ends: the request was not yet (or no longer) in its lane.
 fn outside_root_span_ns(tx: &Value, window: &TransactionWindow) -> u64 {
@@ -126,7 +166,7 @@ fn outside_root_span_ns(tx: &Value, window: &TransactionWindow) -> u64 {
 fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
     let settings = local_settings("weighting");
     let dir = settings.envelope_dir.clone();
-    let app = sentry_profiling_examples::router().layer(RecordPolls);
+    let app = router().layer(RecordPolls);
     run_service(&settings, app, |addr, _shutdown| async move {
         let mut tasks = Vec::new();
         let mut id = 0u64;
@@ -134,6 +174,8 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
             for (ms, route) in [
                 (200u64, "work"),
                 (300, "work"),
+                (40, "work"),
+                (30, "work"),
                 (60, "sleep"),
                 (90, "sleep"),
                 (120, "sleep"),
@@ -210,13 +252,17 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
         .iter()
         .map(|c| ProfileChunk::from_value(&c.payload).unwrap())
         .collect();
-    assert_eq!(transactions.len(), 15);
+    assert_eq!(transactions.len(), 21);
     let polls = std::mem::take(&mut *POLLS.lock().unwrap());
+    let in_burn_all = std::mem::take(&mut *IN_BURN.lock().unwrap());
 
     let mut profiler_id = String::new();
     // Lane thread id -> the request's trace id.
     let mut lane_trace: HashMap<String, String> = HashMap::new();
     let mut burn_ratios = Vec::new();
+    // /work transactions: (N, burn_cpu shown, time in burn_cpu, time shown
+    // with no stack captured).
+    let mut work_seen: Vec<(u64, u64, u64, u64)> = Vec::new();
     for tx in &transactions {
         let window = TransactionWindow::from_value(tx).unwrap();
         profiler_id.clone_from(&window.profiler_id);
@@ -267,13 +313,58 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                 .filter(|p| p.3 == trace)
                 .map(|p| p.2 - p.1)
                 .sum();
+            let in_burn: u64 = in_burn_all
+                .iter()
+                .filter(|b| b.0 == trace)
+                .map(|b| b.1)
+                .sum();
+            let uncaptured = shown.weight_where(|f| {
+                f.function.as_deref() == Some(sentry_profiling::sentry_view::UNCAPTURED_FUNCTION)
+            });
             let ratio = burn as f64 / (n * 1_000_000) as f64;
             eprintln!(
-                "  burn_cpu {:.1} ms of {n} ms ({:.0}%), polled {:.1} ms",
+                "  burn_cpu {:.1} ms of {n} ms ({:.0}%), in burn_cpu {:.1} ms, polled {:.1} ms, no stack captured {:.1} ms",
                 burn as f64 / 1e6,
                 ratio * 100.0,
-                polled as f64 / 1e6
+                in_burn as f64 / 1e6,
+                polled as f64 / 1e6,
+                uncaptured as f64 / 1e6,
             );
+            work_seen.push((n, burn, in_burn, uncaptured));
+            if std::env::var_os("WEIGHTING_DEBUG").is_some()
+                && (uncaptured > 0 || burn * 100 < in_burn * 85)
+            {
+                // Every sample of the lane and of the threads that polled
+                // the request, in its window.
+                let tids: Vec<String> = polls
+                    .iter()
+                    .filter(|p| p.3 == trace)
+                    .map(|p| p.0.to_string())
+                    .collect();
+                for p in polls.iter().filter(|p| p.3 == trace) {
+                    eprintln!("    poll on {} {}..{}", p.0, p.1, p.2);
+                }
+                for c in &parsed {
+                    for smp in &c.samples {
+                        if (smp.thread_id == window.thread_id || tids.contains(&smp.thread_id))
+                            && window.start_ns <= smp.timestamp_ns
+                            && smp.timestamp_ns <= window.end_ns
+                        {
+                            let names: Vec<String> = c.stacks[smp.stack_id]
+                                .iter()
+                                .take(2)
+                                .map(|&f| c.frames[f].name())
+                                .collect();
+                            eprintln!(
+                                "    {} {} {}",
+                                smp.timestamp_ns,
+                                smp.thread_id,
+                                names.join(" < ")
+                            );
+                        }
+                    }
+                }
+            }
             burn_ratios.push(ratio);
             // Where the rest went: samples of burn_cpu the sampler filed
             // under the OS thread (no request) while that thread was
@@ -318,21 +409,34 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
             );
         }
     }
-    // The issue's bound, burn_cpu within 15% of N, holds only while the
-    // sampler sees the workers run. On this 2-core machine under load it
-    // does not: a worker preempted inside burn_cpu is often not sampled at
-    // all, or its fills are filed under no request (the sampler files a
-    // fill under a request only where the thread is known to stand in it),
-    // and the lane shows that time as suspended (measured: 21% to 78% of N
-    // with other builds and 4 CPU hogs running; see the closing note of
-    // issue 16). What holds whatever the sampler misses is asserted: every
-    // /work transaction shows burn_cpu, and never more of it than the
-    // request was polled (above).
+    // burn_cpu shown against the time the request really spent in it
+    // (N on an idle machine; more on a busy one, where a thread preempted
+    // just before burn_cpu checks its deadline stays in it longer).
+    // Measured on a 2-core machine at load average 5 to 10 (4 CPU hogs and
+    // other builds beside the test): 0.50 to 1.02 of the time in burn_cpu
+    // for /work/200 and /work/300 (the issue's 15% bound is not met under
+    // such load: the lane shows some periods the worker spent preempted
+    // inside burn_cpu as suspended, where the sampler's samples of that
+    // worker are irregular; see the closing note of issue 15). Asserted:
+    // every long request shows burn_cpu; the ratios, and short requests
+    // (/work/30, /work/40: 3 to 4 ms slices) without burn_cpu, are printed.
     burn_ratios.sort_by(f64::total_cmp);
     eprintln!("burn_cpu shown / N: {burn_ratios:.2?}");
-    assert!(
-        burn_ratios.iter().all(|&r| r > 0.0),
-        "a /work transaction shows no burn_cpu: {burn_ratios:.2?}"
+    let mut of_time_in_burn: Vec<f64> = Vec::new();
+    let mut short_without = 0;
+    for &(n, burn, in_burn, _) in &work_seen {
+        if n >= 200 {
+            of_time_in_burn.push(burn as f64 / in_burn.max(1) as f64);
+            assert!(burn > 0, "/work/{n} shows no burn_cpu");
+        } else if burn == 0 {
+            short_without += 1;
+        }
+    }
+    of_time_in_burn.sort_by(f64::total_cmp);
+    eprintln!(
+        "burn_cpu shown / time in burn_cpu, /work/200 and /work/300: {of_time_in_burn:.2?}; \
+         short /work requests showing no burn_cpu: {short_without} of {}",
+        work_seen.iter().filter(|w| w.0 < 200).count()
     );
 
     // Every OS thread that polled requests.
@@ -391,9 +495,12 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                 most_polling = (polling, names.join(" < "));
             }
         }
-        // The issue's bound (no sample carries more than two periods of
-        // polling time) also needs the sampler to take a sample of the
-        // thread every period while it runs requests; measured here.
+        // The issue's bound, no sample carries more than two periods of
+        // polling time, is measured and printed, not asserted: on a 2-core
+        // machine at load average 5 to 10 it measured 19.7 to 24 ms in most
+        // runs (2 periods = 19.8 ms) and up to 44 ms in some (and 21.7 to
+        // 42.7 ms before this issue's sampler changes, in the same
+        // conditions); see the closing note of issue 15.
         eprintln!(
             "OS thread {tid}: {} samples, {} taken on lanes; most polling time under one sample {:.1} ms ({}){}",
             shown.samples.len(),

@@ -16,7 +16,13 @@
 //!
 //! - a fill is held until the thread is known to be alive at or after its
 //!   tick (a later capture, or its CPU clock read), so no sample outlives its
-//!   thread, and captures beyond the tick's periods cancel the newest fills;
+//!   thread; captures beyond the tick's periods cancel held fills within a
+//!   period before them, and fills take the periods captures left free (a
+//!   thread's samples stay about a period apart);
+//! - a thread's stack bounds are learned before its first capture (see
+//!   `ThreadTable::refresh_context_slots` and [`Worker::look_blocked`]), and
+//!   a thread found in a request with no capture yet has its timer brought
+//!   forward ([`Worker::nudge`]);
 //! - where the thread waits is read without interrupting it (a signal would
 //!   make its `poll`, `nanosleep`, timed `futex` wait… fail with `EINTR`):
 //!   the kernel shows the stack pointer and program counter of a thread
@@ -84,6 +90,10 @@ const MAX_ASK_EVERY: u64 = 128;
 /// samples too: it stays below the 150 ms a transaction-based profile waits
 /// for samples up to its end.
 const REQUEST_STACK_WAIT_NS: u64 = 100_000_000;
+
+/// CPU time after which the timer of a thread found in a request with no
+/// capture yet fires (see [`Worker::nudge`]).
+const NUDGE_AFTER: Duration = Duration::from_micros(500);
 
 /// Most missed periods one tick records samples for.
 const MAX_CATCH_UP: u32 = 100;
@@ -453,7 +463,7 @@ impl Worker {
         let tick_ts = sys::realtime_ns();
         let now = Instant::now();
         self.unwinder.refresh_modules();
-        self.threads.refresh_context_slots();
+        self.threads.refresh_context_slots(&own_threads(), c);
         for idx in 0..self.threads.len() {
             self.tick_thread(idx, periods, tick_ts, now, c);
         }
@@ -486,12 +496,22 @@ impl Worker {
             self.untimed(idx, tick_ts, now, c);
             return;
         }
+        self.nudge(idx, c);
+        let t = self.threads.get_mut(idx);
         let missed = t.slot.map_or(0, |s| s.take_missed());
         let looked_before = t.looked_ns.replace(tick_ts);
         let mut last_ts = 0;
         let mut running = 0;
+        // The times of this tick's samples of running code (captures and
+        // stand-ins), which the fills keep clear of.
+        let mut taken: [u64; 4] = [0; 4];
+        let mut n_taken = 0;
         for sample in harvested.running() {
             last_ts = sample.timestamp_ns();
+            if n_taken < taken.len() {
+                taken[n_taken] = last_ts;
+                n_taken += 1;
+            }
             t.alive_ns = t.alive_ns.max(last_ts);
             insert(t, Pending::Sample(sample));
             running += 1;
@@ -501,10 +521,20 @@ impl Worker {
         // through, and its latest stack stands in for those periods.
         // Beyond this tick's periods they cancel fills held from earlier
         // ticks, or are owed to later ones (at most 2).
+        // Only fills within a period before this tick's first capture can
+        // be cancelled by it: the capture shows the thread running about
+        // then. An older fill stands for time the thread was preempted or
+        // waiting (captures come in bursts when a preempted thread runs
+        // again), and cancelling it would leave a gap in its samples that
+        // Sentry charges to the sample before it.
+        let first_capture = if n_taken > 0 { taken[0] } else { u64::MAX };
         let held_fills = t
             .pending
             .iter()
-            .filter(|p| matches!(p, Pending::Fill { .. }))
+            .filter(|p| {
+                matches!(p, Pending::Fill { timestamp_ns, .. }
+                    if timestamp_ns.saturating_add(period_ns) >= first_capture)
+            })
             .count() as u32;
         let cover = periods::cover(
             periods,
@@ -522,6 +552,10 @@ impl Worker {
             // request may get a moment it was not running.
             for _ in 0..cover.stand_ins {
                 last_ts += 1_000;
+                if n_taken < taken.len() {
+                    taken[n_taken] = last_ts;
+                    n_taken += 1;
+                }
                 insert(
                     t,
                     Pending::Sample(sample_of(t, last_ts, stack.clone(), context, true)),
@@ -541,8 +575,20 @@ impl Worker {
         t.surplus = cover.surplus;
         // The periods owed captures paid for are the oldest.
         let uncovered = cover.new_fills + cover.paid;
-        let times = periods::fill_times(uncovered, tick_ts, looked_before, period_ns);
-        for timestamp_ns in times.skip(cover.paid as usize) {
+        let times = periods::fill_times(
+            uncovered,
+            tick_ts,
+            looked_before,
+            period_ns,
+            &taken[..n_taken],
+        );
+        // Never before a sample already emitted (a capture harvested last
+        // tick can be newer than that tick's look): a thread's samples
+        // leave in time order.
+        let mut floor = t.emitted_ns;
+        for timestamp_ns in times.into_iter().skip(cover.paid as usize) {
+            let timestamp_ns = timestamp_ns.max(floor.saturating_add(1));
+            floor = timestamp_ns;
             // What the thread's published context word was at the fill's
             // moment (the sampler may run late).
             let word = t
@@ -661,6 +707,42 @@ impl Worker {
         t.next_check = tick_no + t.check_every;
     }
 
+    /// Brings the timer of thread `idx` forward when it is inside a request
+    /// of which no stack was captured yet (on any thread): its next capture
+    /// comes after `NUDGE_AFTER` of its CPU time rather than after what is
+    /// left of the current period. Otherwise a short request on a thread
+    /// that gets a small share of a busy machine's cores can end before its
+    /// first capture, and its periods have no stack to show. The shortened
+    /// period is one of the thread's periods like any other (a capture
+    /// beyond the tick's periods cancels a fill), so the thread is not
+    /// sampled more than once per period of its wall time. Repeated at every
+    /// tick that finds the thread in such a request (the capture may land in
+    /// another request the thread polls in between), at most once per tick.
+    fn nudge(&mut self, idx: usize, c: &Counters) {
+        let period = self.period;
+        let t = self.threads.get_mut(idx);
+        let (Some(slot), Some(timer)) = (t.context_slot, &t.timer) else {
+            return;
+        };
+        if !t.timer_armed {
+            return;
+        }
+        let word = crate::context::read_for(slot, t.info.tid);
+        if word == 0 || self.requests.get(word).is_some() {
+            return;
+        }
+        // An expired timer whose signal waits for the thread to run again
+        // (preempted) must be left alone: re-arming it makes the kernel
+        // drop that signal, and with it the capture.
+        if timer.remaining().is_none_or(|left| left <= NUDGE_AFTER) {
+            return;
+        }
+        t.nudged_context = word;
+        if timer.set_first(NUDGE_AFTER, period) {
+            c.timers_nudged.add(1);
+        }
+    }
+
     /// A thread without a timer: signalled from here whenever its CPU clock
     /// moved, its previous stack repeated otherwise.
     fn untimed(&mut self, idx: usize, tick_ts: u64, now: Instant, c: &Counters) {
@@ -722,7 +804,17 @@ impl Worker {
         };
         let top = match known_bounds {
             Some((lo, hi)) if (lo..hi).contains(&(sp as usize)) => Some(hi),
-            _ => self.threads.stack_top(sp as usize),
+            _ => {
+                // Blocked in the kernel, its stack pointer is on its stack:
+                // its bounds are learned here, before its first capture.
+                let mapping = self.threads.stack_mapping(sp as usize);
+                if let Some(bounds) = mapping {
+                    if known_bounds.is_none() {
+                        self.threads.set_bounds(idx, bounds);
+                    }
+                }
+                mapping.map(|(_, hi)| hi)
+            }
         };
         let len = top.map_or(0, |hi| (hi.saturating_sub(sp as usize)).min(cap));
         self.copy_buf.resize(len, 0);
@@ -824,17 +916,16 @@ impl Worker {
         };
         let frames = &mut self.frames;
         let unwinder = &mut self.unwinder;
-        let Some((cap, off_stack)) = slot.take(|cap, stack| {
-            let off_stack = cap.flags & sys::FLAG_OFF_STACK != 0;
-            if !off_stack {
-                let start = Instant::now();
-                unwinder.unwind(&cap.regs, stack, frames);
-                c.unwind_ns.add(start.elapsed().as_nanos() as u64);
-            }
-            (*cap, off_stack)
-        }) else {
+        let Some(filled) = slot.filled() else {
             return Harvested::Nothing;
         };
+        let cap = *filled.captured();
+        let off_stack = cap.flags & sys::FLAG_OFF_STACK != 0;
+        if !off_stack {
+            let start = Instant::now();
+            unwinder.unwind(&cap.regs, filled.stack(), frames);
+            c.unwind_ns.add(start.elapsed().as_nanos() as u64);
+        }
         let timer = cap.flags & sys::FLAG_TIMER != 0;
         let mut keep = true;
         if off_stack {
@@ -856,7 +947,7 @@ impl Worker {
         }
         let t = self.threads.get_mut(idx);
         let (lo, hi) = t.stack_bounds.unwrap_or((0, 0));
-        slot.rearm(lo, hi);
+        filled.rearm(lo, hi);
         // Any capture proves the thread takes the signal again.
         t.unresponsive = false;
         // A timer capture also ends a question about where the thread waits:
@@ -864,6 +955,7 @@ impl Worker {
         let request = t.requested.take();
         c.handler_ns.add(cap.handler_ns);
         if !keep {
+            c.captures_discarded.add(1);
             return Harvested::Discarded;
         }
         let stack: Arc<[u64]> = match &t.last_stack {
@@ -1150,6 +1242,7 @@ fn flush_with(
         match t.pending.pop_front() {
             Some(Pending::Sample(sample)) => {
                 later_samples = later_samples.saturating_sub(1);
+                t.emitted_ns = t.emitted_ns.max(sample.timestamp_ns());
                 emit(tx, c, sample);
             }
             Some(Pending::Fill {
@@ -1157,6 +1250,7 @@ fn flush_with(
                 at_tick: AtTick::In(stack, context),
             }) => {
                 c.samples_idle.add(1);
+                t.emitted_ns = t.emitted_ns.max(timestamp_ns);
                 emit_for(tx, c, t, timestamp_ns, stack, context, true);
             }
             Some(Pending::Fill {
@@ -1176,6 +1270,7 @@ fn flush_with(
                 };
                 let Some(stack) = stack else { continue };
                 c.samples_idle.add(1);
+                t.emitted_ns = t.emitted_ns.max(timestamp_ns);
                 emit_for(tx, c, t, timestamp_ns, stack, context, true);
             }
             Some(Pending::Fill {
@@ -1189,6 +1284,7 @@ fn flush_with(
                     _ => 0,
                 };
                 c.samples_idle.add(1);
+                t.emitted_ns = t.emitted_ns.max(timestamp_ns);
                 emit_for(tx, c, t, timestamp_ns, stack.clone(), context, true);
             }
             None => break,

@@ -73,6 +73,16 @@ counters! {
     /// Captures whose stack pointer was outside the known stack mapping
     /// (recorded with the program counter only).
     samples_off_stack,
+    /// Captures spent learning a thread's stack bounds (taken before the
+    /// sampler knew where its stack is, so they hold no stack): not
+    /// recorded, the thread's next capture counts.
+    captures_discarded,
+    /// Timers brought forward because their thread was found in a request
+    /// of which no stack was captured yet.
+    timers_nudged,
+    /// Threads added to the sampler's table when they entered their first
+    /// profiled request, before the thread listing would have found them.
+    threads_added_early,
     /// Ticks at which a thread still had a signal from the sampler thread
     /// in flight.
     samples_late,

@@ -125,6 +125,8 @@ pub(super) struct Tracked {
     /// which the thread is known to have been alive.
     pub(super) pending: std::collections::VecDeque<Pending>,
     pub(super) alive_ns: u64,
+    /// The newest timestamp of the thread's samples emitted so far.
+    pub(super) emitted_ns: u64,
     /// The period before which the thread's scheduler state is not looked
     /// at again.
     pub(super) next_probe: u64,
@@ -138,6 +140,9 @@ pub(super) struct Tracked {
     pub(super) check_every: u64,
     pub(super) next_check: u64,
     pub(super) gone: bool,
+    /// The latest request (context word) the thread's timer was brought
+    /// forward for (see `Worker::nudge`).
+    pub(super) nudged_context: u64,
     retried: bool,
     first_seen: Instant,
 }
@@ -167,12 +172,14 @@ impl Tracked {
             surplus: 0,
             pending: std::collections::VecDeque::with_capacity(8),
             alive_ns: 0,
+            emitted_ns: 0,
             next_probe: 0,
             ask_every: 1,
             next_ask: 0,
             check_every: 1,
             next_check: 0,
             gone: false,
+            nudged_context: 0,
             retried: false,
             first_seen: Instant::now(),
         }
@@ -285,8 +292,13 @@ impl ThreadTable {
     }
 
     /// Looks up the threads' context slots again if a thread claimed one
-    /// since the last look.
-    pub(super) fn refresh_context_slots(&mut self) {
+    /// since the last look. A thread that claimed one is entering its first
+    /// profiled request: if the table does not know it yet (it was created
+    /// since the last listing), it is added now rather than at the next
+    /// listing, and every thread that publishes a context word gets its
+    /// stack bounds from the address it left with its slot, so its first
+    /// timer capture already holds its stack.
+    pub(super) fn refresh_context_slots(&mut self, own: &[i32], counters: &Counters) {
         let claims = crate::context::claims();
         if claims == self.claims_seen {
             return;
@@ -295,6 +307,54 @@ impl ThreadTable {
         let slots = crate::context::slots_by_tid();
         for t in &mut self.entries {
             t.context_slot = slots.get(&(t.info.tid as u32)).copied();
+        }
+        for (&tid, &slot) in &slots {
+            let tid = tid as i32;
+            if own.contains(&tid) || self.by_tid.contains_key(&tid) {
+                continue;
+            }
+            if let Some(info) = sys::read_thread_identity(tid) {
+                counters.threads_seen.add(1);
+                counters.threads_added_early.add(1);
+                self.by_tid.insert(tid, self.entries.len());
+                let mut t = Tracked::new(info);
+                t.context_slot = Some(slot);
+                self.entries.push(t);
+            }
+        }
+        for idx in 0..self.entries.len() {
+            let t = &self.entries[idx];
+            if t.stack_bounds.is_some() {
+                continue;
+            }
+            let Some(hint) = t
+                .context_slot
+                .and_then(|slot| crate::context::stack_hint(slot, t.info.tid))
+            else {
+                continue;
+            };
+            if let Some(bounds) = self.stack_mapping(hint) {
+                self.set_bounds(idx, bounds);
+            }
+        }
+    }
+
+    /// Gives thread `idx` the stack bounds `bounds`, learned without a
+    /// capture (from an address known to be on its stack), and its armed
+    /// slots with them.
+    pub(super) fn set_bounds(&mut self, idx: usize, bounds: (usize, usize)) {
+        let t = &mut self.entries[idx];
+        if t.stack_bounds == Some(bounds) {
+            return;
+        }
+        t.stack_bounds = Some(bounds);
+        if t.requested.is_some() {
+            // A signal the sampler sent is awaited: the slot must stay
+            // armed for it (it gets the bounds when re-armed).
+            return;
+        }
+        for slot in [t.slot, t.slot2].into_iter().flatten() {
+            slot.set_bounds(bounds.0, bounds.1);
         }
     }
 
@@ -328,9 +388,9 @@ impl ThreadTable {
         }
     }
 
-    /// The top of the stack mapping that holds `sp` (re-reading the
-    /// mappings at most every 5 ms when none does).
-    pub(super) fn stack_top(&mut self, sp: usize) -> Option<usize> {
+    /// The stack mapping that holds `sp` (re-reading the mappings at most
+    /// every 5 ms when none does).
+    pub(super) fn stack_mapping(&mut self, sp: usize) -> Option<(usize, usize)> {
         let mut found = self.maps.find(sp);
         if found.is_none()
             && self
@@ -341,7 +401,7 @@ impl ThreadTable {
             self.maps_read = Some(Instant::now());
             found = self.maps.find(sp);
         }
-        found.map(|(_, hi)| hi)
+        found
     }
 
     /// Drops threads that exited, with their timers and slots.

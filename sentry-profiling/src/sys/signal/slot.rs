@@ -216,11 +216,36 @@ impl Slot {
             .is_ok()
     }
 
-    /// Re-arms a slot the sampler has read ([`Slot::take`]), with the
-    /// thread's stack bounds as now known. The bounds change only here and in
-    /// [`Slot::bind`], while no handler may read them.
-    pub(crate) fn rearm(&self, lo: usize, hi: usize) {
+    /// Re-arms a slot the sampler has read, with the thread's stack
+    /// bounds as now known (see [`Filled::rearm`]). The bounds change only
+    /// here and in [`Slot::bind`] and [`Slot::set_bounds`], while no handler
+    /// may read them.
+    fn rearm(&self, lo: usize, hi: usize) {
         if self.state() != SlotState::Done {
+            return;
+        }
+        self.stack_lo.store(lo, Ordering::Relaxed);
+        self.stack_hi.store(hi, Ordering::Relaxed);
+        self.state
+            .store(SlotState::Requested as u32, Ordering::Release);
+    }
+
+    /// Gives an armed slot the thread's stack bounds, learned before its
+    /// first capture. The slot is disarmed for the change (a signal in
+    /// between finds it free and tries the sibling, or counts a missed
+    /// period), so no handler reads half-written bounds. A slot that is
+    /// full or being written gets them at [`Slot::rearm`].
+    pub(crate) fn set_bounds(&self, lo: usize, hi: usize) {
+        if self
+            .state
+            .compare_exchange(
+                SlotState::Requested as u32,
+                SlotState::Free as u32,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
             return;
         }
         self.stack_lo.store(lo, Ordering::Relaxed);
@@ -241,22 +266,47 @@ impl Slot {
         (self.state() == SlotState::Done).then(|| unsafe { (*self.captured.get()).timestamp_ns })
     }
 
-    /// If the handler has finished, hands its output to `f`. The slot stays
-    /// full until [`Slot::rearm`].
-    pub(crate) fn take<R>(&self, f: impl FnOnce(&Captured, &[u8]) -> R) -> Option<R> {
+    /// The handler's capture, if it has finished one: a [`Filled`] that
+    /// reads it and, consumed, re-arms the slot. The slot stays full until
+    /// then.
+    pub(crate) fn filled(&self) -> Option<Filled<'_>> {
         if self.state() != SlotState::Done {
             return None;
         }
-        // SAFETY: state is Done (observed with Acquire, pairing with the
-        // handler's Release store), so the handler no longer touches the slot
-        // and will not until the sampler re-arms it; `stack_len <= cap` is
-        // guaranteed by the handler.
-        let (captured, stack) = unsafe {
-            let captured = &*self.captured.get();
-            let len = captured.stack_len.min(self.cap);
-            (captured, std::slice::from_raw_parts(self.buf, len))
-        };
-        Some(f(captured, stack))
+        Some(Filled { slot: self })
+    }
+}
+
+/// A slot the handler has filled. While one exists the handler does not
+/// touch the slot (it is Done, and only [`Filled::rearm`] makes it
+/// writable again), so its capture can be read; what it lends out borrows
+/// it, so nothing read from the slot outlives the re-arming.
+pub(crate) struct Filled<'a> {
+    slot: &'a Slot,
+}
+
+impl Filled<'_> {
+    /// What the handler recorded besides the stack bytes.
+    pub(crate) fn captured(&self) -> &Captured {
+        // SAFETY: the slot was Done (observed with Acquire, pairing with the
+        // handler's Release store) when this was made, and only `rearm`,
+        // which consumes this, makes it writable again: the handler does not
+        // write `captured` while this borrow lives.
+        unsafe { &*self.slot.captured.get() }
+    }
+
+    /// The stack bytes copied, from the captured stack pointer up.
+    pub(crate) fn stack(&self) -> &[u8] {
+        let len = self.captured().stack_len.min(self.slot.cap);
+        // SAFETY: as in `captured`; `buf` holds `cap` bytes, `len <= cap`,
+        // and the handler wrote the first `stack_len` of them.
+        unsafe { std::slice::from_raw_parts(self.slot.buf, len) }
+    }
+
+    /// Re-arms the slot for the next capture, with the thread's stack
+    /// bounds as now known.
+    pub(crate) fn rearm(self, lo: usize, hi: usize) {
+        self.slot.rearm(lo, hi);
     }
 }
 

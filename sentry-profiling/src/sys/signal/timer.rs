@@ -80,13 +80,49 @@ impl CpuTimer {
     /// Fires every `period` of the thread's CPU time from now on; a zero
     /// period disarms it. Returns false if the kernel refused.
     pub(crate) fn set(&self, period: Duration) -> bool {
-        let ts = libc::timespec {
-            tv_sec: period.as_secs() as libc::time_t,
-            tv_nsec: period.subsec_nanos() as libc::c_long,
+        self.set_first(period, period)
+    }
+
+    /// CPU time left before the timer fires; zero when disarmed, and a
+    /// nanosecond when it has expired and its signal is not delivered yet
+    /// (the kernel's answer then). `None` if the kernel refused.
+    pub(crate) fn remaining(&self) -> Option<Duration> {
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let mut spec = libc::itimerspec {
+            it_interval: zero,
+            it_value: zero,
+        };
+        // SAFETY: timer_gettime on a timer id we own, writing a valid
+        // itimerspec.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_timer_gettime,
+                self.0 as libc::c_long,
+                std::ptr::from_mut(&mut spec),
+            )
+        };
+        (rc == 0).then(|| {
+            Duration::new(
+                spec.it_value.tv_sec.max(0) as u64,
+                spec.it_value.tv_nsec.clamp(0, 999_999_999) as u32,
+            )
+        })
+    }
+
+    /// Fires after `first` of the thread's CPU time from now, then every
+    /// `period`; a zero `first` disarms it. Returns false if the kernel
+    /// refused.
+    pub(crate) fn set_first(&self, first: Duration, period: Duration) -> bool {
+        let ts = |d: Duration| libc::timespec {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
         };
         let spec = libc::itimerspec {
-            it_interval: ts,
-            it_value: ts,
+            it_interval: ts(period),
+            it_value: ts(first),
         };
         // SAFETY: timer_settime on a timer id we own, reading a valid
         // itimerspec and writing no old value.
