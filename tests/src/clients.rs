@@ -71,6 +71,18 @@ cpu_functions! {
     7 => client_cpu_7,
 }
 
+/// Burns `ms` of CPU time in client `k`'s function in two slices, with a
+/// `yield_now().await` after each: a request whose CPU runs across an
+/// `.await`, as a handler's does.
+pub async fn cpu_across_await(k: u64, ms: u64) -> u64 {
+    let mut x = 0;
+    for _ in 0..2 {
+        x ^= cpu(k, ms / 2);
+        tokio::task::yield_now().await;
+    }
+    x
+}
+
 /// The `sentry-trace` header of client `k`'s request `n`.
 pub fn trace_header(k: u64, n: u64) -> String {
     format!("5eed{:020x}{k:04x}{n:04x}-{:016x}-1", 0, k * 1000 + n + 1)

@@ -14,7 +14,7 @@
 
 use axum::extract::Path;
 use sentry_profiling_tests::clients::{
-    assert_shown, captured_options, client_of, cpu, drive, own_and_other, shown,
+    assert_shown, captured_options, client_of, cpu, cpu_across_await, drive, own_and_other, shown,
 };
 use sentry_profiling_tests::{CaptureTransport, link_problem, run_service_with, split_items};
 use serde_json::Value;
@@ -25,11 +25,7 @@ const CPU_MS: u64 = 20;
 
 async fn work(Path(k): Path<u64>) -> String {
     use tracing::Instrument;
-    let mut x = 0;
-    for _ in 0..2 {
-        x ^= cpu(k, CPU_MS / 2);
-        tokio::task::yield_now().await;
-    }
+    let x = cpu_across_await(k, CPU_MS).await;
     // A span of the handler's own: a child of the transaction itself.
     async { tokio::task::yield_now().await }
         .instrument(tracing::info_span!("handler.step"))

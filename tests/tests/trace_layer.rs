@@ -17,7 +17,9 @@
 //! (`clients::assert_shown` says why not every one on a loaded machine).
 
 use axum::extract::Path;
-use sentry_profiling_tests::clients::{assert_shown, captured_options, cpu, drive, shown};
+use sentry_profiling_tests::clients::{
+    assert_shown, captured_options, cpu_across_await, drive, shown,
+};
 use sentry_profiling_tests::{CaptureTransport, run_service_with, split_items};
 use serde_json::Value;
 
@@ -26,11 +28,7 @@ const REQUESTS_PER_CLIENT: u64 = 8;
 const CPU_MS: u64 = 20;
 
 async fn work(Path(k): Path<u64>) -> String {
-    let mut x = 0;
-    for _ in 0..2 {
-        x ^= cpu(k, CPU_MS / 2);
-        tokio::task::yield_now().await;
-    }
+    let x = cpu_across_await(k, CPU_MS).await;
     format!("{x:x}\n")
 }
 
