@@ -139,6 +139,15 @@ pub fn own_and_other(tx: &Value, chunks: &[ChunkItem]) -> (usize, usize) {
     (own, other)
 }
 
+/// Asserts that all `requests` of a [`drive`] run were answered 200.
+pub fn assert_every_request_succeeded(responses: &[String], requests: usize) {
+    let ok = responses
+        .iter()
+        .filter(|r| r.starts_with("HTTP/1.1 200"))
+        .count();
+    assert_eq!(ok, requests, "every request succeeds");
+}
+
 /// Runs `clients` concurrent clients of `per_client` requests each against
 /// `addr`; client k's request n asks for `path(k, n)` with
 /// [`trace_header`]`(k, n)`. Every client's request 0 is a warm-up: all are

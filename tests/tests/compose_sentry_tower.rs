@@ -12,7 +12,7 @@
 
 use axum::extract::Path;
 use sentry_profiling_tests::clients::{
-    assert_shown, captured_options, cpu_across_await, drive, shown,
+    assert_every_request_succeeded, assert_shown, captured_options, cpu_across_await, drive, shown,
 };
 use sentry_profiling_tests::{CaptureTransport, relay_violations, run_service_with, split_items};
 use serde_json::Value;
@@ -43,11 +43,7 @@ fn one_linked_transaction_per_request_with_sentry_tower() {
         })
     });
     let requests = (CLIENTS * REQUESTS_PER_CLIENT) as usize;
-    let ok = responses
-        .iter()
-        .filter(|r| r.starts_with("HTTP/1.1 200"))
-        .count();
-    assert_eq!(ok, requests, "every request succeeds");
+    assert_every_request_succeeded(&responses, requests);
 
     let (chunks, transactions) = split_items(&capture.envelopes());
     assert_eq!(

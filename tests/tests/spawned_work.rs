@@ -19,7 +19,8 @@ use std::time::Instant;
 
 use axum::extract::Path;
 use sentry_profiling_tests::clients::{
-    assert_shown, captured_options, client_of, cpu, drive, own_and_other, shown,
+    assert_every_request_succeeded, assert_shown, captured_options, client_of, cpu, drive,
+    own_and_other, shown,
 };
 use sentry_profiling_tests::{CaptureTransport, link_problem, run_service_with, split_items};
 use sentry_profiling_tracing::{spawn_blocking_in_span, spawn_in_span};
@@ -77,11 +78,7 @@ fn spawned_and_blocking_work_shows_under_the_request() {
         })
     });
     let requests = (CLIENTS * REQUESTS_PER_CLIENT) as usize;
-    let ok = responses
-        .iter()
-        .filter(|r| r.starts_with("HTTP/1.1 200"))
-        .count();
-    assert_eq!(ok, requests, "every request succeeds");
+    assert_every_request_succeeded(&responses, requests);
     println!("{requests} requests in {:?}", started.elapsed());
 
     let (chunks, transactions) = split_items(&capture.envelopes());

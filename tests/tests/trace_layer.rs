@@ -18,7 +18,7 @@
 
 use axum::extract::Path;
 use sentry_profiling_tests::clients::{
-    assert_shown, captured_options, cpu_across_await, drive, shown,
+    assert_every_request_succeeded, assert_shown, captured_options, cpu_across_await, drive, shown,
 };
 use sentry_profiling_tests::{CaptureTransport, run_service_with, split_items};
 use serde_json::Value;
@@ -64,11 +64,7 @@ fn transactions_are_linked_with_trace_layer_inside_sentry_tower() {
         })
     });
     let requests = (CLIENTS * REQUESTS_PER_CLIENT) as usize;
-    let ok = responses
-        .iter()
-        .filter(|r| r.starts_with("HTTP/1.1 200"))
-        .count();
-    assert_eq!(ok, requests, "every request succeeds");
+    assert_every_request_succeeded(&responses, requests);
 
     let (chunks, transactions) = split_items(&capture.envelopes());
     assert_eq!(transactions.len(), requests, "one transaction per request");
