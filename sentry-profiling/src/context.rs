@@ -73,6 +73,10 @@ struct Table {
 
 static TABLE: Mutex<Option<Table>> = Mutex::new(None);
 
+/// One more than the highest slot ever claimed: the slots
+/// [`read_changes`] looks at.
+static SLOTS_USED: AtomicU32 = AtomicU32::new(0);
+
 /// Bumped at every claim, so the sampler knows when to re-read
 /// [`slots_by_tid`] (a thread's first context change must not wait for the
 /// next thread listing to be seen).
@@ -125,6 +129,7 @@ fn claim(tid: u32) -> u32 {
         Ordering::Relaxed,
     );
     OWNERS[slot as usize].store(tid, Ordering::Release);
+    SLOTS_USED.fetch_max(slot + 1, Ordering::Release);
     CLAIMS.fetch_add(1, Ordering::Release);
     // Registers the thread-local destructor that gives the slot back.
     let _ = GUARD.try_with(|g| g.set(Some(SlotGuard { slot, tid })));
@@ -261,9 +266,151 @@ pub(crate) fn word_at(slot: u32, tid: i32, at_ns: u64) -> Option<u64> {
     }
 }
 
+/// Where [`read_changes`] left off in each slot.
+#[derive(Debug, Default)]
+pub(crate) struct ChangeCursor {
+    slots: Vec<SlotCursor>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct SlotCursor {
+    /// The thread the slot held when last read (0: none).
+    owner: u32,
+    /// Publications read so far.
+    seen: u64,
+    /// The word of the latest publication read; `None` when not known
+    /// (entries were overwritten before they were read).
+    word: Option<u64>,
+}
+
+/// One change of a thread's context word, as [`read_changes`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Change {
+    pub(crate) tid: u32,
+    /// The word before (`None`: not known, its publication was lost).
+    pub(crate) from: Option<u64>,
+    pub(crate) to: u64,
+    /// When the new word was published (`CLOCK_REALTIME`, ns).
+    pub(crate) at_ns: u64,
+}
+
+/// Reports, in each thread's order, every context word published since the
+/// previous call with the same cursor (a thread's first word is reported
+/// from 0). Returns how many publications were overwritten before they
+/// could be read (a thread changes its word more than `HISTORY` times
+/// between two calls). Reads only atomics: never blocks a publishing
+/// thread.
+pub(crate) fn read_changes(cursor: &mut ChangeCursor, mut report: impl FnMut(Change)) -> u64 {
+    let used = (SLOTS_USED.load(Ordering::Acquire) as usize).min(MAX_SLOTS);
+    if cursor.slots.len() < used {
+        cursor.slots.resize(used, SlotCursor::default());
+    }
+    let mut lost = 0;
+    for (i, c) in cursor.slots.iter_mut().enumerate().take(used) {
+        let owner = OWNERS[i].load(Ordering::Acquire);
+        if owner == 0 {
+            c.owner = 0;
+            continue;
+        }
+        let claimed_at = CLAIMED_AT[i].load(Ordering::Relaxed);
+        if c.owner != owner {
+            // A new thread holds the slot: its words start from 0, and
+            // entries older than its claim are the previous thread's.
+            *c = SlotCursor {
+                owner,
+                seen: c.seen,
+                word: Some(0),
+            };
+        }
+        let changes = CHANGES[i].load(Ordering::Acquire);
+        // The entry the next publication writes is left out of the kept
+        // ones, as in `word_at`.
+        let oldest_kept = changes.saturating_sub(HISTORY as u64 - 1);
+        if c.seen < oldest_kept {
+            lost += oldest_kept - c.seen;
+            c.seen = oldest_kept;
+            c.word = None;
+        }
+        for n in c.seen..changes {
+            let entry = &HISTORY_TABLE[i][n as usize % HISTORY];
+            let value = entry.value.load(Ordering::Relaxed);
+            let since = entry.since_ns.load(Ordering::Relaxed);
+            std::sync::atomic::fence(Ordering::Acquire);
+            if CHANGES[i].load(Ordering::Relaxed) >= n + HISTORY as u64 {
+                // Overwritten while read.
+                lost += 1;
+                c.word = None;
+                continue;
+            }
+            if since < claimed_at {
+                continue;
+            }
+            if c.word != Some(value) {
+                report(Change {
+                    tid: owner,
+                    from: c.word,
+                    to: value,
+                    at_ns: since,
+                });
+            }
+            c.word = Some(value);
+        }
+        c.seen = changes;
+    }
+    lost
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_change_is_read_once_in_order() {
+        let tid = 4_200_000u32;
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<u32>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::spawn(move || {
+            for round in go_rx {
+                for value in 0..round {
+                    publish(u64::from(value % 3), || tid);
+                }
+                done_tx.send(()).unwrap();
+            }
+        });
+        let mut cursor = ChangeCursor::default();
+        let mut run = |n: u32| {
+            go_tx.send(n).unwrap();
+            done_rx.recv().unwrap();
+            let mut mine = Vec::new();
+            let lost = read_changes(&mut cursor, |c| {
+                if c.tid == tid {
+                    mine.push((c.from, c.to));
+                }
+            });
+            (mine, lost)
+        };
+        // 0 (no change from the start), 1, 2: two changes.
+        let (first, lost) = run(3);
+        assert_eq!(first, vec![(Some(0), 1), (Some(1), 2)]);
+        assert_eq!(lost, 0);
+        // Nothing new, nothing reported.
+        let (none, _) = run(0);
+        assert!(none.is_empty());
+        // 0, 1, 2, 0: the change from 2 to 0 first.
+        let (next, _) = run(4);
+        assert_eq!(
+            next,
+            vec![(Some(2), 0), (Some(0), 1), (Some(1), 2), (Some(2), 0)]
+        );
+        // More than the history between two reads: counted, and the first
+        // change read has no known word before it.
+        let (late, lost) = run(200);
+        assert!(lost >= 200 - HISTORY as u64, "{lost}");
+        assert_eq!(late.first().map(|c| c.0), Some(None));
+        assert!(late.len() < HISTORY);
+        drop(go_tx);
+        h.join().unwrap();
+    }
 
     #[test]
     fn the_word_at_a_past_moment_comes_from_the_history() {

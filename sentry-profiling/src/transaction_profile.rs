@@ -207,6 +207,8 @@ impl V1Pending {
         if ctx.attribution == ThreadAttribution::Lanes {
             ctx.lanes
                 .fill_suspended(&mut window, ctx.period_ns, self.end_ns);
+            ctx.lanes
+                .add_poll_edges(&mut window, ctx.period_ns, self.start_ns, self.end_ns);
         }
         let keys = ctx.lanes.thread_keys(&window, ctx.attribution);
         // As in chunks: a worker's OS thread shows `(running a request)`

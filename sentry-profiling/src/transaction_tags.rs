@@ -32,6 +32,22 @@ pub(crate) fn settle_lane(tx: &mut sentry_core::protocol::Transaction<'_>, min_l
     }
 }
 
+/// The lane a transaction is filed under (its `thread.id`, once
+/// [`settle_lane`] left it on a lane), and when the transaction began and
+/// ended (nanoseconds since the Unix epoch).
+pub(crate) fn lane_window(tx: &sentry_core::protocol::Transaction<'_>) -> Option<(u64, u64, u64)> {
+    let Some(Context::Trace(tc)) = tx.contexts.get("trace") else {
+        return None;
+    };
+    let lane = tc.data.get("thread.id")?.as_str()?.parse::<u64>().ok()?;
+    let ns = |t: std::time::SystemTime| {
+        let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+        u64::try_from(d.as_nanos()).ok()
+    };
+    let (start, end) = (ns(tx.start_timestamp)?, ns(tx.timestamp?)?);
+    (crate::lanes::is_lane(lane) && start <= end).then_some((lane, start, end))
+}
+
 /// Removes the OS-thread keys from `data`; when `short` (and the span's
 /// `thread.id` is the transaction's lane, if given), moves them into
 /// `thread.id`/`thread.name`. Returns the lane id that was replaced.

@@ -6,20 +6,25 @@
 //! load, records on which OS thread and when every request was polled, and
 //! checks, from the envelopes alone:
 //! - every transaction's lane covers its duration: the weighted wall time
-//!   in its window is within one sampling period (plus the time between the
-//!   transaction's start and its root span's, and their ends) of the
-//!   transaction's duration;
-//! - `/work/N` shows N ms in `burn_cpu`, within 15%;
+//!   in its window is within one sampling period of the transaction's
+//!   duration (the lane is widened to its transaction's window, which can
+//!   begin before its root span and end after it);
+//! - `/work/200` and `/work/300` show the time they spent in `burn_cpu`
+//!   (N on an idle machine; more on a busy one, where a thread preempted
+//!   just before `burn_cpu` checks its deadline stays in it longer) within
+//!   15%, and no `/work` request shows more `burn_cpu` than it was polled
+//!   for (plus a period): each poll of a request gets samples at its edges,
+//!   so Sentry's weighting starts and ends the poll's stack with the poll;
 //! - on every OS thread, no sample's weight spans a moment at which the
-//!   sampler caught that thread running a request (each such moment gets a
-//!   `(running a request)` sample on the OS thread; without it, the whole
-//!   stretch the worker spent on requests is charged to the OS-thread
-//!   sample before it).
+//!   sampler caught that thread running a request (each such moment, and
+//!   each poll's start, gets a `(running a request)` sample on the OS
+//!   thread; without it, the whole stretch the worker spent on requests is
+//!   charged to the OS-thread sample before it).
 //!
-//! Two of the issue's bounds depend on the sampler sampling running threads regularly,
-//! which it does not always do on a loaded machine; they are measured and
-//! printed, and asserted only where they hold whatever the sampler misses
-//! (see the comments at each).
+//! Short requests (`/work/30`, `/work/40`: slices of 3 to 4 ms) on a busy
+//! machine get a few milliseconds of CPU, and the CPU-time timer samples a
+//! thread once per period of its CPU: some get no capture at all, and show
+//! `(running: no stack captured in time)`. They are printed, not asserted.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -147,19 +152,21 @@ fn router() -> axum::Router {
         .layer(sentry_profiling_tracing::http_layer())
 }
 
-/// The time between a transaction's start and its root span's, plus
-/// between their ends: the request was not yet (or no longer) in its lane.
-fn outside_root_span_ns(tx: &Value, window: &TransactionWindow) -> u64 {
+/// The time between a transaction's start and its root span's, and
+/// between the root span's end and the transaction's.
+fn root_span_offsets(tx: &Value, window: &TransactionWindow) -> (u64, u64) {
     let root = tx["spans"]
         .as_array()
         .into_iter()
         .flatten()
         .find(|s| s["op"] == "http.request" || s["description"] == "http.request");
-    let Some(root) = root else { return 0 };
+    let Some(root) = root else { return (0, 0) };
     let start = root.get("start_timestamp").and_then(timestamp_ns);
     let end = root.get("timestamp").and_then(timestamp_ns);
-    start.map_or(0, |s| s.saturating_sub(window.start_ns))
-        + end.map_or(0, |e| window.end_ns.saturating_sub(e))
+    (
+        start.map_or(0, |s| s.saturating_sub(window.start_ns)),
+        end.map_or(0, |e| window.end_ns.saturating_sub(e)),
+    )
 }
 
 #[test]
@@ -275,7 +282,7 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
         let shown = transaction_profile(&parsed, &window);
         let duration = window.duration_ns();
         let weighted = shown.total_ns();
-        let slack = period_ns + outside_root_span_ns(tx, &window);
+        let slack = period_ns;
         eprintln!(
             "{} on {}: {} samples, duration {:.1} ms, weighted {:.1} ms (slack {:.1} ms)",
             window.name,
@@ -293,11 +300,24 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
         );
         assert!(
             duration.abs_diff(weighted) <= slack,
-            "{} (thread {}): Sentry would show {:.1} ms of a {:.1} ms transaction",
+            "{} (thread {}): Sentry would show {:.1} ms of a {:.1} ms transaction \
+             (root span {:.1} ms after its start, {:.1} ms before its end); its samples, \
+             ms from its start: {:?}",
             window.name,
             window.thread_id,
             weighted as f64 / 1e6,
-            duration as f64 / 1e6
+            duration as f64 / 1e6,
+            root_span_offsets(tx, &window).0 as f64 / 1e6,
+            root_span_offsets(tx, &window).1 as f64 / 1e6,
+            shown
+                .samples
+                .iter()
+                .map(|s| {
+                    let frame = shown.stack(s).next().map(|f| f.name()).unwrap_or_default();
+                    let at = s.timestamp_ns.saturating_sub(window.start_ns) as f64 / 1e6;
+                    format!("{at:.1} {}", frame.chars().take(24).collect::<String>())
+                })
+                .collect::<Vec<_>>()
         );
         if window.name == "GET /work/{ms}" {
             let n = u64::from_str_radix(&trace, 16).unwrap() / 1000;
@@ -331,6 +351,39 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                 uncaptured as f64 / 1e6,
             );
             work_seen.push((n, burn, in_burn, uncaptured));
+            // Where the shown time lies against the polls: burn_cpu shown
+            // while the request was not polled, and time inside its polls
+            // shown as something else.
+            let my_polls: Vec<(u64, u64)> = polls
+                .iter()
+                .filter(|p| p.3 == trace)
+                .map(|p| (p.1, p.2))
+                .collect();
+            let overlap = |from: u64, to: u64| -> u64 {
+                my_polls
+                    .iter()
+                    .map(|&(a, b)| to.min(b).saturating_sub(from.max(a)))
+                    .sum()
+            };
+            let (mut burn_out, mut other_in) = (0u64, 0u64);
+            for smp in &shown.samples {
+                let is_burn = shown.stack(smp).any(|f| {
+                    f.function
+                        .as_deref()
+                        .is_some_and(|n| n.contains("burn_cpu"))
+                });
+                let inside = overlap(smp.timestamp_ns, smp.timestamp_ns + smp.weight_ns);
+                if is_burn {
+                    burn_out += smp.weight_ns - inside;
+                } else {
+                    other_in += inside;
+                }
+            }
+            eprintln!(
+                "  burn_cpu shown while not polled {:.1} ms; polled time shown as other frames {:.1} ms",
+                burn_out as f64 / 1e6,
+                other_in as f64 / 1e6
+            );
             if std::env::var_os("WEIGHTING_DEBUG").is_some()
                 && (uncaptured > 0 || burn * 100 < in_burn * 85 || burn > polled + 2 * period_ns)
             {
@@ -393,66 +446,45 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
             eprintln!(
                 "  {misfiled} burn_cpu samples of this request filed under its worker's OS thread"
             );
-            // Never more burn_cpu than the request was being polled, up to
-            // where the samples fall: Sentry weighs a sample up to the next
-            // one of the lane, and the lane's next sample after a poll (a
-            // `(suspended)` fill on the period grid) comes at most about a
-            // period later. So each poll in which a burn_cpu sample lies
-            // can show up to one period beyond its end (a /work/40 polled
-            // in ten 4 ms slices, with samples in six, shows up to 60 ms
-            // more), plus one period for a fill the sampler placed late.
+            // Never more burn_cpu than the request was being polled: each
+            // poll ends with a `(suspended)` sample, so a poll's stack is
+            // weighted up to the poll's end and no further. One period of
+            // slack, for a sample the sampler placed in a period at whose
+            // start the thread was still polling (or already was).
             // Beyond that, another request's work would be in this one.
             // (Not N: on a starved machine burn_cpu(N) overruns N by the
             // time its thread waits for a core inside a slice.)
-            let burn_samples: Vec<u64> = shown
-                .samples
-                .iter()
-                .filter(|s| {
-                    shown.stack(s).any(|f| {
-                        f.function
-                            .as_deref()
-                            .is_some_and(|n| n.contains("burn_cpu"))
-                    })
-                })
-                .map(|s| s.timestamp_ns)
-                .collect();
-            let trace_polls: Vec<_> = polls.iter().filter(|p| p.3 == trace).collect();
-            let overhangs = trace_polls
-                .iter()
-                .filter(|p| burn_samples.iter().any(|&t| p.1 <= t && t <= p.2))
-                .count()
-                + burn_samples
-                    .iter()
-                    .filter(|&&t| !trace_polls.iter().any(|p| p.1 <= t && t <= p.2))
-                    .count();
             assert!(
-                burn <= polled + (overhangs as u64 + 1) * period_ns,
+                burn <= polled + period_ns,
                 "/work/{n}: Sentry would show {:.1} ms in burn_cpu of a request polled for {:.1} ms \
-                 ({overhangs} polls or stray samples with burn_cpu)",
+                 ({:.1} ms of it while not polled)",
                 burn as f64 / 1e6,
-                polled as f64 / 1e6
+                polled as f64 / 1e6,
+                burn_out as f64 / 1e6
             );
         }
     }
     // burn_cpu shown against the time the request really spent in it
     // (N on an idle machine; more on a busy one, where a thread preempted
-    // just before burn_cpu checks its deadline stays in it longer).
-    // Measured on a 2-core machine at load average 5 to 10 (4 CPU hogs and
-    // other builds beside the test): 0.50 to 1.02 of the time in burn_cpu
-    // for /work/200 and /work/300 (the issue's 15% bound is not met under
-    // such load: the lane shows some periods the worker spent preempted
-    // inside burn_cpu as suspended, where the sampler's samples of that
-    // worker are irregular; see the closing note of issue 15). Asserted:
-    // every long request shows burn_cpu; the ratios, and short requests
-    // (/work/30, /work/40: 3 to 4 ms slices) without burn_cpu, are printed.
+    // just before burn_cpu checks its deadline stays in it longer), for the
+    // requests long enough for sampling to resolve (20 to 30 periods of
+    // CPU). Measured beside 4 CPU hogs on 2 cores: 0.90 to 1.05 (it was
+    // 0.50 to 1.02 before polls got samples at their edges). Short requests
+    // (/work/30, /work/40) are printed: see the module docs.
     burn_ratios.sort_by(f64::total_cmp);
     eprintln!("burn_cpu shown / N: {burn_ratios:.2?}");
     let mut of_time_in_burn: Vec<f64> = Vec::new();
     let mut short_without = 0;
     for &(n, burn, in_burn, _) in &work_seen {
         if n >= 200 {
-            of_time_in_burn.push(burn as f64 / in_burn.max(1) as f64);
-            assert!(burn > 0, "/work/{n} shows no burn_cpu");
+            let ratio = burn as f64 / in_burn.max(1) as f64;
+            of_time_in_burn.push(ratio);
+            assert!(
+                (0.85..=1.15).contains(&ratio),
+                "/work/{n}: Sentry would show {:.1} ms in burn_cpu of {:.1} ms spent in it",
+                burn as f64 / 1e6,
+                in_burn as f64 / 1e6
+            );
         } else if burn == 0 {
             short_without += 1;
         }

@@ -93,6 +93,30 @@ impl Chunk {
         });
     }
 
+    /// Adds a sample of thread `thread_id` (already in the chunk) with a
+    /// stack the chunk already holds: a request's poll that began before
+    /// its first sample is recorded from its start with that sample's stack
+    /// (see `crate::lanes::Lanes::add_poll_edges`).
+    pub(crate) fn push_copy(
+        &mut self,
+        timestamp_ns: u64,
+        thread_id: u32,
+        stack: u32,
+        context: u64,
+    ) {
+        self.samples.push(ChunkSample {
+            timestamp_ns,
+            thread_id,
+            stack,
+            context,
+        });
+    }
+
+    /// The index of `frames` among the chunk's stacks, added if new.
+    pub(crate) fn stack_id(&mut self, frames: &Arc<[u64]>) -> u32 {
+        self.intern(frames)
+    }
+
     fn intern(&mut self, frames: &Arc<[u64]>) -> u32 {
         match self.stack_index.get(frames) {
             Some(&i) => i,

@@ -120,6 +120,16 @@ pub(crate) enum LaneEvent {
     },
     /// That root span closed.
     Finished { lane: u64, end_ns: u64 },
+    /// The transaction the lane stands for spans `start_ns..=end_ns`. It
+    /// can begin before the lane and end after it (its request waited, or
+    /// its thread was preempted, between the tracing layers' callbacks: 12
+    /// ms was seen on a busy machine): the lane is widened to it, so it
+    /// covers the whole transaction Sentry shows it under.
+    Transaction {
+        lane: u64,
+        start_ns: u64,
+        end_ns: u64,
+    },
 }
 
 /// What a lane stands for: its root span, by name and Sentry ids.

@@ -138,6 +138,23 @@ impl LaneRegistry {
     }
 
     /// The reader took a lane's end: its places are free again.
+    /// Reports the window of the transaction of `lane` (see
+    /// [`LaneEvent::Transaction`]). It has no place reserved: with the
+    /// queue full it is counted in `events_dropped`, and the lane keeps its
+    /// root span's window. Never blocks.
+    pub(crate) fn transaction(&self, lane: u64, start_ns: u64, end_ns: u64) {
+        if let Some(tx) = self.events.get() {
+            let event = LaneEvent::Transaction {
+                lane,
+                start_ns,
+                end_ns,
+            };
+            if tx.try_send(event).is_err() {
+                self.counters.events_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     fn released(&self) {
         let _ = self
             .in_flight

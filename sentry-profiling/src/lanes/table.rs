@@ -7,14 +7,35 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{LaneEvent, LaneLink, SUSPENDED_FRAME, ThreadAttribution};
+use super::{LaneEvent, LaneLink, SUSPENDED_FRAME, ThreadAttribution, UNCAPTURED_FRAME};
 use crate::chunk::{Chunk, ChunkSample};
+use crate::context::Change;
+
 #[derive(Debug, Clone)]
 struct Lane {
     link: Arc<LaneLink>,
     start_ns: u64,
     end_ns: Option<u64>,
+    /// The end of the lane's transaction, if reported before the lane's
+    /// own end (see [`LaneEvent::Transaction`]): the lane ends no earlier.
+    transaction_end_ns: u64,
+    /// The polls of the request's future (the stretches in which a thread
+    /// published the lane as its context word), oldest first.
+    polls: Vec<Poll>,
 }
+
+/// One poll of a request: thread `tid` ran it from `start_ns` to `end_ns`
+/// (`None`: still running it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Poll {
+    tid: u32,
+    start_ns: u64,
+    end_ns: Option<u64>,
+}
+
+/// Most polls kept per lane between two chunks; later ones are counted
+/// (see [`Lanes::apply_change`]) and the lane falls back to its samples.
+pub(crate) const MAX_POLLS_PER_LANE: usize = 4096;
 
 /// How long a lane may stay open before it is taken to be lost (its root
 /// span leaked, or its end was never reported) and forgotten, so that it
@@ -33,6 +54,41 @@ pub(crate) struct Filled {
     /// Suspended ticks left without a fill-in because the chunk reached
     /// [`MAX_FILLS_PER_CHUNK`].
     pub(crate) capped: usize,
+}
+
+/// Stretches of time in which a lane ran: its polls, or where they are not
+/// known, the stretches in which it held a thread (see
+/// [`Lanes::held_stretches`]). Sorted by their start, with the latest end
+/// of any stretch up to each one, so whether a moment lies inside one is a
+/// binary search.
+#[derive(Debug)]
+struct Held {
+    starts: Vec<u64>,
+    ends_so_far: Vec<u64>,
+}
+
+impl Held {
+    fn new(mut stretches: Vec<(u64, u64)>) -> Self {
+        stretches.sort_unstable();
+        let mut latest = 0;
+        let ends_so_far = stretches
+            .iter()
+            .map(|&(_, end)| {
+                latest = latest.max(end);
+                latest
+            })
+            .collect();
+        Self {
+            starts: stretches.into_iter().map(|(start, _)| start).collect(),
+            ends_so_far,
+        }
+    }
+
+    /// Whether `t` lies inside a stretch.
+    fn holds(&self, t: u64) -> bool {
+        let i = self.starts.partition_point(|&start| start <= t);
+        i > 0 && self.ends_so_far[i - 1] >= t
+    }
 }
 
 /// The lanes the profiler thread knows about.
@@ -68,17 +124,82 @@ impl Lanes {
                         link,
                         start_ns,
                         end_ns: None,
+                        transaction_end_ns: 0,
+                        polls: Vec::new(),
                     },
                 );
             }
+            LaneEvent::Transaction {
+                lane,
+                start_ns,
+                end_ns,
+            } => {
+                if let Some(l) = self.lanes.get_mut(&lane) {
+                    // A microsecond inside the transaction: its timestamps
+                    // travel as floating-point seconds, and a sample on
+                    // its very edge could round outside it.
+                    let inside = 1_000.min(end_ns.saturating_sub(start_ns) / 4);
+                    l.start_ns = l.start_ns.min(start_ns + inside);
+                    l.transaction_end_ns = end_ns.saturating_sub(inside);
+                    if let Some(end) = &mut l.end_ns {
+                        *end = (*end).max(l.transaction_end_ns);
+                    }
+                }
+            }
             LaneEvent::Finished { lane, end_ns } => {
                 if let Some(l) = self.lanes.get_mut(&lane) {
-                    if l.end_ns.replace(end_ns).is_none() {
+                    if l.end_ns.replace(end_ns.max(l.transaction_end_ns)).is_none() {
                         self.finished += 1;
                     }
                 }
             }
         }
+    }
+
+    /// Records a change of a thread's context word (read from
+    /// `crate::context::read_changes`): the thread stopped polling the
+    /// request it left, and began polling the one it entered. Returns false
+    /// if the poll could not be kept (the lane has [`MAX_POLLS_PER_LANE`]).
+    pub(crate) fn apply_change(&mut self, change: Change) -> bool {
+        let Change {
+            tid,
+            from,
+            to,
+            at_ns,
+        } = change;
+        match from {
+            Some(from) => {
+                if let Some(lane) = self.lanes.get_mut(&from) {
+                    if let Some(p) = lane
+                        .polls
+                        .iter_mut()
+                        .rev()
+                        .find(|p| p.tid == tid && p.end_ns.is_none())
+                    {
+                        p.end_ns = Some(at_ns.max(p.start_ns));
+                    }
+                }
+            }
+            None => {
+                // The thread's earlier words were lost: when it left the
+                // poll it was in is not known, so that poll is forgotten.
+                for lane in self.lanes.values_mut() {
+                    lane.polls.retain(|p| p.tid != tid || p.end_ns.is_some());
+                }
+            }
+        }
+        let Some(lane) = self.lanes.get_mut(&to) else {
+            return true;
+        };
+        if lane.polls.len() >= MAX_POLLS_PER_LANE {
+            return false;
+        }
+        lane.polls.push(Poll {
+            tid,
+            start_ns: at_ns,
+            end_ns: None,
+        });
+        true
     }
 
     /// Adds a fill-in sample for every tick (`period_ns` grid from the
@@ -125,10 +246,24 @@ impl Lanes {
         for v in own.values_mut() {
             v.sort_unstable();
         }
+        let held = self.held_stretches(chunk);
         let stack: Arc<[u64]> = Arc::from(&[SUSPENDED_FRAME][..]);
         for (&lane, info) in &self.lanes {
             let end = info.end_ns.unwrap_or(until_ns).min(until_ns);
             let times = own.get(&lane).map(Vec::as_slice).unwrap_or(&[]);
+            // Where the polls of the request are known, they say when it
+            // ran (those long enough to get their own edges, see
+            // `add_poll_edges`); otherwise its threads' samples do.
+            let polled = (!info.polls.is_empty()).then(|| {
+                Held::new(
+                    info.polls
+                        .iter()
+                        .map(|p| (p.start_ns, p.end_ns.unwrap_or(end).max(p.start_ns)))
+                        .filter(|&(start, end)| end - start >= period_ns / 10)
+                        .collect(),
+                )
+            });
+            let held = polled.as_ref().or(held.get(&lane));
             // The grid starts where both the lane and the chunk have begun.
             // Anchoring it at the chunk's start (rather than at the next
             // point of the lane's own grid) matters for a lane older than
@@ -143,7 +278,8 @@ impl Lanes {
                 // start was) does not cover its first tick.
                 let from = t.saturating_sub(period_ns / 2).max(info.start_ns);
                 let i = times.partition_point(|&x| x < from);
-                let covered = times.get(i).is_some_and(|&x| x <= t + period_ns / 2);
+                let covered = times.get(i).is_some_and(|&x| x <= t + period_ns / 2)
+                    || held.is_some_and(|h| h.holds(t));
                 if !covered {
                     if filled.added >= MAX_FILLS_PER_CHUNK {
                         filled.capped += 1;
@@ -197,6 +333,142 @@ impl Lanes {
         filled
     }
 
+    /// Adds samples at the edges of each poll of a lane that began at or
+    /// after `from_ns` (and at or before `until_ns`): at the poll's start, a
+    /// sample of its thread with the stack of the lane's first sample in
+    /// that poll (or, a poll without one, the lane's sample nearest to it,
+    /// or `(running: no stack captured in time)`), and at its end a
+    /// `(suspended)` fill-in, unless the request ends there or is polled
+    /// again within a tenth of a period.
+    ///
+    /// Sentry weights a sample by the time to the next sample of its
+    /// thread. With samples only on the sampling grid, a request's last
+    /// stack of a poll was charged up to a period of the time it then
+    /// waited, and a `(suspended)` sample before a poll up to a period of
+    /// the time it ran (measured: a /work request's `burn_cpu` time off by
+    /// 20 to 44 % on a busy machine). Called after the export view is
+    /// built: the edges shape Sentry's durations and are not samples of a
+    /// period (pprof and OTLP count those).
+    pub(crate) fn add_poll_edges(
+        &self,
+        chunk: &mut Chunk,
+        period_ns: u64,
+        from_ns: u64,
+        until_ns: u64,
+    ) -> usize {
+        let period_ns = period_ns.max(1);
+        let close = period_ns / 10;
+        // Each lane's samples by the thread that took them: (time, thread,
+        // stack).
+        let mut own: HashMap<u64, Vec<(u64, u32, u32)>> = HashMap::new();
+        for s in chunk.samples() {
+            if s.thread_id != 0
+                && self
+                    .lanes
+                    .get(&s.context)
+                    .is_some_and(|l| !l.polls.is_empty())
+            {
+                own.entry(s.context)
+                    .or_default()
+                    .push((s.timestamp_ns, s.thread_id, s.stack));
+            }
+        }
+        for v in own.values_mut() {
+            v.sort_unstable();
+        }
+        let suspended: Arc<[u64]> = Arc::from(&[SUSPENDED_FRAME][..]);
+        let uncaptured = chunk.stack_id(&Arc::from(&[UNCAPTURED_FRAME][..]));
+        let mut added = 0;
+        for (&lane, info) in &self.lanes {
+            let lane_end = info.end_ns.unwrap_or(u64::MAX);
+            let samples = own.get(&lane).map(Vec::as_slice).unwrap_or(&[]);
+            let ends = |p: &Poll| p.end_ns.unwrap_or(lane_end).min(lane_end).max(p.start_ns);
+            let polled = Held::new(info.polls.iter().map(|p| (p.start_ns, ends(p))).collect());
+            for p in &info.polls {
+                if p.start_ns < from_ns.max(info.start_ns) || p.start_ns > until_ns {
+                    continue;
+                }
+                let end = ends(p);
+                let i = samples.partition_point(|s| s.0 < p.start_ns);
+                let first = samples[i..]
+                    .iter()
+                    .take_while(|s| s.0 <= end)
+                    .find(|s| s.1 == p.tid);
+                let stack = match first {
+                    Some(&(ts, _, _)) if ts.saturating_sub(p.start_ns) < close => None,
+                    Some(&(_, _, stack)) => Some(stack),
+                    // A very short poll no sample caught changes what Sentry
+                    // shows by less than a tenth of a period: left to the
+                    // sampling grid, so requests that only hand work on do
+                    // not double their samples.
+                    None if end.saturating_sub(p.start_ns) < close => continue,
+                    // A poll between samples: the request's stack nearest to
+                    // it in time, as the sampler records a period in which a
+                    // thread was preempted inside a request; with no stack
+                    // of the request at all, a frame that says so.
+                    None => {
+                        let before = samples[..i].last();
+                        let after = samples[i..].iter().find(|s| s.0 > end);
+                        let nearest = match (before, after) {
+                            (Some(b), Some(a)) => {
+                                Some(if p.start_ns - b.0 <= a.0 - end { b } else { a })
+                            }
+                            (b, a) => b.or(a),
+                        };
+                        Some(nearest.map_or(uncaptured, |s| s.2))
+                    }
+                };
+                if let Some(stack) = stack {
+                    chunk.push_copy(p.start_ns, p.tid, stack, lane);
+                    added += 1;
+                }
+                // Polled again soon after (or still, by another thread
+                // running a task of the same request): no gap to show.
+                if end < lane_end && end <= until_ns && !polled.holds(end.saturating_add(close)) {
+                    chunk.push_synthetic(end, lane, &suspended);
+                    added += 1;
+                }
+            }
+        }
+        added
+    }
+
+    /// For each lane, the stretches in which it held an OS thread: between
+    /// two consecutive samples of one thread that are both the lane's. The
+    /// thread was polling the request at both ends and the sampler saw it
+    /// do nothing else in between, so a grid tick inside such a stretch is
+    /// not a moment the request was suspended, however far the sampler
+    /// spaced those two samples (a thread's samples can be up to two
+    /// periods apart, more on a starved machine). Without this, a
+    /// `(suspended)` fill-in landed in the middle of a poll, and Sentry,
+    /// which weights a sample by the time to the next one of its thread,
+    /// showed part of the request's running time as suspended.
+    fn held_stretches(&self, chunk: &Chunk) -> HashMap<u64, Held> {
+        let mut per_thread: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+        for s in chunk.samples() {
+            // Thread 0 holds the fill-ins, which belong to no thread.
+            if s.thread_id != 0 {
+                per_thread
+                    .entry(s.thread_id)
+                    .or_default()
+                    .push((s.timestamp_ns, s.context));
+            }
+        }
+        let mut held: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+        for samples in per_thread.values_mut() {
+            samples.sort_unstable();
+            for pair in samples.windows(2) {
+                let ((from, lane), (to, next)) = (pair[0], pair[1]);
+                if lane == next && to > from && self.lanes.contains_key(&lane) {
+                    held.entry(lane).or_default().push((from, to));
+                }
+            }
+        }
+        held.into_iter()
+            .map(|(lane, stretches)| (lane, Held::new(stretches)))
+            .collect()
+    }
+
     /// The root span a lane stands for, if known.
     pub(crate) fn link(&self, lane: u64) -> Option<&Arc<LaneLink>> {
         self.lanes.get(&lane).map(|l| &l.link)
@@ -208,6 +480,11 @@ impl Lanes {
         let oldest = ns.saturating_sub(LANE_MAX_OPEN_NS);
         let mut expired = 0;
         let mut finished = 0;
+        for lane in self.lanes.values_mut() {
+            // Polls that ended before `ns` are behind every chunk still to
+            // be written.
+            lane.polls.retain(|p| p.end_ns.is_none_or(|e| e >= ns));
+        }
         self.lanes.retain(|_, l| match l.end_ns {
             Some(e) => {
                 let keep = e >= ns;
@@ -317,6 +594,241 @@ mod tests {
             4,
             "fill-ins (and the end sample) need lanes"
         );
+    }
+
+    #[test]
+    fn a_lane_that_held_its_thread_between_two_samples_is_not_suspended_between_them() {
+        // The sampler spaced two samples of worker 7 three periods
+        // apart, both in the request: the worker polled it throughout, and
+        // the ticks in between get no `(suspended)` fill-in. The same gap
+        // with the request moving to worker 8, or with worker 7 seen in
+        // another request in between, is suspended time.
+        let period = 10_000;
+        let run = |samples: &[(u64, i32, bool)]| {
+            let lane = new_lane();
+            let mut lanes = Lanes::default();
+            lanes.apply(LaneEvent::Started {
+                lane,
+                link: Arc::new(LaneLink::default()),
+                start_ns: 1_000,
+            });
+            let mut chunk = Chunk::new();
+            for &(ts, tid, in_lane) in samples {
+                chunk.push(&sample(ts, tid, if in_lane { lane } else { 0 }));
+            }
+            lanes.apply(LaneEvent::Finished {
+                lane,
+                end_ns: 31_000,
+            });
+            lanes.fill_suspended(&mut chunk, period, 1_000_000);
+            let mut fills: Vec<u64> = chunk
+                .samples()
+                .iter()
+                .filter(|s| s.thread_id == 0)
+                .map(|s| s.timestamp_ns)
+                .collect();
+            fills.sort_unstable();
+            fills
+        };
+        assert_eq!(
+            run(&[(1_000, 7, true), (31_000, 7, true)]),
+            Vec::<u64>::new(),
+            "held throughout; the end is sampled"
+        );
+        assert_eq!(
+            run(&[(1_000, 7, true), (31_000, 8, true)]),
+            vec![11_000, 21_000],
+            "moved to another worker: suspended in between"
+        );
+        assert_eq!(
+            run(&[(1_000, 7, true), (12_000, 7, false), (31_000, 7, true)]),
+            vec![11_000, 21_000],
+            "its worker ran something else in between"
+        );
+    }
+
+    fn poll_change(tid: u32, from: u64, to: u64, at_ns: u64) -> Change {
+        Change {
+            tid,
+            from: Some(from),
+            to,
+            at_ns,
+        }
+    }
+
+    fn started(lanes: &mut Lanes, start_ns: u64) -> u64 {
+        let lane = new_lane();
+        lanes.apply(LaneEvent::Started {
+            lane,
+            link: Arc::new(LaneLink::default()),
+            start_ns,
+        });
+        lane
+    }
+
+    #[test]
+    fn context_changes_open_and_close_polls() {
+        let mut lanes = Lanes::default();
+        let (a, b) = (started(&mut lanes, 0), started(&mut lanes, 0));
+        assert!(lanes.apply_change(poll_change(7, 0, a, 10)));
+        // Straight from one request to another.
+        assert!(lanes.apply_change(poll_change(7, a, b, 20)));
+        assert!(lanes.apply_change(poll_change(8, 0, a, 25)));
+        assert!(lanes.apply_change(poll_change(7, b, 0, 30)));
+        let polls = |lanes: &Lanes, l: u64| lanes.lanes[&l].polls.clone();
+        let poll = |tid, start_ns, end_ns| Poll {
+            tid,
+            start_ns,
+            end_ns,
+        };
+        assert_eq!(
+            polls(&lanes, a),
+            vec![poll(7, 10, Some(20)), poll(8, 25, None)]
+        );
+        assert_eq!(polls(&lanes, b), vec![poll(7, 20, Some(30))]);
+        // Thread 8's earlier words were lost: when it left `a` is unknown,
+        // so that poll is forgotten rather than guessed.
+        assert!(lanes.apply_change(Change {
+            tid: 8,
+            from: None,
+            to: b,
+            at_ns: 50,
+        }));
+        assert_eq!(polls(&lanes, a), vec![poll(7, 10, Some(20))]);
+        assert_eq!(
+            polls(&lanes, b),
+            vec![poll(7, 20, Some(30)), poll(8, 50, None)]
+        );
+        // A word that is no known lane is no poll.
+        assert!(lanes.apply_change(poll_change(9, 0, 12_345, 60)));
+        // Bounded per lane; the next chunk's pruning makes room again.
+        for i in 0..MAX_POLLS_PER_LANE as u64 {
+            lanes.apply_change(poll_change(9, a, 0, 100 + 2 * i + 1));
+            lanes.apply_change(poll_change(9, 0, a, 100 + 2 * i + 2));
+        }
+        assert!(!lanes.apply_change(poll_change(9, 0, a, 1_000_000)));
+        lanes.prune(1_000_000);
+        assert!(lanes.lanes[&a].polls.len() <= 1);
+        assert!(lanes.apply_change(poll_change(9, 0, a, 1_000_001)));
+    }
+
+    #[test]
+    fn polls_get_samples_at_their_edges() {
+        // Worker 7 polls the request over [1_000, 26_000] (sampled once, at
+        // 12_000), [41_000, 46_000] and [56_000, 61_000] (not sampled); the
+        // request ends at 61_000. Sentry weights a sample by the time to
+        // the next one: the poll's stack must start with the poll, and the
+        // suspension with its end.
+        let period = 10_000;
+        let mut lanes = Lanes::default();
+        let lane = started(&mut lanes, 1_000);
+        for (from, to, at) in [
+            (0, lane, 1_000),
+            (lane, 0, 26_000),
+            (0, lane, 41_000),
+            (lane, 0, 46_000),
+            (0, lane, 56_000),
+            (lane, 0, 61_000),
+        ] {
+            assert!(lanes.apply_change(poll_change(7, from, to, at)));
+        }
+        let mut chunk = Chunk::new();
+        chunk.push(&Sample::new(
+            12_000,
+            7,
+            Arc::from("w"),
+            Arc::from(&[0xabcu64][..]),
+            lane,
+            false,
+        ));
+        chunk.push(&sample(30_000, 7, 0));
+        lanes.apply(LaneEvent::Finished {
+            lane,
+            end_ns: 61_000,
+        });
+        lanes.fill_suspended(&mut chunk, period, 1_000_000);
+        let fills: Vec<u64> = chunk
+            .samples()
+            .iter()
+            .filter(|s| s.thread_id == 0)
+            .map(|s| s.timestamp_ns)
+            .collect();
+        // The grid starts at the chunk's first sample (12_000, sampled);
+        // tick 22_000 falls inside the first poll, 42_000 inside the second:
+        // no `(suspended)` there.
+        assert_eq!(fills, vec![32_000, 52_000, 61_000]);
+        let before = chunk.len();
+        let added = lanes.add_poll_edges(&mut chunk, period, 0, 1_000_000);
+        let edges: Vec<(u64, u32, Vec<u64>)> = chunk.samples()[before..]
+            .iter()
+            .map(|s| {
+                let stack = chunk.stacks()[s.stack as usize].to_vec();
+                (s.timestamp_ns, s.thread_id, stack)
+            })
+            .collect();
+        assert_eq!(added, edges.len());
+        let mut edges = edges;
+        edges.sort();
+        assert_eq!(
+            edges,
+            vec![
+                // The poll's own stack from its start, on its thread.
+                (1_000, 7, vec![0xabc]),
+                (26_000, 0, vec![SUSPENDED_FRAME]),
+                // A poll no sample caught: the request's nearest stack.
+                (41_000, 7, vec![0xabc]),
+                (46_000, 0, vec![SUSPENDED_FRAME]),
+                // The last poll ends with the request, whose end sample
+                // is there already: no `(suspended)` after it.
+                (56_000, 7, vec![0xabc]),
+            ]
+        );
+        // Filed under the lane.
+        let keys = lanes.thread_keys(&chunk, ThreadAttribution::Lanes);
+        assert!(
+            keys[before..]
+                .iter()
+                .all(|k| k.as_ref().is_some_and(|(id, _)| *id == lane))
+        );
+    }
+
+    #[test]
+    fn a_lane_covers_its_whole_transaction() {
+        // The transaction began 12 ms before its root span's lane and ended
+        // 12 ms after it (a preempted thread between the tracing layers'
+        // callbacks), reported before or after the lane's end.
+        for report_first in [false, true] {
+            let mut lanes = Lanes::default();
+            let lane = started(&mut lanes, 20_000_000);
+            let window = LaneEvent::Transaction {
+                lane,
+                start_ns: 8_000_000,
+                end_ns: 92_000_000,
+            };
+            if report_first {
+                lanes.apply(window.clone());
+            }
+            lanes.apply(LaneEvent::Finished {
+                lane,
+                end_ns: 80_000_000,
+            });
+            if !report_first {
+                lanes.apply(window);
+            }
+            let mut chunk = Chunk::new();
+            chunk.push(&sample(5_000_000, 9, 0));
+            lanes.fill_suspended(&mut chunk, 10_000_000, 100_000_000);
+            let mut own: Vec<u64> = chunk
+                .samples()
+                .iter()
+                .filter(|s| s.context == lane)
+                .map(|s| s.timestamp_ns)
+                .collect();
+            own.sort_unstable();
+            // A microsecond inside each edge of the transaction.
+            assert_eq!(own.first(), Some(&8_001_000), "{own:?}");
+            assert_eq!(own.last(), Some(&91_999_000), "{own:?}");
+        }
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub(super) struct ChunkWriter<'a> {
     pub(super) exporters: Vec<Exporter>,
     pub(super) service_name: String,
     pub(super) v1: Option<super::v1::V1State>,
+    /// Where the reading of threads' context words left off: each change
+    /// is a poll of a request beginning or ending.
+    pub(super) changes: crate::context::ChangeCursor,
 }
 
 impl ChunkWriter<'_> {
@@ -74,6 +77,17 @@ impl ChunkWriter<'_> {
     pub(super) fn read_lane_events(&mut self) {
         self.lane_events
             .read_into(&self.session.lanes, &mut self.lanes);
+        let lanes = &mut self.lanes;
+        let mut beyond_bound = 0;
+        let lost = crate::context::read_changes(&mut self.changes, |change| {
+            beyond_bound += u64::from(!lanes.apply_change(change));
+        });
+        if lost + beyond_bound > 0 {
+            self.session
+                .counters
+                .lane_polls_lost
+                .fetch_add(lost + beyond_bound, Ordering::Relaxed);
+        }
         self.note_lanes_tracked();
     }
 
@@ -157,6 +171,7 @@ impl ChunkWriter<'_> {
         }
         let mut chunk = self.chunk.take();
         let now = now_ns();
+        let edges_from = self.filled_until_ns;
         if self.attribution == ThreadAttribution::Lanes {
             // Fill lanes from where the previous chunk's fill-ins ended (not
             // from this chunk's first sample, which can come well after the
@@ -189,6 +204,15 @@ impl ChunkWriter<'_> {
                 e.export(&view, &self.service_name, &mut counts);
             }
             self.record_exports(counts);
+        }
+        if self.attribution == ThreadAttribution::Lanes {
+            let edges = self
+                .lanes
+                .add_poll_edges(&mut chunk, self.period_ns, edges_from, now);
+            self.session
+                .counters
+                .lane_fill_ins
+                .fetch_add(edges as u64, Ordering::Relaxed);
         }
         let keys = self.lanes.thread_keys(&chunk, self.attribution);
         let keys = crate::encode::synthetic::mark_running_requests(&mut chunk, keys);

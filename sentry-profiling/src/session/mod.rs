@@ -364,6 +364,12 @@ impl Session {
         self.lanes.finished(lane, end_ns);
     }
 
+    /// Reports the window of the transaction a lane stands for (see
+    /// [`crate::lanes::LaneEvent::Transaction`]); never blocks.
+    pub(crate) fn lane_transaction(&self, lane: u64, start_ns: u64, end_ns: u64) {
+        self.lanes.transaction(lane, start_ns, end_ns);
+    }
+
     /// Sends the chunk in progress now, waiting up to `timeout`.
     pub(crate) fn flush(&self, timeout: Duration) -> bool {
         if crate::sys::in_forked_child() {

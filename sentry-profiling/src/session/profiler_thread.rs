@@ -90,6 +90,7 @@ impl Session {
                 pending: Vec::new(),
                 os_version: crate::kernel_release(),
             }),
+            changes: Default::default(),
         };
         let period = Duration::from_nanos(builder.period_ns);
         let mut last_drain = Instant::now();

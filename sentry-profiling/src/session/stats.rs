@@ -18,6 +18,7 @@ pub(crate) struct Counters {
     pub(super) lanes_expired: AtomicU64,
     pub(super) lane_fill_ins: AtomicU64,
     pub(super) lane_fill_ins_capped: AtomicU64,
+    pub(super) lane_polls_lost: AtomicU64,
     pub(super) chunks_cut_early: AtomicU64,
     pub(super) export_sent: AtomicU64,
     pub(super) export_failed: AtomicU64,
@@ -74,6 +75,12 @@ pub struct ProfilerStats {
     /// Suspended ticks left without a fill-in because their chunk reached
     /// its bound of fill-ins.
     pub lane_fill_ins_capped: u64,
+    /// Polls of requests whose start or end the profiler thread did not
+    /// read in time (a thread changed requests more than 64 times between
+    /// two reads), or beyond a lane's bound of polls: those requests are
+    /// shown from their samples alone, without the exact edges of those
+    /// polls.
+    pub lane_polls_lost: u64,
     /// Chunks written before their full duration because as many requests
     /// as one chunk holds had finished in them.
     pub chunks_cut_early: u64,
@@ -151,6 +158,7 @@ impl Session {
             lanes_expired: c.lanes_expired.load(Ordering::Relaxed),
             lane_fill_ins: c.lane_fill_ins.load(Ordering::Relaxed),
             lane_fill_ins_capped: c.lane_fill_ins_capped.load(Ordering::Relaxed),
+            lane_polls_lost: c.lane_polls_lost.load(Ordering::Relaxed),
             chunks_cut_early: c.chunks_cut_early.load(Ordering::Relaxed),
             exports_sent: c.export_sent.load(Ordering::Relaxed),
             exports_failed: c.export_failed.load(Ordering::Relaxed),

@@ -20,7 +20,7 @@ use crate::session::sink::{ChunkSink, Handed};
 use crate::transaction_profile::Intercepted;
 
 pub use crate::transaction_tags::{OS_THREAD_ID, OS_THREAD_NAME};
-use crate::transaction_tags::{settle_lane, write_transaction};
+use crate::transaction_tags::{lane_window, settle_lane, write_transaction};
 pub use envelope_dir::EnvelopeDirTransport;
 
 /// The session's sink for chunks: the crate's chunk sender when there is
@@ -346,8 +346,15 @@ pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelo
     if rest.to_writer(&mut bytes).is_err() {
         return rest;
     }
+    let session = crate::session::current();
     for mut tx in transactions {
         settle_lane(&mut tx, Duration::ZERO);
+        // The transaction may begin before its lane and end after it (on a
+        // busy machine, many milliseconds): Sentry shows the lane over the
+        // transaction's whole window.
+        if let (Some(session), Some((lane, start_ns, end_ns))) = (&session, lane_window(&tx)) {
+            session.lane_transaction(lane, start_ns, end_ns);
+        }
         let mut ctx = Map::new();
         ctx.insert("profiler_id".into(), Value::String(profiler_id.into()));
         tx.contexts.insert("profile".into(), Context::Other(ctx));
