@@ -283,24 +283,18 @@ struct SlotCursor {
     word: Option<u64>,
 }
 
-/// One change of a thread's context word, as [`read_changes`] reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Change {
-    pub(crate) tid: u32,
-    /// The word before (`None`: not known, its publication was lost).
-    pub(crate) from: Option<u64>,
-    pub(crate) to: u64,
-    /// When the new word was published (`CLOCK_REALTIME`, ns).
-    pub(crate) at_ns: u64,
-}
-
 /// Reports, in each thread's order, every context word published since the
-/// previous call with the same cursor (a thread's first word is reported
-/// from 0). Returns how many publications were overwritten before they
-/// could be read (a thread changes its word more than `HISTORY` times
-/// between two calls). Reads only atomics: never blocks a publishing
-/// thread.
-pub(crate) fn read_changes(cursor: &mut ChangeCursor, mut report: impl FnMut(Change)) -> u64 {
+/// previous call with the same cursor, as `report(tid, from, to, at_ns)`:
+/// thread `tid` changed its word from `from` (`None`: not known, its
+/// publication was lost; a thread's first word is reported from 0) to `to`
+/// at `at_ns` (`CLOCK_REALTIME`). Returns how many publications were
+/// overwritten before they could be read (a thread changes its word more
+/// than `HISTORY` times between two calls). Reads only atomics: never
+/// blocks a publishing thread.
+pub(crate) fn read_changes(
+    cursor: &mut ChangeCursor,
+    mut report: impl FnMut(u32, Option<u64>, u64, u64),
+) -> u64 {
     let used = (SLOTS_USED.load(Ordering::Acquire) as usize).min(MAX_SLOTS);
     if cursor.slots.len() < used {
         cursor.slots.resize(used, SlotCursor::default());
@@ -346,12 +340,7 @@ pub(crate) fn read_changes(cursor: &mut ChangeCursor, mut report: impl FnMut(Cha
                 continue;
             }
             if c.word != Some(value) {
-                report(Change {
-                    tid: owner,
-                    from: c.word,
-                    to: value,
-                    at_ns: since,
-                });
+                report(owner, c.word, value, since);
             }
             c.word = Some(value);
         }
@@ -382,9 +371,9 @@ mod tests {
             go_tx.send(n).unwrap();
             done_rx.recv().unwrap();
             let mut mine = Vec::new();
-            let lost = read_changes(&mut cursor, |c| {
-                if c.tid == tid {
-                    mine.push((c.from, c.to));
+            let lost = read_changes(&mut cursor, |t, from, to, _| {
+                if t == tid {
+                    mine.push((from, to));
                 }
             });
             (mine, lost)

@@ -121,8 +121,6 @@ fn parse_vm_rss(status: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Sample;
-    use std::sync::Arc;
 
     #[test]
     fn parses_proc_files() {
@@ -137,6 +135,9 @@ mod tests {
     #[cfg(profiling_supported)]
     #[test]
     fn measures_a_busy_process_at_most_every_interval() {
+        use crate::Sample;
+        use std::sync::Arc;
+
         let mut chunk = Chunk::new();
         let mut meter = ProcessMeter::default();
         meter.measure_into(&mut chunk);

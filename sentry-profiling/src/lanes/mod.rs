@@ -132,6 +132,52 @@ pub(crate) enum LaneEvent {
     },
 }
 
+/// One change of a thread's context word: a poll of the request it left
+/// ended, and one of the request it entered began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Change {
+    pub(crate) tid: u32,
+    /// The word before (`None`: not known, its publication was lost).
+    pub(crate) from: Option<u64>,
+    pub(crate) to: u64,
+    /// When the new word was published (`CLOCK_REALTIME`, ns).
+    pub(crate) at_ns: u64,
+}
+
+/// Where [`read_polls`] left off.
+#[cfg(profiling_supported)]
+pub(crate) type ChangeCursor = crate::context::ChangeCursor;
+
+/// Where [`read_polls`] left off (nothing publishes context words here).
+#[cfg(not(profiling_supported))]
+#[derive(Debug, Default)]
+pub(crate) struct ChangeCursor;
+
+/// Reads every thread's context-word changes since the previous call into
+/// the lanes' polls; returns how many polls were lost (changes overwritten
+/// before they were read, or polls beyond a lane's bound).
+pub(crate) fn read_polls(cursor: &mut ChangeCursor, lanes: &mut Lanes) -> u64 {
+    #[cfg(profiling_supported)]
+    {
+        let mut beyond_bound = 0;
+        let lost = crate::context::read_changes(cursor, |tid, from, to, at_ns| {
+            let change = Change {
+                tid,
+                from,
+                to,
+                at_ns,
+            };
+            beyond_bound += u64::from(!lanes.apply_change(change));
+        });
+        lost + beyond_bound
+    }
+    #[cfg(not(profiling_supported))]
+    {
+        let _ = (cursor, lanes);
+        0
+    }
+}
+
 /// What a lane stands for: its root span, by name and Sentry ids.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LaneLink {

@@ -7,9 +7,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{LaneEvent, LaneLink, SUSPENDED_FRAME, ThreadAttribution, UNCAPTURED_FRAME};
+use super::{Change, LaneEvent, LaneLink, SUSPENDED_FRAME, ThreadAttribution, UNCAPTURED_FRAME};
 use crate::chunk::{Chunk, ChunkSample};
-use crate::context::Change;
 
 #[derive(Debug, Clone)]
 struct Lane {
@@ -156,8 +155,8 @@ impl Lanes {
         }
     }
 
-    /// Records a change of a thread's context word (read from
-    /// `crate::context::read_changes`): the thread stopped polling the
+    /// Records a change of a thread's context word (see
+    /// [`super::read_polls`]): the thread stopped polling the
     /// request it left, and began polling the one it entered. Returns false
     /// if the poll could not be kept (the lane has [`MAX_POLLS_PER_LANE`]).
     pub(crate) fn apply_change(&mut self, change: Change) -> bool {

@@ -46,7 +46,7 @@ pub(super) struct ChunkWriter<'a> {
     pub(super) v1: Option<super::v1::V1State>,
     /// Where the reading of threads' context words left off: each change
     /// is a poll of a request beginning or ending.
-    pub(super) changes: crate::context::ChangeCursor,
+    pub(super) changes: crate::lanes::ChangeCursor,
 }
 
 impl ChunkWriter<'_> {
@@ -77,16 +77,12 @@ impl ChunkWriter<'_> {
     pub(super) fn read_lane_events(&mut self) {
         self.lane_events
             .read_into(&self.session.lanes, &mut self.lanes);
-        let lanes = &mut self.lanes;
-        let mut beyond_bound = 0;
-        let lost = crate::context::read_changes(&mut self.changes, |change| {
-            beyond_bound += u64::from(!lanes.apply_change(change));
-        });
-        if lost + beyond_bound > 0 {
+        let lost = crate::lanes::read_polls(&mut self.changes, &mut self.lanes);
+        if lost > 0 {
             self.session
                 .counters
                 .lane_polls_lost
-                .fetch_add(lost + beyond_bound, Ordering::Relaxed);
+                .fetch_add(lost, Ordering::Relaxed);
         }
         self.note_lanes_tracked();
     }
