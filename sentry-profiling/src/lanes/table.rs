@@ -443,6 +443,10 @@ impl Lanes {
     /// which weights a sample by the time to the next one of its thread,
     /// showed part of the request's running time as suspended.
     fn held_stretches(&self, chunk: &Chunk) -> HashMap<u64, Held> {
+        if self.lanes.values().all(|l| !l.polls.is_empty()) {
+            // Every lane's polls are known: they are used instead.
+            return HashMap::new();
+        }
         let mut per_thread: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
         for s in chunk.samples() {
             // Thread 0 holds the fill-ins, which belong to no thread.
