@@ -144,6 +144,12 @@ pub(crate) struct Change {
     pub(crate) at_ns: u64,
 }
 
+/// The shortest poll whose edges are worth samples of their own: a tenth of
+/// a sampling period (see [`Lanes::add_poll_edges`]).
+pub(crate) fn min_poll_ns(period_ns: u64) -> u64 {
+    period_ns / 10
+}
+
 /// Where [`read_polls`] left off.
 #[cfg(profiling_supported)]
 pub(crate) type ChangeCursor = crate::context::ChangeCursor;
@@ -154,9 +160,10 @@ pub(crate) type ChangeCursor = crate::context::ChangeCursor;
 pub(crate) struct ChangeCursor;
 
 /// Reads every thread's context-word changes since the previous call into
-/// the lanes' polls; returns how many polls were lost (changes overwritten
-/// before they were read, or polls beyond a lane's bound).
-pub(crate) fn read_polls(cursor: &mut ChangeCursor, lanes: &mut Lanes) -> u64 {
+/// the lanes' polls (keeping those of `min_poll_ns` or longer, see
+/// [`Lanes::apply_change`]); returns how many polls were lost (changes
+/// overwritten before they were read, or polls beyond a lane's bound).
+pub(crate) fn read_polls(cursor: &mut ChangeCursor, lanes: &mut Lanes, min_poll_ns: u64) -> u64 {
     #[cfg(profiling_supported)]
     {
         let mut beyond_bound = 0;
@@ -167,13 +174,13 @@ pub(crate) fn read_polls(cursor: &mut ChangeCursor, lanes: &mut Lanes) -> u64 {
                 to,
                 at_ns,
             };
-            beyond_bound += u64::from(!lanes.apply_change(change));
+            beyond_bound += u64::from(!lanes.apply_change(change, min_poll_ns));
         });
         lost + beyond_bound
     }
     #[cfg(not(profiling_supported))]
     {
-        let _ = (cursor, lanes);
+        let _ = (cursor, lanes, min_poll_ns);
         0
     }
 }

@@ -18,9 +18,13 @@ struct Lane {
     /// The end of the lane's transaction, if reported before the lane's
     /// own end (see [`LaneEvent::Transaction`]): the lane ends no earlier.
     transaction_end_ns: u64,
-    /// The polls of the request's future (the stretches in which a thread
-    /// published the lane as its context word), oldest first.
+    /// The finished polls of the request's future (the stretches in which
+    /// a thread published the lane as its context word) long enough to be
+    /// kept (see [`Lanes::apply_change`]).
     polls: Vec<Poll>,
+    /// Whether any thread was seen entering the lane: its polls are known
+    /// (those too short to be kept were short).
+    polls_known: bool,
 }
 
 /// One poll of a request: thread `tid` ran it from `start_ns` to `end_ns`
@@ -94,6 +98,8 @@ impl Held {
 #[derive(Debug, Default)]
 pub(crate) struct Lanes {
     lanes: HashMap<u64, Lane>,
+    /// The poll each thread is in: its lane, and since when.
+    open: HashMap<u32, (u64, u64)>,
     /// Lanes whose end is known (still kept until the chunk holding their
     /// end is written).
     finished: usize,
@@ -125,6 +131,7 @@ impl Lanes {
                         end_ns: None,
                         transaction_end_ns: 0,
                         polls: Vec::new(),
+                        polls_known: false,
                     },
                 );
             }
@@ -156,49 +163,56 @@ impl Lanes {
     }
 
     /// Records a change of a thread's context word (see
-    /// [`super::read_polls`]): the thread stopped polling the
-    /// request it left, and began polling the one it entered. Returns false
-    /// if the poll could not be kept (the lane has [`MAX_POLLS_PER_LANE`]).
-    pub(crate) fn apply_change(&mut self, change: Change) -> bool {
+    /// [`super::read_polls`]): the thread stopped polling the request it
+    /// left, and began polling the one it entered. A finished poll shorter
+    /// than `min_poll_ns` is not kept: its edges would move what Sentry
+    /// shows by less than that, and a request that only hands work on (a
+    /// few polls of microseconds) costs no memory. Returns false if a poll
+    /// could not be kept (the lane has [`MAX_POLLS_PER_LANE`]).
+    pub(crate) fn apply_change(&mut self, change: Change, min_poll_ns: u64) -> bool {
         let Change {
             tid,
             from,
             to,
             at_ns,
         } = change;
-        match from {
-            Some(from) => {
-                if let Some(lane) = self.lanes.get_mut(&from) {
-                    if let Some(p) = lane
-                        .polls
-                        .iter_mut()
-                        .rev()
-                        .find(|p| p.tid == tid && p.end_ns.is_none())
-                    {
-                        p.end_ns = Some(at_ns.max(p.start_ns));
+        // Without the word before (it was lost), when the thread left the
+        // poll it was in is not known: that poll is forgotten.
+        let left = self.open.remove(&tid).filter(|_| from.is_some());
+        let mut kept = true;
+        if let Some((lane, start_ns)) = left {
+            if let Some(l) = self.lanes.get_mut(&lane) {
+                if at_ns.saturating_sub(start_ns) >= min_poll_ns {
+                    if l.polls.len() < MAX_POLLS_PER_LANE {
+                        l.polls.push(Poll {
+                            tid,
+                            start_ns,
+                            end_ns: Some(at_ns),
+                        });
+                    } else {
+                        kept = false;
                     }
                 }
             }
-            None => {
-                // The thread's earlier words were lost: when it left the
-                // poll it was in is not known, so that poll is forgotten.
-                for lane in self.lanes.values_mut() {
-                    lane.polls.retain(|p| p.tid != tid || p.end_ns.is_some());
-                }
-            }
         }
-        let Some(lane) = self.lanes.get_mut(&to) else {
-            return true;
-        };
-        if lane.polls.len() >= MAX_POLLS_PER_LANE {
-            return false;
+        if let Some(l) = self.lanes.get_mut(&to) {
+            l.polls_known = true;
+            self.open.insert(tid, (to, at_ns));
         }
-        lane.polls.push(Poll {
-            tid,
-            start_ns: at_ns,
-            end_ns: None,
-        });
-        true
+        kept
+    }
+
+    /// The polls of each lane still running (a thread is in it now).
+    fn open_polls(&self) -> HashMap<u64, Vec<Poll>> {
+        let mut by_lane: HashMap<u64, Vec<Poll>> = HashMap::new();
+        for (&tid, &(lane, start_ns)) in &self.open {
+            by_lane.entry(lane).or_default().push(Poll {
+                tid,
+                start_ns,
+                end_ns: None,
+            });
+        }
+        by_lane
     }
 
     /// Adds a fill-in sample for every tick (`period_ns` grid from the
@@ -246,19 +260,20 @@ impl Lanes {
             v.sort_unstable();
         }
         let held = self.held_stretches(chunk);
+        let open = self.open_polls();
         let stack: Arc<[u64]> = Arc::from(&[SUSPENDED_FRAME][..]);
         for (&lane, info) in &self.lanes {
             let end = info.end_ns.unwrap_or(until_ns).min(until_ns);
             let times = own.get(&lane).map(Vec::as_slice).unwrap_or(&[]);
             // Where the polls of the request are known, they say when it
-            // ran (those long enough to get their own edges, see
-            // `add_poll_edges`); otherwise its threads' samples do.
-            let polled = (!info.polls.is_empty()).then(|| {
+            // ran (those long enough to be kept, which get their own edges,
+            // see `add_poll_edges`); otherwise its threads' samples do.
+            let polled = info.polls_known.then(|| {
                 Held::new(
                     info.polls
                         .iter()
+                        .chain(open.get(&lane).into_iter().flatten())
                         .map(|p| (p.start_ns, p.end_ns.unwrap_or(end).max(p.start_ns)))
-                        .filter(|&(start, end)| end - start >= period_ns / 10)
                         .collect(),
                 )
             });
@@ -356,17 +371,12 @@ impl Lanes {
         until_ns: u64,
     ) -> usize {
         let period_ns = period_ns.max(1);
-        let close = period_ns / 10;
+        let close = super::min_poll_ns(period_ns);
         // Each lane's samples by the thread that took them: (time, thread,
         // stack).
         let mut own: HashMap<u64, Vec<(u64, u32, u32)>> = HashMap::new();
         for s in chunk.samples() {
-            if s.thread_id != 0
-                && self
-                    .lanes
-                    .get(&s.context)
-                    .is_some_and(|l| !l.polls.is_empty())
-            {
+            if s.thread_id != 0 && self.lanes.get(&s.context).is_some_and(|l| l.polls_known) {
                 own.entry(s.context)
                     .or_default()
                     .push((s.timestamp_ns, s.thread_id, s.stack));
@@ -375,6 +385,7 @@ impl Lanes {
         for v in own.values_mut() {
             v.sort_unstable();
         }
+        let open = self.open_polls();
         let suspended: Arc<[u64]> = Arc::from(&[SUSPENDED_FRAME][..]);
         let uncaptured = chunk.stack_id(&Arc::from(&[UNCAPTURED_FRAME][..]));
         let mut added = 0;
@@ -382,8 +393,14 @@ impl Lanes {
             let lane_end = info.end_ns.unwrap_or(u64::MAX);
             let samples = own.get(&lane).map(Vec::as_slice).unwrap_or(&[]);
             let ends = |p: &Poll| p.end_ns.unwrap_or(lane_end).min(lane_end).max(p.start_ns);
-            let polled = Held::new(info.polls.iter().map(|p| (p.start_ns, ends(p))).collect());
-            for p in &info.polls {
+            let polls: Vec<Poll> = info
+                .polls
+                .iter()
+                .chain(open.get(&lane).into_iter().flatten())
+                .copied()
+                .collect();
+            let polled = Held::new(polls.iter().map(|p| (p.start_ns, ends(p))).collect());
+            for p in &polls {
                 if p.start_ns < from_ns.max(info.start_ns) || p.start_ns > until_ns {
                     continue;
                 }
@@ -443,7 +460,7 @@ impl Lanes {
     /// which weights a sample by the time to the next one of its thread,
     /// showed part of the request's running time as suspended.
     fn held_stretches(&self, chunk: &Chunk) -> HashMap<u64, Held> {
-        if self.lanes.values().all(|l| !l.polls.is_empty()) {
+        if self.lanes.values().all(|l| l.polls_known) {
             // Every lane's polls are known: they are used instead.
             return HashMap::new();
         }
@@ -486,7 +503,7 @@ impl Lanes {
         for lane in self.lanes.values_mut() {
             // Polls that ended before `ns` are behind every chunk still to
             // be written.
-            lane.polls.retain(|p| p.end_ns.is_none_or(|e| e >= ns));
+            lane.polls.retain(|p| p.end_ns.is_some_and(|e| e >= ns));
         }
         self.lanes.retain(|_, l| match l.end_ns {
             Some(e) => {
@@ -501,6 +518,9 @@ impl Lanes {
             }
         });
         self.finished = finished;
+        // A thread that exited inside a request left its poll open.
+        let lanes = &self.lanes;
+        self.open.retain(|_, (lane, _)| lanes.contains_key(lane));
         expired
     }
 
@@ -673,46 +693,52 @@ mod tests {
     fn context_changes_open_and_close_polls() {
         let mut lanes = Lanes::default();
         let (a, b) = (started(&mut lanes, 0), started(&mut lanes, 0));
-        assert!(lanes.apply_change(poll_change(7, 0, a, 10)));
+        let min = 5;
+        assert!(lanes.apply_change(poll_change(7, 0, a, 10), min));
         // Straight from one request to another.
-        assert!(lanes.apply_change(poll_change(7, a, b, 20)));
-        assert!(lanes.apply_change(poll_change(8, 0, a, 25)));
-        assert!(lanes.apply_change(poll_change(7, b, 0, 30)));
+        assert!(lanes.apply_change(poll_change(7, a, b, 20), min));
+        assert!(lanes.apply_change(poll_change(8, 0, a, 25), min));
+        assert!(lanes.apply_change(poll_change(7, b, 0, 30), min));
+        // Too short to be kept.
+        assert!(lanes.apply_change(poll_change(7, 0, b, 31), min));
+        assert!(lanes.apply_change(poll_change(7, b, 0, 33), min));
         let polls = |lanes: &Lanes, l: u64| lanes.lanes[&l].polls.clone();
         let poll = |tid, start_ns, end_ns| Poll {
             tid,
             start_ns,
             end_ns,
         };
-        assert_eq!(
-            polls(&lanes, a),
-            vec![poll(7, 10, Some(20)), poll(8, 25, None)]
-        );
+        assert_eq!(polls(&lanes, a), vec![poll(7, 10, Some(20))]);
         assert_eq!(polls(&lanes, b), vec![poll(7, 20, Some(30))]);
+        // Thread 8 is still in `a`.
+        assert_eq!(lanes.open_polls()[&a], vec![poll(8, 25, None)]);
         // Thread 8's earlier words were lost: when it left `a` is unknown,
         // so that poll is forgotten rather than guessed.
-        assert!(lanes.apply_change(Change {
+        let lost = Change {
             tid: 8,
             from: None,
             to: b,
             at_ns: 50,
-        }));
+        };
+        assert!(lanes.apply_change(lost, min));
         assert_eq!(polls(&lanes, a), vec![poll(7, 10, Some(20))]);
-        assert_eq!(
-            polls(&lanes, b),
-            vec![poll(7, 20, Some(30)), poll(8, 50, None)]
-        );
+        assert_eq!(lanes.open_polls()[&b], vec![poll(8, 50, None)]);
+        assert!(!lanes.open_polls().contains_key(&a));
         // A word that is no known lane is no poll.
-        assert!(lanes.apply_change(poll_change(9, 0, 12_345, 60)));
+        assert!(lanes.apply_change(poll_change(9, 0, 12_345, 60), min));
+        assert!(lanes.open_polls().values().flatten().all(|p| p.tid != 9));
         // Bounded per lane; the next chunk's pruning makes room again.
         for i in 0..MAX_POLLS_PER_LANE as u64 {
-            lanes.apply_change(poll_change(9, a, 0, 100 + 2 * i + 1));
-            lanes.apply_change(poll_change(9, 0, a, 100 + 2 * i + 2));
+            lanes.apply_change(poll_change(9, 0, a, 100 + 10 * i), min);
+            lanes.apply_change(poll_change(9, a, 0, 100 + 10 * i + 5), min);
         }
-        assert!(!lanes.apply_change(poll_change(9, 0, a, 1_000_000)));
+        assert!(lanes.apply_change(poll_change(9, 0, a, 1_000_000), min));
+        assert!(!lanes.apply_change(poll_change(9, a, 0, 1_000_010), min));
         lanes.prune(1_000_000);
-        assert!(lanes.lanes[&a].polls.len() <= 1);
-        assert!(lanes.apply_change(poll_change(9, 0, a, 1_000_001)));
+        assert!(lanes.lanes[&a].polls.is_empty());
+        assert!(lanes.apply_change(poll_change(9, 0, a, 1_000_020), min));
+        assert!(lanes.apply_change(poll_change(9, a, 0, 1_000_030), min));
+        assert_eq!(polls(&lanes, a).len(), 1);
     }
 
     #[test]
@@ -733,7 +759,7 @@ mod tests {
             (0, lane, 56_000),
             (lane, 0, 61_000),
         ] {
-            assert!(lanes.apply_change(poll_change(7, from, to, at)));
+            assert!(lanes.apply_change(poll_change(7, from, to, at), period / 10));
         }
         let mut chunk = Chunk::new();
         chunk.push(&Sample::new(

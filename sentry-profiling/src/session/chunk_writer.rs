@@ -77,7 +77,11 @@ impl ChunkWriter<'_> {
     pub(super) fn read_lane_events(&mut self) {
         self.lane_events
             .read_into(&self.session.lanes, &mut self.lanes);
-        let lost = crate::lanes::read_polls(&mut self.changes, &mut self.lanes);
+        let lost = crate::lanes::read_polls(
+            &mut self.changes,
+            &mut self.lanes,
+            crate::lanes::min_poll_ns(self.period_ns),
+        );
         if lost > 0 {
             self.session
                 .counters
