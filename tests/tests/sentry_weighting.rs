@@ -169,6 +169,11 @@ fn root_span_offsets(tx: &Value, window: &TransactionWindow) -> (u64, u64) {
     )
 }
 
+/// A /work transaction: N, burn_cpu shown, time in burn_cpu, time shown
+/// with no stack captured, and what its polled time not shown as burn_cpu
+/// is shown as (the largest first).
+type WorkSeen = (u64, u64, u64, u64, Vec<(String, String)>);
+
 #[test]
 fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
     let settings = local_settings("weighting");
@@ -267,9 +272,7 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
     // Lane thread id -> the request's trace id.
     let mut lane_trace: HashMap<String, String> = HashMap::new();
     let mut burn_ratios = Vec::new();
-    // /work transactions: (N, burn_cpu shown, time in burn_cpu, time shown
-    // with no stack captured).
-    let mut work_seen: Vec<(u64, u64, u64, u64)> = Vec::new();
+    let mut work_seen: Vec<WorkSeen> = Vec::new();
     for tx in &transactions {
         let window = TransactionWindow::from_value(tx).unwrap();
         profiler_id.clone_from(&window.profiler_id);
@@ -350,7 +353,6 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                 polled as f64 / 1e6,
                 uncaptured as f64 / 1e6,
             );
-            work_seen.push((n, burn, in_burn, uncaptured));
             // Where the shown time lies against the polls: burn_cpu shown
             // while the request was not polled, and time inside its polls
             // shown as something else.
@@ -366,6 +368,9 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                     .sum()
             };
             let (mut burn_out, mut other_in) = (0u64, 0u64);
+            // What the polled time not shown as burn_cpu is shown as: the
+            // stack's leaf and root-most frames, and where the sample is.
+            let mut other_frames: Vec<(String, u64)> = Vec::new();
             for smp in &shown.samples {
                 let is_burn = shown.stack(smp).any(|f| {
                     f.function
@@ -377,8 +382,27 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                     burn_out += smp.weight_ns - inside;
                 } else {
                     other_in += inside;
+                    if inside > 0 {
+                        let names: Vec<String> = shown.stack(smp).map(|f| f.name()).collect();
+                        let at = smp.timestamp_ns.saturating_sub(window.start_ns) as f64 / 1e6;
+                        other_frames.push((
+                            format!(
+                                "{at:.1} ms: {} .. {}",
+                                names.first().cloned().unwrap_or_default(),
+                                names.last().cloned().unwrap_or_default()
+                            ),
+                            inside,
+                        ));
+                    }
                 }
             }
+            other_frames.sort_by_key(|f| std::cmp::Reverse(f.1));
+            other_frames.truncate(6);
+            let other: Vec<(String, String)> = other_frames
+                .into_iter()
+                .map(|(name, ns)| (name, format!("{:.1} ms", ns as f64 / 1e6)))
+                .collect();
+            work_seen.push((n, burn, in_burn, uncaptured, other));
             eprintln!(
                 "  burn_cpu shown while not polled {:.1} ms; polled time shown as other frames {:.1} ms",
                 burn_out as f64 / 1e6,
@@ -475,13 +499,15 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
     eprintln!("burn_cpu shown / N: {burn_ratios:.2?}");
     let mut of_time_in_burn: Vec<f64> = Vec::new();
     let mut short_without = 0;
-    for &(n, burn, in_burn, _) in &work_seen {
+    for (n, burn, in_burn, _, other) in &work_seen {
+        let (n, burn, in_burn) = (*n, *burn, *in_burn);
         if n >= 200 {
             let ratio = burn as f64 / in_burn.max(1) as f64;
             of_time_in_burn.push(ratio);
             assert!(
                 (0.85..=1.15).contains(&ratio),
-                "/work/{n}: Sentry would show {:.1} ms in burn_cpu of {:.1} ms spent in it",
+                "/work/{n}: Sentry would show {:.1} ms in burn_cpu of {:.1} ms spent in it; \
+                 polled time shown as other frames: {other:?}",
                 burn as f64 / 1e6,
                 in_burn as f64 / 1e6
             );
