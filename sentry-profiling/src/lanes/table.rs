@@ -59,6 +59,32 @@ pub(crate) struct Filled {
     pub(crate) capped: usize,
 }
 
+/// The stack of the sample of `samples` (a lane's, by time: time, thread,
+/// stack) nearest to `[from_ns, to_ns]` whose stack is not `uncaptured`.
+fn nearest_captured(
+    samples: &[(u64, u32, u32)],
+    from_ns: u64,
+    to_ns: u64,
+    uncaptured: u32,
+) -> Option<u32> {
+    let i = samples.partition_point(|s| s.0 < from_ns);
+    let before = samples[..i].iter().rev().find(|s| s.2 != uncaptured);
+    let after = samples[i..]
+        .iter()
+        .find(|s| s.0 > to_ns && s.2 != uncaptured);
+    let nearest = match (before, after) {
+        (Some(b), Some(a)) => {
+            if from_ns - b.0 <= a.0 - to_ns {
+                b
+            } else {
+                a
+            }
+        }
+        (b, a) => b.or(a)?,
+    };
+    Some(nearest.2)
+}
+
 /// Stretches of time in which a lane ran: its polls, or where they are not
 /// known, the stretches in which it held a thread (see
 /// [`Lanes::held_stretches`]). Sorted by their start, with the latest end
@@ -385,9 +411,52 @@ impl Lanes {
         for v in own.values_mut() {
             v.sort_unstable();
         }
-        let open = self.open_polls();
-        let suspended: Arc<[u64]> = Arc::from(&[SUSPENDED_FRAME][..]);
         let uncaptured = chunk.stack_id(&Arc::from(&[UNCAPTURED_FRAME][..]));
+        // A period the sampler filed under a request before any stack of
+        // that request was captured (on a starved machine, the first
+        // capture can come 100 ms or more later) shows the request's
+        // nearest captured stack, as a poll no sample caught does.
+        let mut by_index: Vec<(usize, u64, u64)> = chunk
+            .samples()
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                s.thread_id != 0 && s.stack == uncaptured && own.contains_key(&s.context)
+            })
+            .map(|(i, s)| (i, s.context, s.timestamp_ns))
+            .collect();
+        by_index.sort_unstable_by_key(|&(_, lane, ts)| (lane, ts));
+        for (i, lane, ts) in by_index {
+            let samples = &own[&lane];
+            if let Some(stack) = nearest_captured(samples, ts, ts, uncaptured) {
+                chunk.set_stack(i, stack);
+            }
+        }
+        let open = self.open_polls();
+        // The samples of each thread that polled a request for longer than
+        // one and a half periods (see below).
+        let long = |p: &Poll| {
+            p.end_ns.unwrap_or(until_ns).saturating_sub(p.start_ns) > period_ns + period_ns / 2
+        };
+        let mut thread_times: HashMap<u32, Vec<u64>> = self
+            .lanes
+            .values()
+            .flat_map(|l| l.polls.iter())
+            .chain(open.values().flatten())
+            .filter(|p| long(p))
+            .map(|p| (p.tid, Vec::new()))
+            .collect();
+        if !thread_times.is_empty() {
+            for s in chunk.samples() {
+                if let Some(times) = thread_times.get_mut(&s.thread_id) {
+                    times.push(s.timestamp_ns);
+                }
+            }
+            for times in thread_times.values_mut() {
+                times.sort_unstable();
+            }
+        }
+        let suspended: Arc<[u64]> = Arc::from(&[SUSPENDED_FRAME][..]);
         let mut added = 0;
         for (&lane, info) in &self.lanes {
             let lane_end = info.end_ns.unwrap_or(u64::MAX);
@@ -412,6 +481,9 @@ impl Lanes {
                     .find(|s| s.1 == p.tid);
                 let stack = match first {
                     Some(&(ts, _, _)) if ts.saturating_sub(p.start_ns) < close => None,
+                    Some(&(ts, _, stack)) if stack == uncaptured => {
+                        Some(nearest_captured(samples, ts, ts, uncaptured).unwrap_or(uncaptured))
+                    }
                     Some(&(_, _, stack)) => Some(stack),
                     // A very short poll no sample caught changes what Sentry
                     // shows by less than a tenth of a period: left to the
@@ -422,21 +494,38 @@ impl Lanes {
                     // it in time, as the sampler records a period in which a
                     // thread was preempted inside a request; with no stack
                     // of the request at all, a frame that says so.
-                    None => {
-                        let before = samples[..i].last();
-                        let after = samples[i..].iter().find(|s| s.0 > end);
-                        let nearest = match (before, after) {
-                            (Some(b), Some(a)) => {
-                                Some(if p.start_ns - b.0 <= a.0 - end { b } else { a })
-                            }
-                            (b, a) => b.or(a),
-                        };
-                        Some(nearest.map_or(uncaptured, |s| s.2))
-                    }
+                    None => Some(
+                        nearest_captured(samples, p.start_ns, end, uncaptured)
+                            .unwrap_or(uncaptured),
+                    ),
                 };
                 if let Some(stack) = stack {
                     chunk.push_copy(p.start_ns, p.tid, stack, lane);
                     added += 1;
+                }
+                // Inside a long poll, every period in which the sampler
+                // left its thread without a sample (a busy machine: 20 to
+                // 27 ms were seen) gets one, with the request's latest
+                // stack: the thread was in the request then (running, or
+                // preempted in it), and without it the thread's OS-thread
+                // timeline charged the whole gap to one `(running a
+                // request)` sample.
+                if long(p) {
+                    let times = thread_times.get(&p.tid).map_or(&[][..], Vec::as_slice);
+                    let mut t = p.start_ns.saturating_add(period_ns);
+                    while t.saturating_add(period_ns / 2) < end && t <= until_ns {
+                        let j = times.partition_point(|&x| x < t.saturating_sub(period_ns / 2));
+                        let sampled = times.get(j).is_some_and(|&x| x <= t + period_ns / 2);
+                        let latest = samples[..samples.partition_point(|s| s.0 <= t)]
+                            .last()
+                            .map(|s| s.2)
+                            .or(stack);
+                        if let (false, Some(latest)) = (sampled, latest) {
+                            chunk.push_copy(t, p.tid, latest, lane);
+                            added += 1;
+                        }
+                        t = t.saturating_add(period_ns);
+                    }
                 }
                 // Polled again soon after (or still, by another thread
                 // running a task of the same request): no gap to show.
@@ -819,6 +908,76 @@ mod tests {
                 .iter()
                 .all(|k| k.as_ref().is_some_and(|(id, _)| *id == lane))
         );
+    }
+
+    #[test]
+    fn a_long_poll_keeps_a_sample_of_its_thread_every_period() {
+        // Worker 7 polls the request over [0, 50_000]; the sampler caught
+        // it at 10_000 and 40_000 only (a busy machine). The periods at
+        // 20_000 and 30_000 get samples of worker 7 in the request, with
+        // its latest stack, so neither timeline carries the gap on one
+        // sample.
+        let period = 10_000;
+        let mut lanes = Lanes::default();
+        let lane = started(&mut lanes, 0);
+        assert!(lanes.apply_change(poll_change(7, 0, lane, 0), period / 10));
+        assert!(lanes.apply_change(poll_change(7, lane, 0, 50_000), period / 10));
+        let mut chunk = Chunk::new();
+        for (ts, pc) in [(10_000, 0xa), (40_000, 0xb)] {
+            chunk.push(&Sample::new(
+                ts,
+                7,
+                Arc::from("w"),
+                Arc::from(&[pc][..]),
+                lane,
+                false,
+            ));
+        }
+        let before = chunk.len();
+        lanes.add_poll_edges(&mut chunk, period, 0, 1_000_000);
+        let mut added: Vec<(u64, u32, Vec<u64>)> = chunk.samples()[before..]
+            .iter()
+            .map(|s| {
+                let stack = chunk.stacks()[s.stack as usize].to_vec();
+                (s.timestamp_ns, s.thread_id, stack)
+            })
+            .collect();
+        added.sort();
+        assert_eq!(
+            added,
+            vec![
+                (0, 7, vec![0xa]),
+                (20_000, 7, vec![0xa]),
+                (30_000, 7, vec![0xa]),
+                (50_000, 0, vec![SUSPENDED_FRAME]),
+            ],
+            "the poll's start, the two periods the sampler missed, and its end"
+        );
+    }
+
+    #[test]
+    fn a_period_filed_before_the_requests_first_capture_shows_its_nearest_stack() {
+        let period = 10_000;
+        let mut lanes = Lanes::default();
+        let lane = started(&mut lanes, 0);
+        assert!(lanes.apply_change(poll_change(7, 0, lane, 0), period / 10));
+        let mut chunk = Chunk::new();
+        for (ts, pc) in [(1_000, UNCAPTURED_FRAME), (9_000, 0xa), (12_000, 0xb)] {
+            chunk.push(&Sample::new(
+                ts,
+                7,
+                Arc::from("w"),
+                Arc::from(&[pc][..]),
+                lane,
+                false,
+            ));
+        }
+        lanes.add_poll_edges(&mut chunk, period, 0, 13_000);
+        let stacks: Vec<Vec<u64>> = chunk.samples()[..3]
+            .iter()
+            .map(|s| chunk.stacks()[s.stack as usize].to_vec())
+            .collect();
+        assert_eq!(stacks, vec![vec![0xa], vec![0xa], vec![0xb]]);
     }
 
     #[test]
