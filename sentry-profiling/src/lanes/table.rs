@@ -653,14 +653,12 @@ mod tests {
     use crate::lanes::{is_lane, new_lane};
 
     fn sample(ts: u64, tid: i32, context: u64) -> Sample {
-        Sample::new(
-            ts,
-            tid,
-            Arc::from("w"),
-            Arc::from(&[1u64, 2][..]),
-            context,
-            false,
-        )
+        sample_at(ts, tid, &[1, 2], context)
+    }
+
+    /// A sample of thread `tid` with the stack `frames`.
+    fn sample_at(ts: u64, tid: i32, frames: &[u64], context: u64) -> Sample {
+        Sample::new(ts, tid, Arc::from("w"), Arc::from(frames), context, false)
     }
 
     #[test]
@@ -851,14 +849,7 @@ mod tests {
             assert!(lanes.apply_change(poll_change(7, from, to, at), period / 10));
         }
         let mut chunk = Chunk::new();
-        chunk.push(&Sample::new(
-            12_000,
-            7,
-            Arc::from("w"),
-            Arc::from(&[0xabcu64][..]),
-            lane,
-            false,
-        ));
+        chunk.push(&sample_at(12_000, 7, &[0xabc], lane));
         chunk.push(&sample(30_000, 7, 0));
         lanes.apply(LaneEvent::Finished {
             lane,
@@ -924,14 +915,7 @@ mod tests {
         assert!(lanes.apply_change(poll_change(7, lane, 0, 50_000), period / 10));
         let mut chunk = Chunk::new();
         for (ts, pc) in [(10_000, 0xa), (40_000, 0xb)] {
-            chunk.push(&Sample::new(
-                ts,
-                7,
-                Arc::from("w"),
-                Arc::from(&[pc][..]),
-                lane,
-                false,
-            ));
+            chunk.push(&sample_at(ts, 7, &[pc], lane));
         }
         let before = chunk.len();
         lanes.add_poll_edges(&mut chunk, period, 0, 1_000_000);
@@ -963,14 +947,7 @@ mod tests {
         assert!(lanes.apply_change(poll_change(7, 0, lane, 0), period / 10));
         let mut chunk = Chunk::new();
         for (ts, pc) in [(1_000, UNCAPTURED_FRAME), (9_000, 0xa), (12_000, 0xb)] {
-            chunk.push(&Sample::new(
-                ts,
-                7,
-                Arc::from("w"),
-                Arc::from(&[pc][..]),
-                lane,
-                false,
-            ));
+            chunk.push(&sample_at(ts, 7, &[pc], lane));
         }
         lanes.add_poll_edges(&mut chunk, period, 0, 13_000);
         let stacks: Vec<Vec<u64>> = chunk.samples()[..3]
