@@ -656,6 +656,20 @@ mod tests {
         sample_at(ts, tid, &[1, 2], context)
     }
 
+    /// The chunk's samples from index `from` on (those a call added), as
+    /// (time, thread, stack), sorted.
+    fn samples_from(chunk: &Chunk, from: usize) -> Vec<(u64, u32, Vec<u64>)> {
+        let mut samples: Vec<_> = chunk.samples()[from..]
+            .iter()
+            .map(|s| {
+                let stack = chunk.stacks()[s.stack as usize].to_vec();
+                (s.timestamp_ns, s.thread_id, stack)
+            })
+            .collect();
+        samples.sort();
+        samples
+    }
+
     /// A sample of thread `tid` with the stack `frames`.
     fn sample_at(ts: u64, tid: i32, frames: &[u64], context: u64) -> Sample {
         Sample::new(ts, tid, Arc::from("w"), Arc::from(frames), context, false)
@@ -868,16 +882,8 @@ mod tests {
         assert_eq!(fills, vec![32_000, 52_000, 61_000]);
         let before = chunk.len();
         let added = lanes.add_poll_edges(&mut chunk, period, 0, 1_000_000);
-        let edges: Vec<(u64, u32, Vec<u64>)> = chunk.samples()[before..]
-            .iter()
-            .map(|s| {
-                let stack = chunk.stacks()[s.stack as usize].to_vec();
-                (s.timestamp_ns, s.thread_id, stack)
-            })
-            .collect();
+        let edges = samples_from(&chunk, before);
         assert_eq!(added, edges.len());
-        let mut edges = edges;
-        edges.sort();
         assert_eq!(
             edges,
             vec![
@@ -919,16 +925,8 @@ mod tests {
         }
         let before = chunk.len();
         lanes.add_poll_edges(&mut chunk, period, 0, 1_000_000);
-        let mut added: Vec<(u64, u32, Vec<u64>)> = chunk.samples()[before..]
-            .iter()
-            .map(|s| {
-                let stack = chunk.stacks()[s.stack as usize].to_vec();
-                (s.timestamp_ns, s.thread_id, stack)
-            })
-            .collect();
-        added.sort();
         assert_eq!(
-            added,
+            samples_from(&chunk, before),
             vec![
                 (0, 7, vec![0xa]),
                 (20_000, 7, vec![0xa]),
