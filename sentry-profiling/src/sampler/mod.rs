@@ -52,8 +52,10 @@
 //! clock moved, read from here if it is blocked in the kernel, signalled if
 //! it is running; its previous stack repeated otherwise.
 
+mod ledger;
 mod periods;
 mod sample;
+mod state;
 mod stats;
 mod threads;
 
@@ -70,8 +72,9 @@ use crate::Error;
 use crate::options::SamplerConfig;
 use crate::sys::{self, Slot};
 use crate::unwind::{ModuleSet, SharedModules, StackUnwinder};
+use state::{Awaited, Clock};
 use stats::Counters;
-use threads::{AtTick, MAX_PENDING, Pending, Requested, ThreadTable, Tracked};
+use threads::{ThreadTable, Tracked};
 
 /// How long a signalled thread may take to run the handler before the
 /// sampler stops waiting for it (a thread that blocks the signal, or is
@@ -363,6 +366,18 @@ struct Worker {
     owed: u32,
 }
 
+/// What one tick stands for.
+struct Tick {
+    /// Sampling periods (more than one when the sampler thread could not
+    /// run on time).
+    periods: u32,
+    /// When it ran (`CLOCK_REALTIME`, as samples are stamped), and the
+    /// latest of its period slots: when it was due.
+    ts: u64,
+    slot_end: u64,
+    now: Instant,
+}
+
 /// What a harvested capture was.
 enum Harvested {
     /// Nothing new in the slot.
@@ -426,7 +441,7 @@ impl Worker {
                 continue;
             }
             let cpu_before = sys::own_cpu_time_ns();
-            self.tick();
+            self.tick(deadline);
             let c = &self.shared.counters;
             c.tick_cpu_ns
                 .add(sys::own_cpu_time_ns().saturating_sub(cpu_before));
@@ -454,18 +469,28 @@ impl Worker {
         self.threads.release_all();
     }
 
-    fn tick(&mut self) {
+    /// One tick, due at `deadline`.
+    fn tick(&mut self, deadline: Instant) {
         let shared = Arc::clone(&self.shared);
         let c = &shared.counters;
         c.ticks.add(1);
         let periods = 1 + std::mem::take(&mut self.owed);
         self.tick_no += u64::from(periods);
-        let tick_ts = sys::realtime_ns();
+        let ts = sys::realtime_ns();
         let now = Instant::now();
+        // The slots are the deadlines, one period apart, however late the
+        // tick runs (see `ledger`).
+        let late = now.saturating_duration_since(deadline).as_nanos() as u64;
+        let tick = Tick {
+            periods,
+            ts,
+            slot_end: ts.saturating_sub(late),
+            now,
+        };
         self.unwinder.refresh_modules();
         self.threads.refresh_context_slots(&own_threads(), c);
         for idx in 0..self.threads.len() {
-            self.tick_thread(idx, periods, tick_ts, now, c);
+            self.tick_thread(idx, &tick, c);
         }
         // After the captures: those were taken by the threads the table
         // still names, even if the listing now finds an id reused since.
@@ -477,8 +502,14 @@ impl Worker {
 
     /// One thread's part of a tick that stands for `periods` sampling
     /// periods (more than one when the sampler thread could not run on
-    /// time).
-    fn tick_thread(&mut self, idx: usize, periods: u32, tick_ts: u64, now: Instant, c: &Counters) {
+    /// time), the latest of whose slots is `slot_end`.
+    ///
+    /// The thread's samples of running code (this tick's captures, and
+    /// stand-ins for periods the kernel counted without one) take their
+    /// period slots in its ledger, and every slot left free gets a fill
+    /// (see `ledger`). Then, if it did not run, its CPU clock and scheduler
+    /// state tell where it stands, which its fills show (see `state`).
+    fn tick_thread(&mut self, idx: usize, tick: &Tick, c: &Counters) {
         if self.threads.get_mut(idx).gone || !self.bind(idx, c) {
             return;
         }
@@ -488,223 +519,166 @@ impl Worker {
         let t = self.threads.get_mut(idx);
         if t.timer.is_none() {
             for sample in harvested.running() {
-                t.pending.push_back(Pending::Sample(sample));
+                t.ledger.push_sample(sample);
             }
             // Whatever was held when the thread lost its timer goes first.
-            t.alive_ns = u64::MAX;
-            flush(&self.tx, c, t, &self.requests);
-            self.untimed(idx, tick_ts, now, c);
+            t.ledger.alive_ns = u64::MAX;
+            flush(&self.tx, c, t, &self.requests, false);
+            self.untimed(idx, tick.ts, tick.now, c);
             return;
         }
         self.nudge(idx, c);
         let t = self.threads.get_mut(idx);
         let missed = t.slot.map_or(0, |s| s.take_missed());
-        let looked_before = t.looked_ns.replace(tick_ts);
-        let mut last_ts = 0;
-        let mut running = 0;
-        // The times of this tick's samples of running code (captures and
-        // stand-ins), which the fills keep clear of.
-        let mut taken: [u64; 4] = [0; 4];
-        let mut n_taken = 0;
+        let slots = ledger::slot_times(tick.periods, tick.slot_end, t.ledger.last_slot, period_ns);
+        if let Some(&last) = slots.last() {
+            t.ledger.last_slot = Some(last);
+        }
+        // This tick's samples of running code: the captures (with their
+        // stacks, which the fills among them show), then stand-ins.
+        let mut captures: Vec<(u64, Arc<[u64]>, u64)> = Vec::with_capacity(2);
+        let mut running: Vec<u64> = Vec::with_capacity(4);
         for sample in harvested.running() {
-            last_ts = sample.timestamp_ns();
-            if n_taken < taken.len() {
-                taken[n_taken] = last_ts;
-                n_taken += 1;
-            }
-            t.alive_ns = t.alive_ns.max(last_ts);
-            insert(t, Pending::Sample(sample));
-            running += 1;
+            let (stack, context) = (sample.frames().clone(), sample.context());
+            let ts = t.ledger.push_sample(sample);
+            captures.push((ts, stack, context));
+            running.push(ts);
         }
         // The timer fired again before the slot was read, or more periods
         // passed than the kernel signalled (overruns): the thread ran
-        // through, and its latest stack stands in for those periods.
-        // Beyond this tick's periods they cancel fills held from earlier
-        // ticks, or are owed to later ones (at most 2).
-        // Only fills within a period before this tick's first capture can
-        // be cancelled by it: the capture shows the thread running about
-        // then. An older fill stands for time the thread was preempted or
-        // waiting (captures come in bursts when a preempted thread runs
-        // again), and cancelling it would leave a gap in its samples that
-        // Sentry charges to the sample before it.
-        let first_capture = if n_taken > 0 { taken[0] } else { u64::MAX };
-        let held_fills = t
-            .pending
-            .iter()
-            .filter(|p| {
-                matches!(p, Pending::Fill { timestamp_ns, .. }
-                    if timestamp_ns.saturating_add(period_ns) >= first_capture)
-            })
-            .count() as u32;
-        let cover = periods::cover(
-            periods,
-            running,
-            missed,
-            t.last_stack.is_some(),
-            held_fills,
-            t.surplus,
-        );
-        if cover.stand_ins > 0 {
+        // through, and its latest stack stands in for those periods, right
+        // after the capture, a microsecond apart: no request may get a
+        // moment the thread was not running in it.
+        let stand_ins = match (captures.last(), &t.last_stack) {
+            (Some(_), Some(_)) => missed.min(tick.periods),
+            _ => 0,
+        };
+        if stand_ins > 0 {
             let stack = t.last_stack.clone().unwrap_or_else(|| Arc::from(&[][..]));
             let context = t.last_context;
-            // Right after the capture they repeat, a microsecond apart: its
-            // periods were used up around it, running what it shows, and no
-            // request may get a moment it was not running.
-            for _ in 0..cover.stand_ins {
-                last_ts += 1_000;
-                if n_taken < taken.len() {
-                    taken[n_taken] = last_ts;
-                    n_taken += 1;
-                }
-                insert(
-                    t,
-                    Pending::Sample(sample_of(t, last_ts, stack.clone(), context, true)),
-                );
+            let mut ts = running.last().copied().unwrap_or(tick.ts);
+            for _ in 0..stand_ins {
+                ts += 1_000;
+                let sample = sample_of(t, ts, stack.clone(), context, true);
+                running.push(t.ledger.push_sample(sample));
             }
-            c.samples_timer_missed.add(u64::from(cover.stand_ins));
+            c.samples_timer_missed.add(u64::from(stand_ins));
         }
-        for _ in 0..cover.cancel_fills {
-            if let Some(i) = t
-                .pending
-                .iter()
-                .rposition(|p| matches!(p, Pending::Fill { .. }))
-            {
-                t.pending.remove(i);
-            }
-        }
-        t.surplus = cover.surplus;
-        // The periods owed captures paid for are the oldest.
-        let uncovered = cover.new_fills + cover.paid;
-        let times = periods::fill_times(
-            uncovered,
-            tick_ts,
-            looked_before,
-            period_ns,
-            &taken[..n_taken],
-        );
-        // Never before a sample already emitted (a capture harvested last
-        // tick can be newer than that tick's look): a thread's samples
-        // leave in time order.
-        let mut floor = t.emitted_ns;
-        for timestamp_ns in times.into_iter().skip(cover.paid as usize) {
-            let timestamp_ns = timestamp_ns.max(floor.saturating_add(1));
-            floor = timestamp_ns;
-            // What the thread's published context word was at the fill's
-            // moment (the sampler may run late).
+        let placed = t
+            .ledger
+            .place_tick(&slots, &running, period_ns / 2, period_ns);
+        for slot in placed.free {
+            // What the thread's published context word was at the slot (the
+            // sampler may run late).
             let word = t
                 .context_slot
-                .map(|slot| crate::context::word_at(slot, t.info.tid, timestamp_ns));
-            let at_tick = periods::standing(word, &known(t), |c| self.requests.get(c));
-            insert(
-                t,
-                Pending::Fill {
-                    timestamp_ns,
-                    at_tick,
-                },
+                .map(|s| crate::context::word_at(s, t.info.tid, slot));
+            let at_tick = periods::standing(
+                word,
+                &t.place.known(t.last_stack.as_ref(), t.last_context),
+                |c| self.requests.get(c),
             );
+            t.ledger.push_fill(slot, word, at_tick);
         }
-        let covered = running + cover.stand_ins;
-        if covered > 0 {
+        let ran_within_ns = period_ns * 3 / 2;
+        let never_waiting = t.place.wait.is_none();
+        for (ts, stack, context) in &captures {
+            t.ledger
+                .captured(*ts, stack, *context, ran_within_ns, never_waiting, |c| {
+                    self.requests.get(c)
+                });
+        }
+        if !running.is_empty() {
             // Alive and running: what was held until the capture leaves with
             // what was known until then.
-            flush(&self.tx, c, t, &self.requests);
-            t.parked_fresh = false;
-            t.preempted = None;
-            t.check_every = 1;
-            t.next_check = tick_no + 1;
+            flush(&self.tx, c, t, &self.requests, false);
+            t.place.ran();
+            t.schedule.ran(tick_no);
             return;
         }
-        match awaiting_answer(t, now, c) {
-            Some(true) => return,
-            // Given up: record the held ticks with what is known.
-            Some(false) => flush(&self.tx, c, t, &self.requests),
-            None => {}
-        }
-        if tick_no < t.next_check {
-            return;
-        }
-        let Some(cpu) = sys::thread_cpu_time_ns(t.info.tid) else {
-            t.gone = true;
-            flush(&self.tx, c, t, &self.requests);
-            return;
-        };
-        if cpu < t.cpu_seen_ns {
-            // A CPU clock never goes back: the id now names another thread.
-            flush(&self.tx, c, t, &self.requests);
-            t.reset_identity();
-            c.threads_recycled.add(1);
-            return;
-        }
-        let ran = cpu - t.cpu_seen_ns > IDLE_CPU_SLACK_NS;
-        t.cpu_seen_ns = cpu;
-        if ran {
-            // It ran without filling a timer period. This tick's fill waits
-            // one tick (the thread may be parking somewhere new); the older
-            // ones leave with what was known.
-            t.alive_ns = t.alive_ns.max(tick_ts.saturating_sub(1));
-            flush(&self.tx, c, t, &self.requests);
-            t.parked_fresh = false;
-            t.check_every = 1;
-            // A thread never seen waiting is taken to spend the time it does
-            // not run preempted where it last ran (filed under no request:
-            // it may have left it since).
-            t.preempted = match (&t.parked, &t.last_stack) {
-                (None, Some(stack)) => Some((stack.clone(), 0)),
-                _ => None,
-            };
-            if !t.unresponsive && tick_no >= t.next_probe.max(t.next_ask) {
-                t.next_probe = tick_no + PROBE_EVERY;
-                if let Look::Waiting(stack, context) = self.look_blocked(idx, c) {
-                    let tick_no = self.tick_no;
-                    learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
-                }
+        match t.asking.check(tick.now, ABANDON_AFTER) {
+            Awaited::Pending => {
+                c.samples_late.add(1);
+                return;
             }
-            let t = self.threads.get_mut(idx);
-            flush(&self.tx, c, t, &self.requests);
-            t.next_check = tick_no + t.check_every;
-            return;
-        } else {
-            t.alive_ns = t.alive_ns.max(tick_ts);
-            if !t.parked_fresh && !t.unresponsive && tick_no < t.next_ask {
-                // It waited in the same place the last times it was asked:
-                // take it to be there again.
-                t.parked_fresh = t.parked.is_some();
+            // Given up: record the held periods with what is known.
+            Awaited::GaveUp => {
+                c.signals_abandoned.add(1);
+                flush(&self.tx, c, t, &self.requests, false);
             }
-            if !t.parked_fresh && !t.unresponsive {
-                // Off the CPU for a whole tick since it last ran: waiting
-                // in the kernel, or runnable but not given a core (more
-                // runnable threads than cores). Learn which, and where it
-                // waits, without interrupting it.
-                match self.look_blocked(idx, c) {
-                    Look::Waiting(stack, context) => {
-                        let tick_no = self.tick_no;
+            Awaited::Nothing => {}
+        }
+        if !t.schedule.check_due(tick_no) {
+            return;
+        }
+        let cpu = sys::thread_cpu_time_ns(t.info.tid);
+        match state::clock(t.cpu_seen_ns, cpu, IDLE_CPU_SLACK_NS) {
+            Clock::Gone => {
+                t.gone = true;
+                flush(&self.tx, c, t, &self.requests, false);
+                return;
+            }
+            Clock::Recycled => {
+                flush(&self.tx, c, t, &self.requests, false);
+                t.reset_identity();
+                c.threads_recycled.add(1);
+                return;
+            }
+            Clock::Ran => {
+                t.cpu_seen_ns = cpu.unwrap_or(t.cpu_seen_ns);
+                // It ran without filling a timer period. This tick's fill
+                // waits one tick (the thread may be parking somewhere new);
+                // the older ones leave with what was known.
+                t.ledger.alive_ns = t.ledger.alive_ns.max(tick.slot_end.saturating_sub(1));
+                flush(&self.tx, c, t, &self.requests, false);
+                t.place.ran_uncaptured(t.last_stack.as_ref());
+                t.schedule.ran(tick_no);
+                if !t.asking.is_unresponsive() && t.schedule.probe(tick_no, PROBE_EVERY) {
+                    if let Look::Waiting(stack, context) = self.look_blocked(idx, c) {
                         learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
                     }
-                    Look::Running => {
-                        // Preempted: it stands where it last ran, in the
-                        // request it last ran in if it still publishes it.
-                        let t = self.threads.get_mut(idx);
-                        let context_now = t
-                            .context_slot
-                            .map_or(0, |s| crate::context::read_for(s, t.info.tid));
-                        let context = if context_now == t.last_context {
-                            context_now
-                        } else {
-                            0
-                        };
-                        t.preempted = t.last_stack.clone().map(|s| (s, context));
-                        t.parked_fresh = t.preempted.is_some();
-                    }
-                    Look::Gone => self.threads.get_mut(idx).gone = true,
                 }
-            } else {
-                t.parked_verified = t.parked_fresh && t.preempted.is_none();
-                t.check_every = (t.check_every * 2).min(MAX_CHECK_EVERY);
+            }
+            Clock::Stayed => {
+                t.cpu_seen_ns = cpu.unwrap_or(t.cpu_seen_ns);
+                t.ledger.alive_ns = t.ledger.alive_ns.max(tick.ts);
+                let unresponsive = t.asking.is_unresponsive();
+                if !t.place.is_current() && !unresponsive && !t.schedule.ask_due(tick_no) {
+                    // It waited in the same place the last times it was
+                    // asked: take it to be there again.
+                    t.place.assume_waiting();
+                }
+                if !t.place.is_current() && !unresponsive {
+                    // Off the CPU for a whole tick since it last ran: waiting
+                    // in the kernel, or runnable but not given a core (more
+                    // runnable threads than cores). Learn which, and where it
+                    // waits, without interrupting it.
+                    match self.look_blocked(idx, c) {
+                        Look::Waiting(stack, context) => {
+                            learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
+                        }
+                        Look::Running => {
+                            let t = self.threads.get_mut(idx);
+                            let context_now = t
+                                .context_slot
+                                .map_or(0, |s| crate::context::read_for(s, t.info.tid));
+                            t.place.found_preempted(
+                                t.last_stack.as_ref(),
+                                t.last_context,
+                                context_now,
+                            );
+                        }
+                        Look::Gone => self.threads.get_mut(idx).gone = true,
+                    }
+                } else {
+                    t.place.stayed_off();
+                    t.schedule.stayed_off(MAX_CHECK_EVERY);
+                }
             }
         }
         let t = self.threads.get_mut(idx);
-        flush(&self.tx, c, t, &self.requests);
-        t.next_check = tick_no + t.check_every;
+        flush(&self.tx, c, t, &self.requests, false);
+        t.schedule.next_check = tick_no + t.schedule.check_every;
     }
 
     /// Brings the timer of thread `idx` forward when it is inside a request
@@ -737,7 +711,6 @@ impl Worker {
         if timer.remaining().is_none_or(|left| left <= NUDGE_AFTER) {
             return;
         }
-        t.nudged_context = word;
         if timer.set_first(NUDGE_AFTER, period) {
             c.timers_nudged.add(1);
         }
@@ -747,8 +720,13 @@ impl Worker {
     /// moved, its previous stack repeated otherwise.
     fn untimed(&mut self, idx: usize, tick_ts: u64, now: Instant, c: &Counters) {
         let t = self.threads.get_mut(idx);
-        if awaiting_answer(t, now, c) == Some(true) {
-            return;
+        match t.asking.check(now, ABANDON_AFTER) {
+            Awaited::Pending => {
+                c.samples_late.add(1);
+                return;
+            }
+            Awaited::GaveUp => c.signals_abandoned.add(1),
+            Awaited::Nothing => {}
         }
         let Some(cpu) = sys::thread_cpu_time_ns(t.info.tid) else {
             t.gone = true;
@@ -760,7 +738,9 @@ impl Worker {
             return;
         }
         match t.last_stack.clone() {
-            Some(stack) if cpu - t.cpu_seen_ns <= IDLE_CPU_SLACK_NS || t.unresponsive => {
+            Some(stack)
+                if cpu - t.cpu_seen_ns <= IDLE_CPU_SLACK_NS || t.asking.is_unresponsive() =>
+            {
                 let context = t.context_slot.map_or(0, crate::context::read);
                 c.samples_idle.add(1);
                 emit_for(&self.tx, c, t, tick_ts, stack, context, true);
@@ -948,11 +928,10 @@ impl Worker {
         let t = self.threads.get_mut(idx);
         let (lo, hi) = t.stack_bounds.unwrap_or((0, 0));
         filled.rearm(lo, hi);
-        // Any capture proves the thread takes the signal again.
-        t.unresponsive = false;
-        // A timer capture also ends a question about where the thread waits:
-        // it runs, and the question's signal may have found the slot full.
-        let request = t.requested.take();
+        // Any capture proves the thread takes the signal again. A timer
+        // capture also ends a question about where the thread waits: it
+        // runs, and the question's signal may have found the slot full.
+        let request = t.asking.answered();
         c.handler_ns.add(cap.handler_ns);
         if !keep {
             c.captures_discarded.add(1);
@@ -972,19 +951,11 @@ impl Worker {
             self.requests.record(cap.context, &stack);
             return Harvested::Running(sample_of(t, cap.timestamp_ns, stack, cap.context, false));
         }
-        // The same answer as last time: ask less often (up to once a
-        // second at 101 Hz); another one: ask at every chance again.
-        t.ask_every = if t.parked.as_ref() == Some(&stack) {
-            (t.ask_every * 2).min(MAX_ASK_EVERY)
-        } else {
-            1
-        };
-        t.next_ask = self.tick_no + t.ask_every;
-        t.parked = Some(stack);
-        t.parked_context = cap.context;
-        t.parked_fresh = true;
-        t.parked_verified = false;
-        t.preempted = None;
+        // The answer to where it waits, taken by a signal (so possibly while
+        // it ran): the same answer as last time means asking less often (up
+        // to once a second at 101 Hz), another one at every chance again.
+        let answer = t.place.found_waiting(stack, cap.context, false);
+        t.schedule.answered(answer, self.tick_no, MAX_ASK_EVERY);
         Harvested::Parked
     }
 
@@ -1005,7 +976,7 @@ impl Worker {
             let seen = sys::completion_seq();
             let waiting = (0..self.threads.len()).any(|i| {
                 let t = self.threads.get_mut(i);
-                t.requested.is_some()
+                t.asking.is_asked()
                     && [t.slot, t.slot2]
                         .into_iter()
                         .flatten()
@@ -1025,20 +996,21 @@ impl Worker {
             }
             let harvested = self.harvest(idx, c);
             let t = self.threads.get_mut(idx);
-            t.requested = None;
+            t.asking.forget();
             for sample in harvested.running() {
-                t.alive_ns = t.alive_ns.max(sample.timestamp_ns());
-                insert(t, Pending::Sample(sample));
+                t.ledger.push_sample(sample);
             }
-            if sys::thread_cpu_time_ns(t.info.tid).is_some() {
-                t.alive_ns = u64::MAX;
+            let alive = sys::thread_cpu_time_ns(t.info.tid).is_some();
+            if alive {
+                t.ledger.alive_ns = u64::MAX;
             }
-            flush_with(&self.tx, c, t, &self.requests, true);
+            flush(&self.tx, c, t, &self.requests, true);
             // Fills after the thread was last seen alive are dropped.
-            t.pending.clear();
-            t.surplus = 0;
-            t.check_every = 1;
-            t.next_check = 0;
+            t.ledger.clear();
+            if alive {
+                t.ledger.alive_ns = sys::realtime_ns();
+            }
+            t.schedule.reset_checks();
         }
     }
 }
@@ -1053,38 +1025,11 @@ enum Look {
     Gone,
 }
 
-/// Records where `t` waits, just read while it was blocked there: fresh and
-/// verified (it was read while the thread did not run). The same answer as
-/// last time means it is looked at less often (down to every
-/// `MAX_ASK_EVERY` periods); another one, at every chance again.
+/// Records where `t` waits, just read from here while it was blocked there
+/// (so verified), at period `tick_no`.
 fn learned_waiting(t: &mut Tracked, tick_no: u64, stack: Arc<[u64]>, context: u64) {
-    let stack = match &t.parked {
-        Some(old) if **old == *stack => old.clone(),
-        _ => stack,
-    };
-    t.ask_every = if t.parked.as_ref() == Some(&stack) {
-        (t.ask_every * 2).min(MAX_ASK_EVERY)
-    } else {
-        1
-    };
-    t.next_ask = tick_no + t.ask_every;
-    t.parked = Some(stack);
-    t.parked_context = context;
-    t.parked_fresh = true;
-    t.parked_verified = true;
-    t.preempted = None;
-}
-
-/// What the sampler knows of `t` for [`periods::standing`].
-fn known(t: &Tracked) -> periods::Known<'_> {
-    periods::Known {
-        waiting: t
-            .parked
-            .as_ref()
-            .filter(|_| t.parked_fresh && t.preempted.is_none())
-            .map(|p| (p, t.parked_context)),
-        last: t.last_stack.as_ref().map(|s| (s, t.last_context)),
-    }
+    let answer = t.place.found_waiting(stack, context, true);
+    t.schedule.answered(answer, tick_no, MAX_ASK_EVERY);
 }
 
 /// The latest stack captured in each request (by context word), for
@@ -1119,22 +1064,6 @@ impl RequestStacks {
     }
 }
 
-/// Whether a signal the sampler sent `t` is still awaited: `None` if none
-/// was sent, `Some(true)` while it may still be answered (counted late),
-/// `Some(false)` when it has just been given up on: the thread is then not
-/// asked again until it answers.
-fn awaiting_answer(t: &mut Tracked, now: Instant, c: &Counters) -> Option<bool> {
-    let r = t.requested?;
-    if now.duration_since(r.since) < ABANDON_AFTER {
-        c.samples_late.add(1);
-        return Some(true);
-    }
-    t.requested = None;
-    t.unresponsive = true;
-    c.signals_abandoned.add(1);
-    Some(false)
-}
-
 /// Sends thread `t` a signal asking for its stack; `as_sample` when the
 /// capture is a sample of its own rather than the thread's parked stack.
 fn request(t: &mut Tracked, as_sample: bool, now: Instant, c: &Counters) {
@@ -1142,154 +1071,49 @@ fn request(t: &mut Tracked, as_sample: bool, now: Instant, c: &Counters) {
     match sys::send_sample_signal(t.info.tid, slot) {
         Ok(()) => {
             c.signals_sent.add(1);
-            t.requested = Some(Requested {
-                since: now,
-                as_sample,
-            });
+            t.asking.sent(now, as_sample);
         }
         Err(sys::SendError::ThreadGone) => t.gone = true,
         Err(_) => c.dropped_signal_failed.add(1),
     }
 }
 
-/// Queues a sample of `t` in time order, writing out the oldest if too many
-/// are held.
-fn insert(t: &mut Tracked, item: Pending) {
-    let ts = item.timestamp_ns();
-    let at = t
-        .pending
-        .iter()
-        .rposition(|p| p.timestamp_ns() <= ts)
-        .map_or(0, |i| i + 1);
-    t.pending.insert(at, item);
-}
-
-/// Emits `t`'s queued samples from the oldest while they may leave: a
-/// sample of running code always, a fill once the thread is known alive at
-/// its time and where it waits is known (not being asked). Fills get the stack the
-/// thread waits in (or, not known yet, its latest stack), with the context
-/// word captured along with that stack while it is known to stand there
-/// (0 otherwise): they stand for time the thread spent waiting, not for
-/// what it ran at the fill's tick. Without any stack they are dropped.
-fn flush(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, requests: &RequestStacks) {
-    flush_with(tx, c, t, requests, false);
-}
-
-/// [`flush`]; with `force`, fills also leave while the thread's waiting
-/// place is unknown (with its latest stack), as at stop.
-fn flush_with(
+/// Lets `t`'s held samples leave while they may (see `Ledger::drain`);
+/// with `force` (the sampler pauses or stops), fills also leave while where
+/// the thread stands is not known.
+fn flush(
     tx: &SyncSender<Sample>,
     c: &Counters,
     t: &mut Tracked,
     requests: &RequestStacks,
     force: bool,
 ) {
-    // Where the thread waits is being asked (its fills wait for the
-    // answer), or not known: never learned (its latest stack is of running
-    // code, which a fill must not pretend), or learned inside a request it
-    // has run on since (a place that request's code waited in, not where the
-    // thread idles). Fills of an unknown place wait for it to be learned,
-    // unless a later sample of running code is queued: then they leave with
-    // the place last learned, filed under no request, or are dropped.
-    let asking = t.requested.is_some_and(|r| !r.as_sample);
-    // The stack fills get, their context word (only where the thread is
-    // known to stand now: a request's lane must not get time its thread
-    // spent elsewhere), and whether that place is known.
-    let (stack, context, known) = match (&t.preempted, &t.parked) {
-        (Some((stack, context)), _) => (Some(stack.clone()), *context, true),
-        (None, Some(parked)) => {
-            let context = if t.parked_fresh && t.parked_verified {
-                t.parked_context
-            } else {
-                0
-            };
-            (
-                Some(parked.clone()),
+    let view = ledger::DrainView {
+        place: t.place.fill_place(t.last_stack.as_ref(), force),
+        asking: t.asking.asks_where(),
+        last: t.last_stack.as_ref(),
+        last_context: t.last_context,
+        force,
+        request_stack_wait_ns: REQUEST_STACK_WAIT_NS,
+    };
+    let (tid, name, start) = (t.info.tid, &t.name, t.info.start_time);
+    t.ledger.drain(
+        &view,
+        |context| requests.get(context),
+        |out| match out {
+            ledger::Out::Sample(sample) => emit(tx, c, sample),
+            ledger::Out::Fill {
+                timestamp_ns,
+                stack,
                 context,
-                t.parked_fresh || t.parked_context == 0,
-            )
-        }
-        (None, None) => (t.last_stack.clone().filter(|_| force), 0, false),
-    };
-    let mut later_samples = if known || force {
-        0
-    } else {
-        t.pending
-            .iter()
-            .filter(|p| matches!(p, Pending::Sample(_)))
-            .count()
-    };
-    while let Some(front) = t.pending.front() {
-        let overfull = t.pending.len() > MAX_PENDING;
-        if let Pending::Fill {
-            timestamp_ns,
-            at_tick,
-        } = front
-        {
-            let standing = matches!(at_tick, AtTick::In(..) | AtTick::InRequest(_));
-            // A request that began without a capture yet: its fills wait for
-            // one (on any thread), a while.
-            let stackless = matches!(at_tick, AtTick::InRequest(context) if requests.get(*context).is_none())
-                && t.alive_ns.saturating_sub(*timestamp_ns) < REQUEST_STACK_WAIT_NS
-                && !force;
-            let blocked = *timestamp_ns > t.alive_ns
-                || stackless
-                || (!standing && (asking || (!known && !force && later_samples == 0)));
-            if blocked && !overfull {
-                break;
-            }
-        }
-        match t.pending.pop_front() {
-            Some(Pending::Sample(sample)) => {
-                later_samples = later_samples.saturating_sub(1);
-                t.emitted_ns = t.emitted_ns.max(sample.timestamp_ns());
+            } => {
+                c.samples_idle.add(1);
+                let sample = Sample::new(timestamp_ns, tid, name.clone(), stack, context, true)
+                    .with_thread_start(start);
                 emit(tx, c, sample);
             }
-            Some(Pending::Fill {
-                timestamp_ns,
-                at_tick: AtTick::In(stack, context),
-            }) => {
-                c.samples_idle.add(1);
-                t.emitted_ns = t.emitted_ns.max(timestamp_ns);
-                emit_for(tx, c, t, timestamp_ns, stack, context, true);
-            }
-            Some(Pending::Fill {
-                timestamp_ns,
-                at_tick: AtTick::InRequest(context),
-            }) if requests.get(context).is_some() || t.last_context != 0 => {
-                // The request's own stack, or else (none captured in it in
-                // time) the thread's latest stack if that was captured in
-                // this same request. A stack another request left on the
-                // thread (a blocking-pool thread runs many) would show that
-                // request's code under this one: the period stays the
-                // request's, with a frame saying its stack is not known.
-                let stack = match requests.get(context) {
-                    Some(stack) => Some(stack),
-                    None if t.last_context == context => t.last_stack.clone(),
-                    None => Some(Arc::from(&[crate::attribution::UNCAPTURED_FRAME][..])),
-                };
-                let Some(stack) = stack else { continue };
-                c.samples_idle.add(1);
-                t.emitted_ns = t.emitted_ns.max(timestamp_ns);
-                emit_for(tx, c, t, timestamp_ns, stack, context, true);
-            }
-            Some(Pending::Fill {
-                timestamp_ns,
-                at_tick,
-            }) => {
-                let Some(stack) = &stack else { continue };
-                let context = match at_tick {
-                    AtTick::Outside => 0,
-                    _ if known || force => context,
-                    _ => 0,
-                };
-                c.samples_idle.add(1);
-                t.emitted_ns = t.emitted_ns.max(timestamp_ns);
-                emit_for(tx, c, t, timestamp_ns, stack.clone(), context, true);
-            }
-            None => break,
-        }
-    }
+        },
+    );
 }
 
 /// Emits one sample of thread `t`.

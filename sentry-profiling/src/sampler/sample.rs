@@ -42,6 +42,13 @@ impl Sample {
         self
     }
 
+    /// The same sample at another time (a thread's samples leave in time
+    /// order; see the sampler's ledger).
+    pub(crate) fn at(mut self, timestamp_ns: u64) -> Self {
+        self.timestamp_ns = timestamp_ns;
+        self
+    }
+
     /// The sampled thread's start time (see [`Sample::with_thread_start`]).
     pub(crate) fn thread_start(&self) -> u64 {
         self.thread_start

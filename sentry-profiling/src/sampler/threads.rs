@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::ledger::Ledger;
+use super::state::{Asking, Schedule, Whereabouts};
 use super::stats::Counters;
 use crate::sys::{self, Slot, StackMappings, ThreadInfo};
 
@@ -18,16 +20,6 @@ const NAMES_EVERY: Duration = Duration::from_secs(1);
 /// the first read may still show the parent's name.
 const YOUNG: Duration = Duration::from_secs(1);
 
-/// A signal the sampler sent to a thread, not yet answered.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Requested {
-    /// When it was sent.
-    pub(super) since: Instant,
-    /// Whether the capture is a sample of its own (the thread has no timer)
-    /// rather than the thread's parked stack.
-    pub(super) as_sample: bool,
-}
-
 /// A thread's sample waiting to be emitted; a thread's samples leave in
 /// time order (see the sampler's module docs).
 #[derive(Debug)]
@@ -36,7 +28,13 @@ pub(super) enum Pending {
     /// stack it waits in (and the context word captured with that stack)
     /// once the thread is known alive at or after it; `at_tick` is what the
     /// thread's published context word said at the tick.
-    Fill { timestamp_ns: u64, at_tick: AtTick },
+    Fill {
+        timestamp_ns: u64,
+        /// The context word the thread published at the fill's moment
+        /// (see `periods::standing`).
+        word: Option<Option<u64>>,
+        at_tick: AtTick,
+    },
     /// A sample of running code.
     Sample(super::Sample),
 }
@@ -74,10 +72,8 @@ impl Pending {
     }
 }
 
-/// Most samples a thread may hold; more means the oldest is written out.
-pub(super) const MAX_PENDING: usize = 256;
-
-/// One thread being sampled.
+/// One thread being sampled: its identity, the kernel resources bound to
+/// it, and its state (see `state` and `ledger`).
 #[derive(Debug)]
 pub(super) struct Tracked {
     pub(super) info: ThreadInfo,
@@ -88,24 +84,16 @@ pub(super) struct Tracked {
     /// it.
     pub(super) last_stack: Option<Arc<[u64]>>,
     pub(super) last_context: u64,
-    /// Where the thread waits when it is not running, the context word
-    /// captured with it, and whether that is still current (the thread has
-    /// not run since it was taken).
-    pub(super) parked: Option<Arc<[u64]>>,
-    pub(super) parked_context: u64,
-    pub(super) parked_fresh: bool,
-    /// A check after the waiting stack was taken found the thread had not
-    /// run since: it was taken while the thread waited, not while it ran.
-    pub(super) parked_verified: bool,
-    /// The thread was last seen runnable but not running (preempted): the
-    /// stack it stands in (where it last ran) and the context word its fills
-    /// get.
-    pub(super) preempted: Option<(Arc<[u64]>, u64)>,
+    /// Where it stands when it does not run.
+    pub(super) place: Whereabouts,
+    /// Whether a signal it was sent is awaited.
+    pub(super) asking: Asking,
+    /// When it is looked at next.
+    pub(super) schedule: Schedule,
+    /// Its period slots and the samples it holds.
+    pub(super) ledger: Ledger,
     /// Where the thread publishes its context word (see `crate::context`).
     pub(super) context_slot: Option<u32>,
-    /// When the sampler last looked at the thread at a tick (its fills
-    /// stand for the time after it).
-    pub(super) looked_ns: Option<u64>,
     pub(super) stack_bounds: Option<(usize, usize)>,
     /// The capture slots bound to the thread (the second is filled while
     /// the first waits to be read), and its CPU-time timer.
@@ -114,35 +102,7 @@ pub(super) struct Tracked {
     pub(super) timer: Option<sys::CpuTimer>,
     /// Whether the timer is armed (the sampler is not paused).
     pub(super) timer_armed: bool,
-    /// A signal sent by the sampler and not answered yet.
-    pub(super) requested: Option<Requested>,
-    /// The thread left a signal unanswered for long (it blocks the signal,
-    /// or is starved of CPU): none is sent again until it answers.
-    pub(super) unresponsive: bool,
-    /// Captures beyond one per tick, owed to later ticks.
-    pub(super) surplus: u32,
-    /// Samples waiting to be emitted, in time order, and the time up to
-    /// which the thread is known to have been alive.
-    pub(super) pending: std::collections::VecDeque<Pending>,
-    pub(super) alive_ns: u64,
-    /// The newest timestamp of the thread's samples emitted so far.
-    pub(super) emitted_ns: u64,
-    /// The period before which the thread's scheduler state is not looked
-    /// at again.
-    pub(super) next_probe: u64,
-    /// Periods between two questions about where the thread waits (longer
-    /// while the answers stay the same), and the period before which it is
-    /// not asked again.
-    pub(super) ask_every: u64,
-    pub(super) next_ask: u64,
-    /// Ticks between CPU clock reads while the thread stays parked, and the
-    /// tick of the next read.
-    pub(super) check_every: u64,
-    pub(super) next_check: u64,
     pub(super) gone: bool,
-    /// The latest request (context word) the thread's timer was brought
-    /// forward for (see `Worker::nudge`).
-    pub(super) nudged_context: u64,
     retried: bool,
     first_seen: Instant,
 }
@@ -155,31 +115,17 @@ impl Tracked {
             cpu_seen_ns: 0,
             last_stack: None,
             last_context: 0,
-            parked: None,
-            parked_context: 0,
-            parked_verified: false,
-            preempted: None,
-            parked_fresh: false,
+            place: Whereabouts::default(),
+            asking: Asking::default(),
+            schedule: Schedule::default(),
+            ledger: Ledger::default(),
             context_slot: None,
-            looked_ns: None,
             stack_bounds: None,
             slot: None,
             slot2: None,
             timer: None,
             timer_armed: false,
-            requested: None,
-            unresponsive: false,
-            surplus: 0,
-            pending: std::collections::VecDeque::with_capacity(8),
-            alive_ns: 0,
-            emitted_ns: 0,
-            next_probe: 0,
-            ask_every: 1,
-            next_ask: 0,
-            check_every: 1,
-            next_check: 0,
             gone: false,
-            nudged_context: 0,
             retried: false,
             first_seen: Instant::now(),
         }
@@ -348,7 +294,7 @@ impl ThreadTable {
             return;
         }
         t.stack_bounds = Some(bounds);
-        if t.requested.is_some() {
+        if t.asking.is_asked() {
             // A signal the sampler sent is awaited: the slot must stay
             // armed for it (it gets the bounds when re-armed).
             return;
