@@ -32,6 +32,10 @@ use std::sync::Arc;
 use super::Sample;
 use super::threads::{AtTick, Pending};
 
+/// Most samples beyond one per slot a thread's ledger remembers, to cancel
+/// held fills for.
+const MAX_SURPLUS: i64 = 4;
+
 /// Most samples a thread may hold; more means the oldest is written out.
 pub(super) const MAX_PENDING: usize = 256;
 
@@ -53,6 +57,26 @@ pub(super) fn slot_times(
         .map(|j| slot_end.saturating_sub(j.saturating_mul(period_ns)))
         .filter(|&s| s > last)
         .collect()
+}
+
+/// The times of a tick's stand-ins: one for each of the `missed` periods
+/// the kernel counted without a capture (at most the tick's `periods`),
+/// a microsecond apart right after the tick's latest capture at `after`
+/// (the thread ran through them, running what it shows; no request may
+/// get a moment it was not running in). None without a capture this tick,
+/// or without a stack to repeat.
+pub(super) fn stand_in_times(
+    after: Option<u64>,
+    missed: u32,
+    periods: u32,
+    has_stack: bool,
+) -> Vec<u64> {
+    match after {
+        Some(after) if has_stack => (1..=u64::from(missed.min(periods)))
+            .map(|i| after + i * 1_000)
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Where one tick's samples of running code went.
@@ -163,9 +187,14 @@ pub(super) struct Ledger {
     pub(super) last_slot: Option<u64>,
     /// The thread's latest capture: its time, stack and context word.
     last_capture: Option<(u64, Arc<[u64]>, u64)>,
-    /// The latest sample of running code that took no slot, if the next
-    /// slot after it may still be given to it.
-    unplaced: Option<u64>,
+    /// Samples queued beyond the slots given (at most `MAX_SURPLUS`): held
+    /// fills that have a sample of running code close on both sides are
+    /// cancelled while there are any.
+    surplus: u32,
+    /// Samples of running code after the latest slot that took no slot
+    /// yet: the next tick's slot may be theirs (a tick runs after its
+    /// deadline, and harvests captures taken since).
+    carried: Vec<u64>,
 }
 
 impl Ledger {
@@ -190,10 +219,11 @@ impl Ledger {
     /// (or the sample already emitted) before that slot is at most two
     /// periods before it: no gap longer than two periods opens, and a busy thread whose captures drift against the ticks (a
     /// CPU-time timer fires at the kernel's scheduler tick) is not sampled
-    /// more often than once per period. Likewise a sample that took no slot
-    /// at an earlier tick takes the held fill of the next slot within a
-    /// period after it, once a sample of running code after that slot is
-    /// known within two periods of it.
+    /// more often than once per period. Likewise, while the thread has
+    /// more samples than slots (a capture that took no slot, or a fill of a
+    /// slot whose capture came a tick later), held fills are cancelled
+    /// where the samples of running code on both sides of them are at most
+    /// two periods apart.
     pub(super) fn place_tick(
         &mut self,
         slots: &[u64],
@@ -201,7 +231,10 @@ impl Ledger {
         half_ns: u64,
         period_ns: u64,
     ) -> Placement {
-        let mut p = place(slots, &self.held_fills(), running, half_ns);
+        let mut all = std::mem::take(&mut self.carried);
+        all.extend_from_slice(running);
+        all.sort_unstable();
+        let mut p = place(slots, &self.held_fills(), &all, half_ns);
         self.cancel(&p.cancelled);
         let mut extra = Vec::new();
         for &ts in &p.extra {
@@ -229,20 +262,30 @@ impl Ledger {
                 p.cancelled.push(slot);
             }
         }
-        if let Some(e) = self.unplaced {
-            let next_fill = self
-                .held_fills()
-                .into_iter()
-                .find(|&f| f > e && f - e <= period_ns);
-            if let Some(f) = next_fill {
-                let after = self.running_after(f);
-                if after.is_some_and(|a| a - e <= 2 * period_ns) {
-                    self.cancel(&[f]);
-                    p.cancelled.push(f);
-                }
+        // Those after the latest slot wait for the next tick's.
+        let latest = self.last_slot.unwrap_or(0);
+        let (carried, extra): (Vec<u64>, Vec<u64>) = extra.into_iter().partition(|&t| t > latest);
+        self.carried = carried;
+        // Samples beyond one per slot (extra ones, and fills of slots a
+        // sample of running code came too late to take): held fills
+        // with a sample of running code close enough on both sides go.
+        let queued = (running.len() + p.free.len()) as i64;
+        let given = (slots.len() + p.cancelled.len()) as i64;
+        self.surplus = (i64::from(self.surplus) + queued - given).clamp(0, MAX_SURPLUS) as u32;
+        for f in self.held_fills() {
+            if self.surplus == 0 {
+                break;
+            }
+            let before = self.running_before(f).max(self.emitted_ns);
+            if self
+                .running_after(f)
+                .is_some_and(|a| a - before <= 2 * period_ns)
+            {
+                self.cancel(&[f]);
+                p.cancelled.push(f);
+                self.surplus -= 1;
             }
         }
-        self.unplaced = extra.last().copied();
         p.extra = extra;
         p
     }
@@ -546,6 +589,107 @@ mod tests {
     }
 
     #[test]
+    fn overruns_stand_in_right_after_a_capture_of_the_same_tick() {
+        assert_eq!(stand_in_times(Some(5_000), 2, 3, true), [6_000, 7_000]);
+        // At most the tick's periods.
+        assert_eq!(stand_in_times(Some(5_000), 50, 1, true), [6_000]);
+        // No capture this tick, or no stack to repeat: none.
+        assert!(stand_in_times(None, 2, 3, true).is_empty());
+        assert!(stand_in_times(Some(5_000), 2, 3, false).is_empty());
+    }
+
+    /// Runs a thread through `ticks` ticks one period `p` apart, each
+    /// running late by `late(k)`, whose captures (in time order) are
+    /// `captures`; returns the timestamps of what leaves its ledger.
+    fn simulate(p: u64, ticks: u64, late: impl Fn(u64) -> u64, captures: &[u64]) -> Vec<u64> {
+        let mut l = Ledger::default();
+        let mut out = Vec::new();
+        let mut next = 0;
+        let mut last_tick = 0;
+        for k in 1..=ticks {
+            let deadline = k * p;
+            let now = deadline + late(k);
+            // Ticks that ran so late that later deadlines passed stand for
+            // those too.
+            if now < last_tick {
+                continue;
+            }
+            last_tick = now;
+            let periods = 1;
+            let slots = slot_times(periods, deadline, l.last_slot, p);
+            l.last_slot = slots.last().copied().or(l.last_slot);
+            let mut running = Vec::new();
+            while next < captures.len() && captures[next] <= now {
+                running.push(l.push_sample(sample(captures[next], 1, 0)));
+                next += 1;
+            }
+            let placed = l.place_tick(&slots, &running, p / 2, p);
+            for slot in placed.free {
+                l.push_fill(slot, None, AtTick::In(stack(9), 0));
+            }
+            if running.is_empty() {
+                // Its clock was read and had moved: alive, but the tick's
+                // own fill waits a tick (as `tick_thread` does).
+                l.alive_ns = l.alive_ns.max(deadline - 1);
+            }
+            l.drain(
+                &view(known(9, 0)),
+                |_| None,
+                |o| {
+                    out.push(match o {
+                        Out::Sample(s) => s.timestamp_ns(),
+                        Out::Fill { timestamp_ns, .. } => timestamp_ns,
+                    })
+                },
+            );
+        }
+        out
+    }
+
+    #[test]
+    fn a_simulated_thread_gets_a_sample_every_period_and_no_more() {
+        const P: u64 = 9_900;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let lateness: Vec<u64> = (0..1_000).map(|_| rand(P * 9 / 10)).collect();
+        let jittery = |k: u64| lateness[k as usize % lateness.len()];
+        // A busy thread: its timer fires at the first 4 ms scheduler tick
+        // after each period of CPU time, at any phase against the ticks.
+        for phase in [0, 1_300, 2_500, 4_000, 4_900, 5_000, 7_700, 9_800] {
+            let captures: Vec<u64> = (1..1_000u64)
+                .map(|i| (phase + i * P).div_ceil(4_000) * 4_000)
+                .collect();
+            for late in [&(|_: u64| 0u64) as &dyn Fn(u64) -> u64, &jittery] {
+                let out = simulate(P, 900, late, &captures);
+                let gaps = out.windows(2).map(|w| w[1] - w[0]);
+                assert!(
+                    out.windows(2).all(|w| w[1] > w[0]),
+                    "phase {phase}: time order"
+                );
+                let max = gaps.max().unwrap();
+                assert!(max <= 2 * P, "phase {phase}: a gap of {max}");
+                // One sample per period (the last few still held).
+                assert!(
+                    (890..=905).contains(&out.len()),
+                    "phase {phase}: {} samples for 900 periods",
+                    out.len()
+                );
+            }
+        }
+        // A thread running a third of the time: a capture every three
+        // periods, fills between.
+        let captures: Vec<u64> = (1..300u64).map(|i| i * 3 * P + 1_234).collect();
+        let out = simulate(P, 900, jittery, &captures);
+        assert!(out.windows(2).all(|w| w[1] > w[0] && w[1] - w[0] <= 2 * P));
+        assert!((890..=905).contains(&out.len()), "{} samples", out.len());
+    }
+
+    #[test]
     fn a_capture_takes_the_slot_nearest_to_it() {
         let p = place(&[1_000], &[], &[980], HALF);
         assert_eq!(p, Placement::default());
@@ -570,6 +714,21 @@ mod tests {
         assert_eq!((p.free.len(), p.extra.as_slice()), (0, &[1_040][..]));
     }
 
+    /// One tick of a thread: its new `slots`, its `captures`; free slots
+    /// get fills. Returns the placement.
+    fn tick(l: &mut Ledger, slots: &[u64], captures: &[u64]) -> Placement {
+        l.last_slot = slots.last().copied().or(l.last_slot);
+        let running: Vec<u64> = captures
+            .iter()
+            .map(|&c| l.push_sample(sample(c, 1, 0)))
+            .collect();
+        let p = l.place_tick(slots, &running, HALF, P);
+        for &f in &p.free {
+            l.push_fill(f, None, AtTick::Unknown);
+        }
+        p
+    }
+
     #[test]
     fn a_capture_drifting_against_the_ticks_takes_the_free_slot_before_it() {
         // Captures 80 and 120 apart (a timer firing at the scheduler's
@@ -578,55 +737,55 @@ mod tests {
         // is close enough for it to take the slot.
         let mut l = Ledger::default();
         l.push_sample(sample(940, 1, 0));
-        l.push_sample(sample(1_060, 1, 0));
-        let p = l.place_tick(&[1_000], &[1_060], HALF, P);
+        let p = tick(&mut l, &[1_000], &[1_060]);
         assert_eq!((p.free.len(), p.extra.len()), (0, 0));
         // Nothing for 250 before the slot: taking it would leave a gap of
-        // more than two periods before the capture; it stays a fill.
+        // more than two periods before the capture; the slot gets a fill,
+        // and the capture, after it, waits for the next tick's slot.
         let mut l = Ledger {
             emitted_ns: 750,
             ..Ledger::default()
         };
-        l.push_sample(sample(1_060, 1, 0));
-        let p = l.place_tick(&[1_000], &[1_060], HALF, P);
+        let p = tick(&mut l, &[1_000], &[1_060]);
         assert_eq!(p.free, [1_000]);
-        assert_eq!(p.extra, [1_060]);
+        assert!(p.extra.is_empty());
+        let p = tick(&mut l, &[1_100], &[]);
+        assert!(p.free.is_empty() && p.extra.is_empty(), "{p:?}");
         // A held fill is the free slot before it: cancelled.
         let mut l = Ledger::default();
         l.push_sample(sample(900, 1, 0));
         l.push_fill(1_000, None, AtTick::Unknown);
-        l.push_sample(sample(1_070, 1, 0));
-        let p = l.place_tick(&[1_200], &[1_070], HALF, P);
+        let p = tick(&mut l, &[1_200], &[1_070]);
         assert_eq!(p.cancelled, [1_000]);
         assert_eq!(p.free, [1_200]);
-        assert!(l.held_fills().is_empty());
+        assert!(l.held_fills() == [1_200]);
     }
 
     #[test]
-    fn a_capture_that_took_no_slot_takes_the_next_once_the_sample_after_is_close() {
-        // The slot at 900 is taken; the capture at 940 is 60 from the slot
-        // at 1_000, which gets a fill (held: the thread is not known alive
-        // at 1_000 yet).
-        let mut l = Ledger::default();
-        l.push_sample(sample(890, 1, 0));
-        l.push_sample(sample(940, 1, 0));
-        let p = l.place_tick(&[900], &[890, 940], HALF, P);
-        assert_eq!(p.extra, [940]);
-        l.push_fill(1_000, None, AtTick::Unknown);
-        // The next capture, at 1_060, takes the slot at 1_100; it is within
-        // two periods of the one at 940, which takes the fill's slot.
-        l.push_sample(sample(1_060, 1, 0));
-        let p = l.place_tick(&[1_100], &[1_060], HALF, P);
+    fn a_thread_with_more_samples_than_slots_gives_up_fills_between_close_captures() {
+        // The slot at 900 is taken by the capture at 890; the one at 940
+        // is 60 from the slot at 1_000, which gets a fill.
+        let mut l = Ledger {
+            last_slot: Some(800),
+            ..Ledger::default()
+        };
+        tick(&mut l, &[900], &[890, 940]);
+        let p = tick(&mut l, &[1_000], &[]);
+        assert_eq!(p.free, [1_000]);
+        // The next capture, at 1_060, takes the slot at 1_100: one sample
+        // too many, and the fill at 1_000 has captures 120 apart around it.
+        let p = tick(&mut l, &[1_100], &[1_060]);
         assert_eq!(p.cancelled, [1_000]);
         assert!(p.free.is_empty() && p.extra.is_empty());
-        // Had the next sample come 250 after it, the fill stays.
-        let mut l = Ledger::default();
-        l.push_sample(sample(890, 1, 0));
-        l.push_sample(sample(940, 1, 0));
-        l.place_tick(&[900], &[890, 940], HALF, P);
-        l.push_fill(1_000, None, AtTick::Unknown);
-        l.push_sample(sample(1_150, 1, 0));
-        let p = l.place_tick(&[1_100], &[1_150], HALF, P);
+        // Had the next capture come 250 after it, the fill stays (it would
+        // leave a gap of more than two periods).
+        let mut l = Ledger {
+            last_slot: Some(800),
+            ..Ledger::default()
+        };
+        tick(&mut l, &[900], &[890, 940]);
+        tick(&mut l, &[1_000], &[]);
+        let p = tick(&mut l, &[1_100], &[1_190]);
         assert!(p.cancelled.is_empty(), "{p:?}");
     }
 

@@ -14,11 +14,17 @@
 //! are "fills", samples that stand for time it was not running, recorded
 //! with the stack it waits in:
 //!
+//! - every period slot of a live thread (the ticks' deadlines) gets a
+//!   sample within half a period of it: a capture, a stand-in or a fill
+//!   (see `ledger`), so a thread's samples are never more than two periods
+//!   apart; a held fill is cancelled only by a sample in its own slot;
 //! - a fill is held until the thread is known to be alive at or after its
-//!   tick (a later capture, or its CPU clock read), so no sample outlives its
-//!   thread; captures beyond the tick's periods cancel held fills within a
-//!   period before them, and fills take the periods captures left free (a
-//!   thread's samples stay about a period apart);
+//!   slot (a later capture, or its CPU clock read), so no sample outlives
+//!   its thread, and a thread's samples leave in time order;
+//! - where a thread stands when it does not run, whether a signal's answer
+//!   is awaited, and when it is looked at next are explicit states with
+//!   pure transitions (see `state`); `Worker::tick_thread` performs the
+//!   system calls and feeds what they return to them;
 //! - a thread's stack bounds are learned before its first capture (see
 //!   `ThreadTable::refresh_context_slots` and [`Worker::look_blocked`]), and
 //!   a thread found in a request with no capture yet has its timer brought
@@ -366,6 +372,28 @@ struct Worker {
     owed: u32,
 }
 
+/// `CLOCK_REALTIME` (as samples are stamped) and the monotonic clock (as
+/// deadlines are kept) read at one moment: a pair read without being
+/// preempted in between (a few tries), so a deadline converts to the time
+/// samples are stamped in without the preemption's error.
+fn clocks_now() -> (u64, Instant) {
+    let mut best = None;
+    for _ in 0..3 {
+        let before = sys::realtime_ns();
+        let now = Instant::now();
+        let after = sys::realtime_ns();
+        let spread = after.saturating_sub(before);
+        let pair = (before + spread / 2, now);
+        if spread < 20_000 {
+            return pair;
+        }
+        if best.is_none_or(|(s, _)| spread < s) {
+            best = Some((spread, pair));
+        }
+    }
+    best.map_or_else(|| (sys::realtime_ns(), Instant::now()), |(_, pair)| pair)
+}
+
 /// What one tick stands for.
 struct Tick {
     /// Sampling periods (more than one when the sampler thread could not
@@ -476,8 +504,7 @@ impl Worker {
         c.ticks.add(1);
         let periods = 1 + std::mem::take(&mut self.owed);
         self.tick_no += u64::from(periods);
-        let ts = sys::realtime_ns();
-        let now = Instant::now();
+        let (ts, now) = clocks_now();
         // The slots are the deadlines, one period apart, however late the
         // tick runs (see `ledger`).
         let late = now.saturating_duration_since(deadline).as_nanos() as u64;
@@ -549,20 +576,20 @@ impl Worker {
         // through, and its latest stack stands in for those periods, right
         // after the capture, a microsecond apart: no request may get a
         // moment the thread was not running in it.
-        let stand_ins = match (captures.last(), &t.last_stack) {
-            (Some(_), Some(_)) => missed.min(tick.periods),
-            _ => 0,
-        };
-        if stand_ins > 0 {
+        let stand_ins = ledger::stand_in_times(
+            running.last().copied(),
+            missed,
+            tick.periods,
+            t.last_stack.is_some(),
+        );
+        if !stand_ins.is_empty() {
             let stack = t.last_stack.clone().unwrap_or_else(|| Arc::from(&[][..]));
             let context = t.last_context;
-            let mut ts = running.last().copied().unwrap_or(tick.ts);
-            for _ in 0..stand_ins {
-                ts += 1_000;
-                let sample = sample_of(t, ts, stack.clone(), context, true);
+            for ts in &stand_ins {
+                let sample = sample_of(t, *ts, stack.clone(), context, true);
                 running.push(t.ledger.push_sample(sample));
             }
-            c.samples_timer_missed.add(u64::from(stand_ins));
+            c.samples_timer_missed.add(stand_ins.len() as u64);
         }
         let placed = t
             .ledger
