@@ -226,15 +226,23 @@ impl Ledger {
     /// two periods apart.
     pub(super) fn place_tick(
         &mut self,
-        slots: &[u64],
+        slots: Vec<u64>,
         running: &[u64],
         half_ns: u64,
         period_ns: u64,
     ) -> Placement {
         let mut all = std::mem::take(&mut self.carried);
+        if all.is_empty() && running.is_empty() {
+            // Nothing ran (a parked thread, most of the time): every new
+            // slot is free, and nothing else changes.
+            return Placement {
+                free: slots,
+                ..Placement::default()
+            };
+        }
         all.extend_from_slice(running);
         all.sort_unstable();
-        let mut p = place(slots, &self.held_fills(), &all, half_ns);
+        let mut p = place(&slots, &self.held_fills(), &all, half_ns);
         self.cancel(&p.cancelled);
         let mut extra = Vec::new();
         for &ts in &p.extra {
@@ -272,7 +280,12 @@ impl Ledger {
         let queued = (running.len() + p.free.len()) as i64;
         let given = (slots.len() + p.cancelled.len()) as i64;
         self.surplus = (i64::from(self.surplus) + queued - given).clamp(0, MAX_SURPLUS) as u32;
-        for f in self.held_fills() {
+        let held = if self.surplus > 0 {
+            self.held_fills()
+        } else {
+            Vec::new()
+        };
+        for f in held {
             if self.surplus == 0 {
                 break;
             }
@@ -623,7 +636,7 @@ mod tests {
                 running.push(l.push_sample(sample(captures[next], 1, 0)));
                 next += 1;
             }
-            let placed = l.place_tick(&slots, &running, p / 2, p);
+            let placed = l.place_tick(slots, &running, p / 2, p);
             for slot in placed.free {
                 l.push_fill(slot, None, AtTick::In(stack(9), 0));
             }
@@ -722,7 +735,7 @@ mod tests {
             .iter()
             .map(|&c| l.push_sample(sample(c, 1, 0)))
             .collect();
-        let p = l.place_tick(slots, &running, HALF, P);
+        let p = l.place_tick(slots.to_vec(), &running, HALF, P);
         for &f in &p.free {
             l.push_fill(f, None, AtTick::Unknown);
         }

@@ -563,8 +563,8 @@ impl Worker {
         }
         // This tick's samples of running code: the captures (with their
         // stacks, which the fills among them show), then stand-ins.
-        let mut captures: Vec<(u64, Arc<[u64]>, u64)> = Vec::with_capacity(2);
-        let mut running: Vec<u64> = Vec::with_capacity(4);
+        let mut captures: Vec<(u64, Arc<[u64]>, u64)> = Vec::new();
+        let mut running: Vec<u64> = Vec::new();
         for sample in harvested.running() {
             let (stack, context) = (sample.frames().clone(), sample.context());
             let ts = t.ledger.push_sample(sample);
@@ -593,7 +593,7 @@ impl Worker {
         }
         let placed = t
             .ledger
-            .place_tick(&slots, &running, period_ns / 2, period_ns);
+            .place_tick(slots, &running, period_ns / 2, period_ns);
         for slot in placed.free {
             // What the thread's published context word was at the slot (the
             // sampler may run late).
