@@ -24,6 +24,10 @@ use sentry_profiling_tests::attribution::CpuHogs;
 
 const HZ: u32 = 101;
 const RUN: Duration = Duration::from_secs(3);
+/// What a gap may exceed two periods by: each tick converts its deadline
+/// from the monotonic clock to the realtime clock samples are stamped in,
+/// from a pair of readings taken within 20 µs of each other.
+const CLOCK_SLACK_NS: f64 = 100_000.0;
 
 /// The threads sampled: a name and how long each runs, then sleeps, in ms.
 const THREADS: [(&str, u64, u64); 4] = [
@@ -109,7 +113,7 @@ fn check(label: &str, samples: &[Sample], stats: &SamplerStats) -> Option<String
                 "{label} {name}: samples out of time order: {a} then {b}"
             );
             max = max.max(b - a);
-            if (b - a) as f64 > 2.0 * period_ns {
+            if (b - a) as f64 > 2.0 * period_ns + CLOCK_SLACK_NS {
                 over += 1;
                 failures.push(format!(
                     "{name}: {:.1} ms between a sample at {a} ({}) and the next ({})",
