@@ -558,7 +558,7 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
             .filter(|p| p.0 == tid)
             .map(|p| (p.1, p.2))
             .collect();
-        let mut most_polling = (0, String::new());
+        let mut most_polling = (0, String::new(), 0, 0);
         for s in &shown.samples {
             let (a, b) = (s.timestamp_ns, s.timestamp_ns + s.weight_ns);
             let names: Vec<String> = shown.stack(s).map(|f| f.name()).take(2).collect();
@@ -576,7 +576,7 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                 .map(|&(x, y)| y.min(b).saturating_sub(x.max(a)))
                 .sum();
             if polling > most_polling.0 {
-                most_polling = (polling, names.join(" < "));
+                most_polling = (polling, names.join(" < "), a, b);
             }
         }
         // No sample carries more than two periods of the time the thread
@@ -591,6 +591,32 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
             most_polling.0 as f64 / 1e6,
             most_polling.1,
         );
+        if most_polling.0 > 2 * period_ns {
+            // What the chunks hold of this thread and of the lanes around
+            // that sample, to tell where the thread's samples went.
+            let (from, to) = (most_polling.2 - 30_000_000, most_polling.3 + 30_000_000);
+            for p in polls
+                .iter()
+                .filter(|p| p.0 == tid && p.2 >= from && p.1 <= to)
+            {
+                eprintln!("    poll on {} {}..{} ({})", p.0, p.1, p.2, p.3);
+            }
+            for c in &parsed {
+                for smp in &c.samples {
+                    let id = smp.thread_id.to_string();
+                    if (smp.thread_id == tid_str || is_lane_thread_id(&id))
+                        && (from..=to).contains(&smp.timestamp_ns)
+                    {
+                        let names: Vec<String> = c.stacks[smp.stack_id]
+                            .iter()
+                            .take(2)
+                            .map(|&f| c.frames[f].name())
+                            .collect();
+                        eprintln!("    {} {} {}", smp.timestamp_ns, id, names.join(" < "));
+                    }
+                }
+            }
+        }
         assert!(
             most_polling.0 <= 2 * period_ns,
             "OS thread {tid}: one sample ({}) carries {:.1} ms of the time it polled requests",

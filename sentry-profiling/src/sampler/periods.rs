@@ -21,8 +21,12 @@ pub(super) struct Known<'a> {
 
 /// Where a fill stands, from the context word the thread published at the
 /// fill's moment (`None`: the thread publishes none; `Some(None)`: it does,
-/// but the word at that moment is no longer known) and `request_stack`, the
-/// latest stack captured in that request on any thread.
+/// but the word at that moment is no longer known) and `request_stack`, a
+/// stack captured in that request lately on any thread (the worker passes
+/// one of the request's last few in turn). In order: where the thread was
+/// read waiting inside that request; a stack the request ran lately; the
+/// thread's own latest capture if taken in that request; or, none yet, the
+/// request's first capture, awaited.
 pub(super) fn standing(
     word: Option<Option<u64>>,
     known: &Known<'_>,
@@ -33,16 +37,22 @@ pub(super) fn standing(
         Some(None | Some(0)) => return AtTick::Outside,
         Some(Some(context)) => context,
     };
-    match (known.waiting, known.last) {
-        // Blocked inside the request, where it was read waiting.
-        (Some((stack, c)), _) if c == context => AtTick::In(stack.clone(), context),
-        (_, Some((stack, c))) if c == context => AtTick::In(stack.clone(), context),
-        _ => match request_stack(context) {
-            Some(stack) => AtTick::In(stack, context),
-            // No capture in the request yet (it just began): looked up
-            // again when the fill is recorded.
-            None => AtTick::InRequest(context),
-        },
+    // Blocked inside the request, where it was read waiting.
+    if let Some((stack, c)) = known.waiting {
+        if c == context {
+            return AtTick::In(stack.clone(), context);
+        }
+    }
+    // Running or preempted in it: a stack captured in it lately (on any
+    // thread, its own latest capture there among them).
+    if let Some(stack) = request_stack(context) {
+        return AtTick::In(stack, context);
+    }
+    match known.last {
+        Some((stack, c)) if c == context => AtTick::In(stack.clone(), context),
+        // No capture in the request yet (it just began): looked up again
+        // when the fill is recorded.
+        _ => AtTick::InRequest(context),
     }
 }
 
@@ -141,6 +151,11 @@ mod tests {
         // Blocked inside request 7; last captured in request 8.
         assert!(is_in(&standing(Some(Some(7)), &known, none), &waiting, 7));
         assert!(is_in(&standing(Some(Some(8)), &known, none), &last, 8));
+        // Request 8 ran other code lately (the worker passes its stacks in
+        // turn): a preempted thread's periods show those, not one capture
+        // repeated.
+        let lately = |c| (c == 8).then(|| other.clone());
+        assert!(is_in(&standing(Some(Some(8)), &known, lately), &other, 8));
         // Request 9: its latest stack from another thread, or none yet.
         let from_other = |c| (c == 9).then(|| other.clone());
         assert!(is_in(
