@@ -78,14 +78,8 @@ fn sample_for(run: Duration) -> (Vec<Sample>, SamplerStats) {
         }
         samples.extend(sampler.try_iter());
     }
-    let (stats, rest) = {
-        let stats = sampler.stats();
-        let rest: Vec<Sample> = sampler.try_iter().collect();
-        (stats, rest)
-    };
-    samples.extend(rest);
-    let _ = sampler.stop();
-    (samples, stats)
+    samples.extend(sampler.try_iter());
+    (samples, sampler.stop())
 }
 
 /// Checks one run; returns what breaks the spacing (both runs are looked at

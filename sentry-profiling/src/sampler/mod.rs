@@ -624,23 +624,21 @@ impl Worker {
             t.schedule.ran(tick_no);
             return;
         }
-        match t.asking.check(tick.now, ABANDON_AFTER) {
-            Awaited::Pending => {
-                c.samples_late.add(1);
-                return;
-            }
+        match awaited(t, tick.now, c) {
+            Awaited::Pending => return,
             // Given up: record the held periods with what is known.
-            Awaited::GaveUp => {
-                c.signals_abandoned.add(1);
-                flush(&self.tx, c, t, &self.requests, false);
-            }
+            Awaited::GaveUp => flush(&self.tx, c, t, &self.requests, false),
             Awaited::Nothing => {}
         }
         if !t.schedule.check_due(tick_no) {
             return;
         }
         let cpu = sys::thread_cpu_time_ns(t.info.tid);
-        match state::clock(t.cpu_seen_ns, cpu, IDLE_CPU_SLACK_NS) {
+        let clock = state::clock(t.cpu_seen_ns, cpu, IDLE_CPU_SLACK_NS);
+        if let (Clock::Ran | Clock::Stayed, Some(cpu)) = (clock, cpu) {
+            t.cpu_seen_ns = cpu;
+        }
+        match clock {
             Clock::Gone => {
                 t.gone = true;
                 flush(&self.tx, c, t, &self.requests, false);
@@ -653,7 +651,6 @@ impl Worker {
                 return;
             }
             Clock::Ran => {
-                t.cpu_seen_ns = cpu.unwrap_or(t.cpu_seen_ns);
                 // It ran without filling a timer period. This tick's fill
                 // waits one tick (the thread may be parking somewhere new);
                 // the older ones leave with what was known.
@@ -668,7 +665,6 @@ impl Worker {
                 }
             }
             Clock::Stayed => {
-                t.cpu_seen_ns = cpu.unwrap_or(t.cpu_seen_ns);
                 t.ledger.alive_ns = t.ledger.alive_ns.max(tick.ts);
                 let unresponsive = t.asking.is_unresponsive();
                 if !t.place.is_current() && !unresponsive && !t.schedule.ask_due(tick_no) {
@@ -748,13 +744,8 @@ impl Worker {
     /// moved, its previous stack repeated otherwise.
     fn untimed(&mut self, idx: usize, tick_ts: u64, now: Instant, c: &Counters) {
         let t = self.threads.get_mut(idx);
-        match t.asking.check(now, ABANDON_AFTER) {
-            Awaited::Pending => {
-                c.samples_late.add(1);
-                return;
-            }
-            Awaited::GaveUp => c.signals_abandoned.add(1),
-            Awaited::Nothing => {}
+        if awaited(t, now, c) == Awaited::Pending {
+            return;
         }
         let Some(cpu) = sys::thread_cpu_time_ns(t.info.tid) else {
             t.gone = true;
@@ -1125,6 +1116,19 @@ impl RequestStacks {
         let i = (recent.latest + RECENT_PER_REQUEST - back) % RECENT_PER_REQUEST;
         recent.stacks[i].clone()
     }
+}
+
+/// Whether a signal sent to `t` is still awaited at `now` (see
+/// [`state::Asking::check`]), counting a tick it keeps waiting and a
+/// signal given up on.
+fn awaited(t: &mut Tracked, now: Instant, c: &Counters) -> Awaited {
+    let awaited = t.asking.check(now, ABANDON_AFTER);
+    match awaited {
+        Awaited::Pending => c.samples_late.add(1),
+        Awaited::GaveUp => c.signals_abandoned.add(1),
+        Awaited::Nothing => {}
+    }
+    awaited
 }
 
 /// Sends thread `t` a signal asking for its stack; `as_sample` when the
