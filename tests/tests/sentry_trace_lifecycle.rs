@@ -1,6 +1,7 @@
 //! The trace lifecycle, through `sentry::init` and real tracing spans: the
 //! first sampled root span starts the profiler, overlapping roots keep it
-//! running, the last one ending stops it, and unsampled roots never start
+//! running, the last one ending stops it once its chunk has finished (as
+//! the spec says: no wake-up per request), and unsampled roots never start
 //! it. Every transaction it profiled links to a chunk that Relay accepts.
 
 use std::sync::Arc;
@@ -31,6 +32,20 @@ fn busy_for(d: Duration) {
     }
 }
 
+/// The chunk length: the profiler stops at most this long (plus a
+/// profiler tick) after the last root span ended.
+const CHUNK: Duration = Duration::from_secs(1);
+
+/// Waits until the profiler has stopped (its chunk finished), at most
+/// twice the chunk length plus a margin; returns how long it took.
+fn wait_stopped() -> Duration {
+    let t = Instant::now();
+    while running() && t.elapsed() < CHUNK * 2 + Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t.elapsed()
+}
+
 #[test]
 fn roots_start_and_stop_the_profiler() {
     let capture = CaptureTransport::new();
@@ -48,6 +63,7 @@ fn roots_start_and_stop_the_profiler() {
         ProfilingIntegration::new()
             .profile_session_sample_rate(1.0)
             .profile_lifecycle(ProfileLifecycle::Trace)
+            .chunk_duration(CHUNK)
             .apply(options),
     );
     let subscriber = tracing_subscriber::registry()
@@ -90,12 +106,21 @@ fn roots_start_and_stop_the_profiler() {
     );
     b.in_scope(|| busy_for(Duration::from_millis(150)));
     drop(b);
-    assert!(!running(), "the last root span ending stops it");
+    // The spec stops the profiler when no root span is active "letting the
+    // current chunk finish": it runs on to the end of its chunk, so a
+    // service whose requests come and go pays no wake-up per request.
+    assert!(running(), "the chunk in progress finishes first");
+    assert!(
+        ticks_over(Duration::from_millis(100)) > 0,
+        "the sampler ticks on until the chunk ends"
+    );
+    let took = wait_stopped();
+    assert!(!running(), "the last root span ending stops it ({took:?})");
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(
         ticks_over(Duration::from_millis(200)),
         0,
-        "no ticks after the last root ended"
+        "no ticks once the chunk of the last root ended"
     );
 
     // A later root starts it again, in the same session.
@@ -105,6 +130,7 @@ fn roots_start_and_stop_the_profiler() {
         busy_for(Duration::from_millis(150));
         sentry_profiling::hooks::running_profiler_id().unwrap()
     };
+    wait_stopped();
     assert!(!running());
     drop(_default);
     drop(guard);

@@ -8,8 +8,10 @@
 //! finished request stays "open" collecting fill-ins. A request past the
 //! bound is refused and stays on its OS threads (counted).
 //!
-//! The profiler thread reads the queue every sampling period while lanes
-//! are in flight ([`read_interval`]; the first lane in flight wakes it), so
+//! The profiler thread reads the queue every sampling period while the
+//! sampler runs or lanes are in flight ([`read_interval`]; a request wakes
+//! nobody: the first root span after a pause resumes the sampler and wakes
+//! the reader once), so
 //! a finished request is known as
 //! finished (and its places freed) within one period, except while a chunk
 //! is being written; it also reads it before any chunk or profile is
@@ -38,14 +40,11 @@ pub(crate) const MAX_LANES_IN_FLIGHT: usize = LANE_QUEUE / 2;
 const LANES_HIGH_WATER: usize = MAX_LANES_IN_FLIGHT / 4;
 
 /// How long the profiler thread may wait before it reads the lane queue
-/// again: one sampling period while any lane is in flight (a finished
-/// request is then known within one period), else `idle`.
-pub(crate) fn read_interval(in_flight: usize, period: Duration, idle: Duration) -> Duration {
-    if in_flight > 0 {
-        period.min(idle)
-    } else {
-        idle
-    }
+/// again: one sampling period while the sampler runs or any lane is in
+/// flight (a finished request is then known within one period), else
+/// `idle`.
+pub(crate) fn read_interval(busy: bool, period: Duration, idle: Duration) -> Duration {
+    if busy { period.min(idle) } else { idle }
 }
 
 /// The registry's counters (see [`crate::ProfilerStats`]).
@@ -104,11 +103,10 @@ impl LaneRegistry {
             self.wake_reader();
             return false;
         };
-        // The reader sleeps up to its idle tick while no lane is in
-        // flight: wake it for the first one, so that it reads this lane's
-        // end within a period of it (one wake-up per burst of requests, not
-        // per request, at any rate where requests overlap).
-        if before == 0 || before + 1 == LANES_HIGH_WATER {
+        // The reader reads the queue every sampling period while the
+        // sampler runs (which it does whenever a root span is active), so a
+        // request wakes nobody; only a pile-up does.
+        if before + 1 == LANES_HIGH_WATER {
             self.wake_reader();
         }
         let event = LaneEvent::Started {
@@ -161,7 +159,8 @@ impl LaneRegistry {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     }
 
-    fn wake_reader(&self) {
+    /// Wakes the profiler thread (which reads the queue).
+    pub(crate) fn wake_reader(&self) {
         if let Some(t) = self.reader.get() {
             t.unpark();
         }
@@ -198,11 +197,10 @@ mod tests {
     fn ends_are_read_every_period_while_lanes_are_in_flight() {
         let period = Duration::from_millis(10);
         let idle = Duration::from_millis(100);
-        assert_eq!(read_interval(0, period, idle), idle);
-        assert_eq!(read_interval(1, period, idle), period);
-        assert_eq!(read_interval(MAX_LANES_IN_FLIGHT, period, idle), period);
+        assert_eq!(read_interval(false, period, idle), idle);
+        assert_eq!(read_interval(true, period, idle), period);
         // A period longer than the idle tick never slows reading down.
-        assert_eq!(read_interval(3, Duration::from_secs(1), idle), idle);
+        assert_eq!(read_interval(true, Duration::from_secs(1), idle), idle);
     }
 
     #[test]

@@ -327,12 +327,15 @@ pub struct SamplerControl {
 impl SamplerControl {
     /// Stops sending signals until [`SamplerControl::resume`].
     pub fn pause(&self) {
-        self.shared.active.store(false, Ordering::Release);
+        // Sequentially consistent: the session pauses, then looks for a root
+        // span that started meanwhile, which looks at this flag after it
+        // counted itself (see `Session::pause_if_idle`).
+        self.shared.active.store(false, Ordering::SeqCst);
     }
 
     /// Resumes sampling.
     pub fn resume(&self) {
-        if !self.shared.active.swap(true, Ordering::AcqRel) {
+        if !self.shared.active.swap(true, Ordering::SeqCst) {
             if let Some(t) = &self.thread {
                 t.unpark();
             }
@@ -341,7 +344,7 @@ impl SamplerControl {
 
     /// Whether the sampler is sampling (started and not paused).
     pub fn is_active(&self) -> bool {
-        self.shared.active.load(Ordering::Acquire) && !self.shared.stop.load(Ordering::Acquire)
+        self.shared.active.load(Ordering::SeqCst) && !self.shared.stop.load(Ordering::Acquire)
     }
 
     /// The sampler's counters.

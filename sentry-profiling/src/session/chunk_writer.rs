@@ -27,6 +27,10 @@ const MAX_FILL_LEAD_NS: u64 = 2_000_000_000;
 /// duration.
 const MAX_FINISHED_LANES_PER_CHUNK: usize = 4_096;
 
+/// Profiler ticks without an active root span after which transaction
+/// profiling pauses the sampler (a second).
+const V1_IDLE_TICKS: u32 = 10;
+
 /// The profiler thread's chunk in progress.
 pub(super) struct ChunkWriter<'a> {
     pub(super) session: &'a Session,
@@ -47,6 +51,9 @@ pub(super) struct ChunkWriter<'a> {
     /// Where the reading of threads' context words left off: each change
     /// is a poll of a request beginning or ending.
     pub(super) changes: crate::lanes::ChangeCursor,
+    /// Profiler ticks in a row with no root span active (transaction
+    /// profiles).
+    pub(super) idle_ticks: u32,
 }
 
 impl ChunkWriter<'_> {
@@ -119,6 +126,16 @@ impl ChunkWriter<'_> {
             self.note_lanes_tracked();
             let modules = sampler.modules();
             self.process_v1(&modules, false);
+            // No chunk ends in this mode: the sampler pauses once no root
+            // span has been active for a while.
+            if self.session.roots_active() {
+                self.idle_ticks = 0;
+            } else {
+                self.idle_ticks = self.idle_ticks.saturating_add(1);
+                if self.idle_ticks >= V1_IDLE_TICKS {
+                    self.session.pause_if_idle();
+                }
+            }
             return;
         }
         let Some(first) = self.chunk.first_timestamp_ns() else {
@@ -135,6 +152,9 @@ impl ChunkWriter<'_> {
             }
             self.drain(sampler);
             self.finish(sampler);
+            // The trace lifecycle's profiler stops at the end of the chunk
+            // in which the last root span ended.
+            self.session.pause_if_idle();
         }
     }
 

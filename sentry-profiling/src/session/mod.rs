@@ -254,6 +254,11 @@ impl Session {
 
     /// Trace lifecycle: a sampled root span became active. Returns whether
     /// the profiler runs for it.
+    ///
+    /// In the steady state this is one atomic add and one atomic load: the
+    /// sampler keeps running across the gaps between requests (see
+    /// [`Session::pause_if_idle`]), so only the first root after a pause
+    /// resumes it, waking the sampler and profiler threads.
     pub(crate) fn root_started(&self, lane: u64, name: &str) -> bool {
         if self.profiler_id().is_none() || self.shut_down.load(Ordering::Acquire) {
             return false;
@@ -265,26 +270,60 @@ impl Session {
         if !wanted {
             return false;
         }
-        if self.active_roots.fetch_add(1, Ordering::AcqRel) == 0 {
-            self.set_sampling(true);
+        // Sequentially consistent with `pause_if_idle`'s store and load: either
+        // this thread sees the sampler paused, or the profiler thread sees
+        // this root and resumes it.
+        self.active_roots.fetch_add(1, Ordering::SeqCst);
+        if let Some(control) = self.control.get() {
+            if !control.is_active() {
+                control.resume();
+                // The profiler thread reads lanes every period from now on.
+                self.lanes.wake_reader();
+            }
         }
         true
     }
 
     /// Trace lifecycle: a root span for which [`Session::root_started`]
-    /// returned true has finished.
+    /// returned true has finished. The sampler is not paused here: the spec
+    /// stops the profiler when no root span is active *letting the current
+    /// chunk finish*, and pausing and resuming per request would cost a
+    /// wake-up of the sampler thread (a `futex` system call) each time the
+    /// number of requests in flight drops to zero and back.
     pub(crate) fn root_finished(&self) {
-        let prev = self
+        let _ = self
             .active_roots
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-        if prev == Ok(1) {
-            self.set_sampling(false);
-            // A root that started between the decrement and the pause must
-            // not be left unprofiled.
-            if self.active_roots.load(Ordering::Acquire) > 0 {
-                self.set_sampling(true);
-            }
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    }
+
+    /// On the profiler thread, at the end of a chunk (or, for transaction
+    /// profiles, after a second without a root): pauses the sampler when
+    /// the trace lifecycle has no root span active. Returns whether it
+    /// paused.
+    pub(super) fn pause_if_idle(&self) -> bool {
+        let trace_driven = self.v1().is_some() || self.lifecycle() == ProfileLifecycle::Trace;
+        if !trace_driven
+            || self.manual_running.load(Ordering::Acquire)
+            || self.active_roots.load(Ordering::SeqCst) > 0
+        {
+            return false;
         }
+        let Some(control) = self.control.get() else {
+            return false;
+        };
+        control.pause();
+        // A root that started between the load above and the pause saw the
+        // sampler still active and did not resume it: resume it here.
+        if self.active_roots.load(Ordering::SeqCst) > 0 {
+            control.resume();
+            return false;
+        }
+        true
+    }
+
+    /// Whether a root span of the trace lifecycle is active.
+    pub(super) fn roots_active(&self) -> bool {
+        self.active_roots.load(Ordering::Acquire) > 0
     }
 
     /// Manual lifecycle: starts the profiler (spec no-op rules apply).

@@ -1,7 +1,8 @@
 //! The profiler thread: creates the sampler (paused), then takes its
 //! samples every [`PROFILER_TICK`] and the lanes' events every sampling
-//! period while requests are in flight, and drives the chunk writer;
-//! answers flush and shutdown requests.
+//! period while the sampler runs, and drives the chunk writer (which pauses
+//! the sampler at the end of a chunk when no root span is active); answers
+//! flush and shutdown requests.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -91,6 +92,7 @@ impl Session {
                 os_version: crate::kernel_release(),
             }),
             changes: Default::default(),
+            idle_ticks: 0,
         };
         let period = Duration::from_nanos(builder.period_ns);
         let mut last_drain = Instant::now();
@@ -121,9 +123,10 @@ impl Session {
             // Take samples in batches: sleeping instead of blocking on the
             // queue spares the sampler a wake-up per sample. Flush and
             // shutdown requests unpark the thread.
-            // Lane ends are read every sampling period while requests are
-            // in flight, samples every tick.
-            let wait = read_interval(self.lanes.in_flight(), period, PROFILER_TICK);
+            // Lane ends and polls are read every sampling period while the
+            // sampler runs, samples every tick.
+            let busy = sampler.is_active() || self.lanes.in_flight() > 0;
+            let wait = read_interval(busy, period, PROFILER_TICK);
             let since = last_drain.elapsed();
             std::thread::park_timeout(wait.min(PROFILER_TICK.saturating_sub(since)));
             builder.read_lane_events();
