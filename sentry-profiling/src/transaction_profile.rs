@@ -13,9 +13,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sentry_core::protocol::{
-    Context, Envelope, EnvelopeHeaders, EnvelopeItem, Map, Transaction, Value,
-};
+use sentry_core::protocol::{Context, Envelope, EnvelopeHeaders, EnvelopeItem, Transaction, Value};
 
 use crate::chunk::Chunk;
 use crate::encode::sentry_chunk::{V1Meta, encode_v1};
@@ -156,9 +154,10 @@ impl V1Pending {
         let profile = self.profile(buffer, ctx, symbolizer, &active_thread, &trace_id);
         let (profile_item, dropped) = match profile {
             Ok((id, json)) => {
-                let mut p = Map::new();
-                p.insert("profile_id".into(), Value::String(id));
-                self.tx.contexts.insert("profile".into(), Context::Other(p));
+                self.tx.contexts.insert(
+                    "profile".into(),
+                    crate::transaction_tags::profile_context("profile_id", &id),
+                );
                 (Some(json), None)
             }
             Err(reason) => (None, Some(reason)),

@@ -66,22 +66,65 @@ fn rewrite(data: &mut Map<String, Value>, short: bool, lane: Option<&Value>) -> 
     current
 }
 
-/// Appends a transaction item to raw envelope bytes. A `profile` context
-/// added as `Context::Other` is written with `"type":"profile"` instead of
-/// the SDK's `"type":"unknown"`, which Relay would not read as a profile
-/// context.
+/// The `profile` context of a transaction (`key` is `profiler_id` for a
+/// continuous profile, `profile_id` for a transaction profile), as a typed
+/// context the SDK serialises itself.
+///
+/// The SDK's `Context` enum has no profile variant: an unknown context is
+/// `Context::Other` and serialises with `"type":"unknown"`, which Relay would
+/// read as an unknown context rather than a profile context. The map carries
+/// its own `"type":"profile"`, which serde writes after the enum's tag:
+/// `{"type":"unknown","type":"profile","profiler_id":"…"}`. Relay (and
+/// serde_json, and every JSON reader that keeps the last of duplicate keys)
+/// reads the object as a map and keeps the last value, so the context is a
+/// profile context; Relay writes it out normalised, with one `type`. This
+/// keeps the transaction typed all the way to the transport (rate limits,
+/// client reports, the application's own transport) at the price of one
+/// duplicate key; the `contexts_profile_type` test pins both halves.
+pub(crate) fn profile_context(key: &str, id: &str) -> Context {
+    let mut ctx = Map::new();
+    ctx.insert("type".into(), Value::String("profile".into()));
+    ctx.insert(key.into(), Value::String(id.into()));
+    Context::Other(ctx)
+}
+
+/// Appends a transaction item to raw envelope bytes (transaction profiles,
+/// whose `profile` item has no typed envelope item in the SDK).
 pub(crate) fn write_transaction(bytes: &mut Vec<u8>, tx: &sentry_core::protocol::Transaction<'_>) {
-    let Ok(mut json) = serde_json::to_vec(tx) else {
+    let Ok(json) = serde_json::to_vec(tx) else {
         return;
     };
-    const FROM: &[u8] = br#""profile":{"type":"unknown","#;
-    const TO: &[u8] = br#""profile":{"type":"profile","#;
-    if let Some(pos) = json.windows(FROM.len()).position(|w| w == FROM) {
-        json[pos..pos + FROM.len()].copy_from_slice(TO);
-    }
     bytes.extend_from_slice(
         format!("{{\"type\":\"transaction\",\"length\":{}}}\n", json.len()).as_bytes(),
     );
     bytes.extend_from_slice(&json);
     bytes.push(b'\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SDK writes the profile context with the enum's `"type":"unknown"`
+    /// first and the map's `"type":"profile"` after it; a reader that keeps
+    /// the last of duplicate keys (Relay's `Value` is a `BTreeMap` filled
+    /// in order, as is serde_json's) sees a profile context.
+    #[test]
+    fn contexts_profile_type() {
+        let mut tx = sentry_core::protocol::Transaction::default();
+        tx.contexts.insert(
+            "profile".into(),
+            profile_context("profiler_id", "0123456789abcdef0123456789abcdef"),
+        );
+        let json = serde_json::to_string(&tx).unwrap();
+        let unknown = json.find(r#""type":"unknown""#).expect(&json);
+        let profile = json.find(r#""type":"profile""#).expect(&json);
+        assert!(unknown < profile, "the map's type comes last: {json}");
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["contexts"]["profile"]["type"], "profile");
+        assert_eq!(
+            v["contexts"]["profile"]["profiler_id"],
+            "0123456789abcdef0123456789abcdef"
+        );
+    }
 }

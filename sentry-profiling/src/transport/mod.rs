@@ -10,7 +10,7 @@ pub(crate) mod http;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sentry_core::protocol::{Context, Envelope, EnvelopeItem, Map, Value};
+use sentry_core::protocol::{Context, Envelope, EnvelopeItem};
 use sentry_core::{Transport, TransportFactory};
 
 use crate::encode::envelope::chunk_envelope;
@@ -20,7 +20,7 @@ use crate::session::sink::{ChunkSink, Handed};
 use crate::transaction_profile::Intercepted;
 
 pub use crate::transaction_tags::{OS_THREAD_ID, OS_THREAD_NAME};
-use crate::transaction_tags::{lane_window, settle_lane, write_transaction};
+use crate::transaction_tags::{lane_window, profile_context, settle_lane};
 pub use envelope_dir::EnvelopeDirTransport;
 
 /// The session's sink for chunks: the crate's chunk sender when there is
@@ -315,13 +315,16 @@ fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
     matches!(tx.contexts.get("trace"), Some(Context::Trace(t)) if t.data.contains_key("thread.id"))
 }
 
-/// Adds `contexts.profile.profiler_id` to profiled transactions.
+/// Adds `contexts.profile.profiler_id` to profiled transactions, settles
+/// their thread tags and reports their windows to their lanes.
 ///
-/// The SDK's typed contexts serialise any context it does not know with
-/// `"type":"unknown"`, which Relay would not read as a profile context. The
-/// envelope is therefore written out here with the profile context's type
-/// set right, and sent raw; the bytes are the ones the transport would have
-/// written, so this costs one serialisation that the transport then skips.
+/// The transactions stay typed `EnvelopeItem::Transaction`s: the client's
+/// transport (the SDK's, or the application's own) sees them as
+/// transactions, so its rate limiter applies the `transaction` category to
+/// them and counts what it drops in the SDK's client reports. Nothing is
+/// serialised here, on the application's thread (see
+/// [`crate::transaction_tags::profile_context`] for how the context keeps
+/// its type without that).
 ///
 /// Transactions keep their lane however short they are: the profiler
 /// thread gives every finished lane at least two samples (Sentry drops a
@@ -334,39 +337,36 @@ pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelo
     if !profiled {
         return envelope;
     }
-    let mut rest = Envelope::new().with_headers(envelope.headers().clone());
-    let mut transactions = Vec::new();
+    let session = crate::session::current();
+    let mut out = Envelope::new().with_headers(envelope.headers().clone());
     for item in envelope.into_items() {
         match item {
-            EnvelopeItem::Transaction(t) if is_profiled(&t) => transactions.push(t),
-            other => rest.add_item(other),
+            EnvelopeItem::Transaction(mut tx) if is_profiled(&tx) => {
+                settle_lane(&mut tx, Duration::ZERO);
+                // The transaction may begin before its lane and end after it
+                // (on a busy machine, many milliseconds): Sentry shows the
+                // lane over the transaction's whole window.
+                if let (Some(session), Some((lane, start_ns, end_ns))) =
+                    (&session, lane_window(&tx))
+                {
+                    session.lane_transaction(lane, start_ns, end_ns);
+                }
+                tx.contexts.insert(
+                    "profile".into(),
+                    profile_context("profiler_id", profiler_id),
+                );
+                out.add_item(EnvelopeItem::Transaction(tx));
+            }
+            other => out.add_item(other),
         }
     }
-    let mut bytes = Vec::new();
-    if rest.to_writer(&mut bytes).is_err() {
-        return rest;
-    }
-    let session = crate::session::current();
-    for mut tx in transactions {
-        settle_lane(&mut tx, Duration::ZERO);
-        // The transaction may begin before its lane and end after it (on a
-        // busy machine, many milliseconds): Sentry shows the lane over the
-        // transaction's whole window.
-        if let (Some(session), Some((lane, start_ns, end_ns))) = (&session, lane_window(&tx)) {
-            session.lane_transaction(lane, start_ns, end_ns);
-        }
-        let mut ctx = Map::new();
-        ctx.insert("profiler_id".into(), Value::String(profiler_id.into()));
-        tx.contexts.insert("profile".into(), Context::Other(ctx));
-        write_transaction(&mut bytes, &tx);
-    }
-    Envelope::from_bytes_raw(bytes).unwrap_or_default()
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sentry_core::protocol::{Span, SpanId, TraceContext, Transaction};
+    use sentry_core::protocol::{Span, SpanId, TraceContext, Transaction, Value};
 
     fn span(id: SpanId, parent: SpanId, marked: bool) -> Span {
         let mut s = Span {
