@@ -1,6 +1,6 @@
 //! A Sentry envelope endpoint on loopback whose behaviour can be switched
 //! while a test runs: healthy, down, resetting connections, answering 503,
-//! stalling, or rate-limiting profile chunks. It keeps every request it
+//! stalling, or rate-limiting profile chunks or transactions. It keeps every request it
 //! read, with its arrival time and the answer it got.
 //!
 //! Plain threads and blocking sockets: one acceptor thread (which closes
@@ -40,6 +40,14 @@ pub enum Mode {
         /// The limit's length in seconds.
         secs: u32,
     },
+    /// Envelopes with a `transaction` item get `429` with
+    /// `X-Sentry-Rate-Limits: <secs>:transaction:organization`, as Sentry
+    /// answers once an organization's transaction quota is spent; other
+    /// envelopes get a plain `200`.
+    RateLimitTransactions {
+        /// The limit's length in seconds.
+        secs: u32,
+    },
 }
 
 /// One request as the endpoint saw it.
@@ -55,7 +63,7 @@ pub struct Request {
     pub body: Vec<u8>,
     /// The status answered; `None` if it was never answered.
     pub status: Option<u16>,
-    /// Whether the answer set a `profile_chunk` rate limit.
+    /// Whether the answer set a rate limit.
     pub rate_limited: bool,
 }
 
@@ -209,9 +217,9 @@ fn serve(mut stream: TcpStream, state: &State) {
     };
     let at = Instant::now();
     let mode = state.mode();
-    let is_chunk = body
-        .windows(b"\"type\":\"profile_chunk\"".len())
-        .any(|w| w == b"\"type\":\"profile_chunk\"");
+    let has = |kind: &[u8]| body.windows(kind.len()).any(|w| w == kind);
+    let is_chunk = has(b"\"type\":\"profile_chunk\"");
+    let is_transaction = has(b"\"type\":\"transaction\"");
     let (status, extra) = match mode {
         Mode::Healthy => (Some(200), String::new()),
         Mode::Down | Mode::Reset => (None, String::new()),
@@ -225,6 +233,11 @@ fn serve(mut stream: TcpStream, state: &State) {
             )
         }
         Mode::RateLimitChunks { .. } => (Some(200), String::new()),
+        Mode::RateLimitTransactions { secs } if is_transaction => (
+            Some(429),
+            format!("X-Sentry-Rate-Limits: {secs}:transaction:organization\r\n"),
+        ),
+        Mode::RateLimitTransactions { .. } => (Some(200), String::new()),
     };
     state.requests.lock().unwrap().push(Request {
         at,
