@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: every benchmark of `benches/`, the per-sample
 //! comparison again against pprof-rs built with its framehop unwinder, and
-//! the service overhead comparison (when `wrk` is installed), written with
+//! the cost benchmark (`cargo xtask cost`), written with
 //! the machine's details to `target/benchmarks/report.md`. `BENCHMARKS.md`
 //! quotes a run of it.
 
@@ -103,15 +103,11 @@ pub(crate) fn full() -> Result<(), String> {
         }
         Err(e) => eprintln!("xtask bench: pprof-rs with framehop: {e}; left out"),
     }
-    if Command::new("wrk").arg("--version").output().is_ok() {
-        let table = crate::overhead::run(5, 10, "/work/2")?;
-        let _ = writeln!(
-            report,
-            "## Service overhead\n\n`cargo xtask overhead 5 10`\n\n{table}"
-        );
-    } else {
-        eprintln!("xtask bench: wrk is not installed (apt-get install wrk); overhead left out");
-    }
+    let table = crate::cost::run(10, false)?;
+    let _ = writeln!(
+        report,
+        "## What a profiled request costs\n\n`cargo xtask cost 10`\n{table}"
+    );
     std::fs::create_dir_all("target/benchmarks").map_err(|e| e.to_string())?;
     std::fs::write("target/benchmarks/report.md", report).map_err(|e| e.to_string())?;
     eprintln!("xtask bench: report written to target/benchmarks/report.md");

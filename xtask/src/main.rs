@@ -14,16 +14,22 @@
 //!   failing on a crash, a hang (watchdog), a chunk Relay would reject or a
 //!   sample filed under the wrong thread (see `stress/src/main.rs`).
 //! - `bench [--quick]`: every benchmark in `benches/`, pprof-rs's framehop
-//!   variant and the overhead comparison, with a report written to
-//!   `target/benchmarks/report.md`; `--quick` is a smoke run of the benches.
+//!   variant and the cost benchmark, with a report written to
+//!   `target/benchmarks/report.md`; `--quick` is a smoke run of the benches
+//!   and of the cost benchmark.
 //! - `view [ENVELOPE_DIR]` (default `sentry-envelopes`): writes
 //!   `ENVELOPE_DIR/profile.html`, the offline page that shows what Sentry
 //!   will show for each transaction of a run (`sentry-profiling-preview`).
-//! - `overhead [ROUNDS] [SECONDS]`: the example service under `wrk`, profiling
-//!   off and on in alternating rounds (needs `wrk`: `apt-get install wrk`).
+//! - `cost [ROUNDS]` (default 10): what a profiled request costs: the
+//!   example's router with transactions through the SDK's HTTP transport to
+//!   a loopback sink in another process, profiling off, on and pprof-rs in
+//!   alternating rounds of a fixed number of requests, CPU per request of
+//!   every thread group with 95 % confidence intervals, the profiler
+//!   threads at fixed rates and with requests in flight but idle (see
+//!   `xtask/src/cost.rs`).
 
 mod bench;
-mod overhead;
+mod cost;
 
 use std::process::{Command, ExitCode};
 
@@ -156,7 +162,9 @@ fn bench(quick: bool) -> bool {
         cargo(
             &["bench", "-p", "sentry-profiling-benches", "--", "--test"],
             &[],
-        )
+        ) && cost::run(1, true)
+            .map_err(|e| eprintln!("xtask cost (smoke run): {e}"))
+            .is_ok()
     } else {
         bench::full()
             .map_err(|e| eprintln!("xtask bench: {e}"))
@@ -186,16 +194,15 @@ fn main() -> ExitCode {
             ],
             &[],
         ),
-        Some("overhead") => {
-            let rounds = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5);
-            let secs = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10);
-            overhead::run(rounds, secs, "/work/2")
-                .map_err(|e| eprintln!("xtask overhead: {e}"))
+        Some("cost") => {
+            let rounds = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10);
+            cost::run(rounds, false)
+                .map_err(|e| eprintln!("xtask cost: {e}"))
                 .is_ok()
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <test|ci|bench [--quick]|stress [SECONDS] [HZ] [CHUNK_SECONDS]|overhead [ROUNDS] [SECONDS]|view [ENVELOPE_DIR]>"
+                "usage: cargo xtask <test|ci|bench [--quick]|stress [SECONDS] [HZ] [CHUNK_SECONDS]|cost [ROUNDS]|view [ENVELOPE_DIR]>"
             );
             false
         }

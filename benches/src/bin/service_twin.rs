@@ -1,6 +1,8 @@
 //! The example service for overhead comparisons: one binary, the profiler
 //! chosen at start (`off`, `sentry-profiling`, `pprof-rs`), the same router,
-//! tracing and Sentry set-up (transactions to an envelope directory).
+//! tracing and Sentry set-up: transactions through the SDK's HTTP transport
+//! to `SENTRY_DSN` (a loopback sink in the cost benchmark), or to an
+//! envelope directory without one.
 //!
 //! `service_twin <mode>`; `ADDR` and `SENTRY_ENVELOPE_DIR` as for the
 //! example. Runs until SIGINT/SIGTERM.
@@ -16,7 +18,6 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    settings.dsn = None;
     settings.profile_session_sample_rate = if mode == "sentry-profiling" { 1.0 } else { 0.0 };
     let guard = match sentry_options(&settings) {
         Ok(o) => sentry::init(o),

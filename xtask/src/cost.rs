@@ -1,0 +1,425 @@
+//! `cargo xtask cost`: what a profiled request costs, the way a service
+//! pays it.
+//!
+//! The example's router (`service_twin`) sends its transactions through the
+//! SDK's HTTP transport to a loopback sink in another process
+//! (`sentry_sink`), so no envelope file is written in the measured process.
+//! A load generator of our own (`load`) makes a fixed number of requests per
+//! round over 8 keep-alive connections. Each round starts a fresh service in
+//! one mode: profiling off (session rate 0), on (Trace lifecycle, 101 Hz),
+//! or pprof-rs (100 Hz); modes alternate within every round. CPU comes from
+//! the kernel's accounting of every thread of the service
+//! (`/proc/<pid>/task/*/stat`), grouped as Tokio workers, the SDK's
+//! transport threads, and the profiler's own threads.
+//!
+//! Reported: the median over rounds with a 95 % confidence interval of the
+//! median (bootstrap over rounds); the difference on − off per round, paired;
+//! the profiler threads' CPU per request at 100 and 1,000 requests per
+//! second and at the maximum rate; and their CPU per second with 0, 8 and 200
+//! requests in flight but idle (sleeping).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TWIN: &str = "target/release/service_twin";
+const SINK: &str = "target/release/sentry_sink";
+const LOAD: &str = "target/release/load";
+const SINK_PORT: u16 = 3399;
+const SERVICE_PORT: u16 = 3311;
+const CONNECTIONS: u32 = 8;
+
+/// A mode of the service twin.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Mode {
+    name: &'static str,
+    arg: &'static str,
+}
+
+const OFF: Mode = Mode {
+    name: "off",
+    arg: "off",
+};
+const ON: Mode = Mode {
+    name: "sentry-profiling",
+    arg: "sentry-profiling",
+};
+const PPROF: Mode = Mode {
+    name: "pprof-rs",
+    arg: "pprof-rs",
+};
+
+/// CPU of one round, in microseconds per request, by thread group.
+#[derive(Debug, Clone, Copy, Default)]
+struct Round {
+    total: f64,
+    workers: f64,
+    transport: f64,
+    profiler: f64,
+    other: f64,
+    requests_per_sec: f64,
+    p99_us: f64,
+}
+
+/// A child process killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn clock_ticks_per_sec() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// CPU ticks of every thread of `pid` by group: (workers, transport,
+/// profiler, other).
+fn thread_ticks(pid: u32) -> [u64; 4] {
+    let mut out = [0u64; 4];
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = &stat[open + 1..close];
+        let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let ticks = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let group = if name.starts_with("tokio-rt-worker") {
+            0
+        } else if name.starts_with("sentry-transpor") || name.starts_with("reqwest") {
+            1
+        } else if name.starts_with("sentry-profiler") {
+            2
+        } else {
+            3
+        };
+        out[group] += ticks;
+    }
+    out
+}
+
+/// Process CPU (all threads, including exited ones) in ticks.
+fn process_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some(close) = stat.rfind(')') else {
+        return 0;
+    };
+    let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+fn start_service(mode: Mode) -> Result<Killed, String> {
+    let child = Command::new(TWIN)
+        .arg(mode.arg)
+        .env("ADDR", format!("127.0.0.1:{SERVICE_PORT}"))
+        .env(
+            "SENTRY_DSN",
+            format!("http://public@127.0.0.1:{SINK_PORT}/1"),
+        )
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {TWIN}: {e}"))?;
+    let service = Killed(child);
+    let until = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", SERVICE_PORT)).is_err() {
+        if Instant::now() > until {
+            return Err("the service did not start listening".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(service)
+}
+
+/// Stops the service as an operator would (SIGINT), waiting for it.
+fn stop_service(mut service: Killed) {
+    let _ = Command::new("kill")
+        .args(["-INT", &service.0.id().to_string()])
+        .status();
+    let until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < until {
+        if let Ok(Some(_)) = service.0.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs the load generator; returns (answered, seconds, p99 µs).
+fn load(
+    path: &str,
+    requests: u64,
+    conns: u32,
+    rate: Option<u32>,
+) -> Result<(f64, f64, f64), String> {
+    let mut cmd = Command::new(LOAD);
+    cmd.args([
+        format!("127.0.0.1:{SERVICE_PORT}"),
+        path.to_owned(),
+        requests.to_string(),
+        conns.to_string(),
+    ]);
+    if let Some(r) = rate {
+        cmd.arg(r.to_string());
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {LOAD}: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<f64> = text
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    match f.as_slice() {
+        [n, secs, _p50, p99, failures] if *failures == 0.0 && *n > 0.0 => Ok((*n, *secs, *p99)),
+        _ => Err(format!("load failed: {text}")),
+    }
+}
+
+fn run_round(mode: Mode, path: &str, requests: u64, rate: Option<u32>) -> Result<Round, String> {
+    let service = start_service(mode)?;
+    let pid = service.0.id();
+    // Warm up: connections, allocator, the sampler's module list.
+    load(path, (requests / 10).max(50), CONNECTIONS, rate)?;
+    let (t0, p0) = (thread_ticks(pid), process_ticks(pid));
+    let (n, secs, p99) = load(path, requests, CONNECTIONS, rate)?;
+    let (t1, p1) = (thread_ticks(pid), process_ticks(pid));
+    stop_service(service);
+    let us = |ticks: u64| ticks as f64 / clock_ticks_per_sec() * 1e6 / n;
+    Ok(Round {
+        total: us(p1.saturating_sub(p0)),
+        workers: us(t1[0].saturating_sub(t0[0])),
+        transport: us(t1[1].saturating_sub(t0[1])),
+        profiler: us(t1[2].saturating_sub(t0[2])),
+        other: us(t1[3].saturating_sub(t0[3])),
+        requests_per_sec: n / secs,
+        p99_us: p99,
+    })
+}
+
+/// Median, and a 95 % confidence interval of the median by bootstrap over
+/// the values (a fixed-seed generator: the same rounds give the same
+/// interval).
+fn median_ci(values: &[f64]) -> (f64, f64, f64) {
+    fn median(v: &mut [f64]) -> f64 {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    }
+    if values.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut medians = Vec::with_capacity(2000);
+    let mut sample = vec![0.0; values.len()];
+    for _ in 0..2000 {
+        for s in sample.iter_mut() {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            *s = values[(seed % values.len() as u64) as usize];
+        }
+        medians.push(median(&mut sample));
+    }
+    medians.sort_by(f64::total_cmp);
+    (
+        median(&mut values.to_vec()),
+        medians[medians.len() * 25 / 1000],
+        medians[medians.len() * 975 / 1000],
+    )
+}
+
+fn fmt_ci(v: &[f64], digits: usize) -> String {
+    let (m, lo, hi) = median_ci(v);
+    format!("{m:.digits$} [{lo:.digits$}, {hi:.digits$}]")
+}
+
+/// The profiler threads' CPU per second, in milliseconds, over `secs`.
+fn profiler_ms_per_sec(pid: u32, secs: u64) -> f64 {
+    let before = thread_ticks(pid)[2];
+    std::thread::sleep(Duration::from_secs(secs));
+    let after = thread_ticks(pid)[2];
+    after.saturating_sub(before) as f64 / clock_ticks_per_sec() * 1e3 / secs as f64
+}
+
+/// Builds the binaries the benchmark runs.
+fn build() -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .args(["build", "--release", "-p", "sentry-profiling-benches"])
+        .args([
+            "--bin",
+            "service_twin",
+            "--bin",
+            "sentry_sink",
+            "--bin",
+            "load",
+        ])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err("building the benchmark's binaries failed".into())
+    }
+}
+
+/// Runs the benchmark; returns (and prints) its Markdown report. `quick`
+/// makes every part small (a smoke run for CI).
+pub(crate) fn run(rounds: usize, quick: bool) -> Result<String, String> {
+    build()?;
+    let sink = Killed(
+        Command::new(SINK)
+            .arg(SINK_PORT.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {SINK}: {e}"))?,
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let scale = if quick { 20 } else { 1 };
+    let mut report = String::new();
+
+    // CPU per request at the maximum rate, alternating modes.
+    for (path, requests) in [("/", 60_000u64), ("/work/1", 6_000)] {
+        let requests = requests / scale;
+        let modes = [OFF, ON, PPROF];
+        let mut rounds_by_mode: Vec<Vec<Round>> = vec![Vec::new(); modes.len()];
+        for round in 0..rounds {
+            for (i, mode) in modes.iter().enumerate() {
+                let r = run_round(*mode, path, requests, None)?;
+                eprintln!(
+                    "GET {path} round {} {:<16} {:>7.1} µs/request (workers {:.1}, transport {:.1}, profiler {:.1}, other {:.1}) {:>7.0} req/s",
+                    round + 1,
+                    mode.name,
+                    r.total,
+                    r.workers,
+                    r.transport,
+                    r.profiler,
+                    r.other,
+                    r.requests_per_sec
+                );
+                rounds_by_mode[i].push(r);
+            }
+        }
+        report.push_str(&format!(
+            "\n`GET {path}`, {requests} requests per round over {CONNECTIONS} connections, {rounds} rounds per mode; median [95 % CI]:\n\n\
+             | mode | CPU µs/request, all threads | Tokio workers | SDK transport | profiler threads | req/s | p99 µs |\n\
+             |---|---|---|---|---|---|---|\n"
+        ));
+        for (mode, rs) in modes.iter().zip(&rounds_by_mode) {
+            let col =
+                |f: fn(&Round) -> f64, d: usize| fmt_ci(&rs.iter().map(f).collect::<Vec<_>>(), d);
+            report.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} |\n",
+                mode.name,
+                col(|r| r.total, 1),
+                col(|r| r.workers, 1),
+                col(|r| r.transport, 1),
+                col(|r| r.profiler, 2),
+                col(|r| r.requests_per_sec, 0),
+                col(|r| r.p99_us, 0),
+            ));
+        }
+        let off = &rounds_by_mode[0];
+        for (i, mode) in modes.iter().enumerate().skip(1) {
+            let rs = &rounds_by_mode[i];
+            let diff: Vec<f64> = rs.iter().zip(off).map(|(r, o)| r.total - o.total).collect();
+            let ratio: Vec<f64> = rs.iter().zip(off).map(|(r, o)| r.total / o.total).collect();
+            let thr: Vec<f64> = rs
+                .iter()
+                .zip(off)
+                .map(|(r, o)| r.requests_per_sec / o.requests_per_sec)
+                .collect();
+            report.push_str(&format!(
+                "\n{} − off, paired by round: CPU per request {} µs, ratio {}; throughput ratio {}\n",
+                mode.name,
+                fmt_ci(&diff, 1),
+                fmt_ci(&ratio, 3),
+                fmt_ci(&thr, 3),
+            ));
+        }
+    }
+
+    // The profiler threads at fixed request rates.
+    report.push_str(
+        "\nProfiler threads at a fixed rate (`GET /`, 10 s per run, 3 runs; median):\n\n\
+         | rate | profiler threads µs/request | profiler threads % of a core | all threads µs/request |\n|---|---|---|---|\n",
+    );
+    for rate in [100u32, 1000] {
+        let secs = if quick { 1 } else { 10 };
+        let mut per_req = Vec::new();
+        let mut share = Vec::new();
+        let mut total = Vec::new();
+        for _ in 0..3 {
+            let r = run_round(ON, "/", u64::from(rate) * secs, Some(rate))?;
+            per_req.push(r.profiler);
+            share.push(r.profiler * f64::from(rate) / 1e4);
+            total.push(r.total);
+        }
+        report.push_str(&format!(
+            "| {rate}/s | {} | {} | {} |\n",
+            fmt_ci(&per_req, 2),
+            fmt_ci(&share, 3),
+            fmt_ci(&total, 1)
+        ));
+    }
+
+    // The profiler threads while requests are in flight but idle.
+    report.push_str(
+        "\nProfiler threads with requests in flight but sleeping (`GET /sleep/…`), CPU per second (ms of CPU per s = ‰ of a core):\n\n\
+         | requests in flight | profiler threads ms/s |\n|---|---|\n",
+    );
+    let measure_secs = if quick { 1 } else { 10 };
+    {
+        let service = start_service(ON)?;
+        std::thread::sleep(Duration::from_secs(1));
+        let ms = profiler_ms_per_sec(service.0.id(), measure_secs);
+        report.push_str(&format!(
+            "| 0 (no request yet: sampler paused) | {ms:.3} |\n"
+        ));
+        load("/", 1, 1, None)?;
+        std::thread::sleep(Duration::from_millis(500));
+        let ms = profiler_ms_per_sec(service.0.id(), measure_secs);
+        report.push_str(&format!(
+            "| 0 (after a request, until its chunk ends) | {ms:.3} |\n"
+        ));
+        stop_service(service);
+    }
+    for inflight in [8u32, 200] {
+        let service = start_service(ON)?;
+        let sleep_path = format!("/sleep/{}", (measure_secs + 4) * 1000);
+        let holder =
+            std::thread::spawn(move || load(&sleep_path, u64::from(inflight), inflight, None));
+        std::thread::sleep(Duration::from_secs(2));
+        let ms = profiler_ms_per_sec(service.0.id(), measure_secs);
+        let _ = holder.join();
+        stop_service(service);
+        report.push_str(&format!("| {inflight} | {ms:.3} |\n"));
+    }
+    drop(sink);
+    print!("{report}");
+    Ok(report)
+}
