@@ -287,6 +287,15 @@ where
             // layer has just made this thread's context word) once the root
             // span has started the profiler, before the handler runs: a
             // handler that panics never returns here.
+            // The tracing layer tagged the transaction when it entered the
+            // request's span; without the layer (or with the span's lane
+            // refused) it is tagged here, once.
+            if tag_target
+                .as_ref()
+                .is_some_and(|t| crate::layer::is_tagged(t))
+            {
+                *tag_target = None;
+            }
             if tag_target.is_some() {
                 if let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() {
                     if let Some(target) = tag_target.take() {

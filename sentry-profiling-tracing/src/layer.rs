@@ -17,6 +17,10 @@ use tracing::span::{Attributes, Id};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
+/// The field that marks the root span `http_layer()` opens (the transport
+/// removes its Sentry span before sending).
+pub(crate) const HTTP_ROOT_FIELD: &str = "sentry_profiling.http_root";
+
 /// Creates the layer. Register it after `sentry_tracing`'s layer, if you use
 /// that one, so that it sees the Sentry span of each tracing span:
 ///
@@ -166,9 +170,11 @@ pub(crate) fn tag_with_thread(
     if let Some(name) = name {
         span.set_data("thread.name", Value::String(name));
     }
-    if lanes && is_lane(lane) {
-        // For the transport: a request too short for its lane to get two
-        // samples is linked by this OS thread instead.
+    if lanes && is_lane(lane) && sentry_profiling::hooks::transaction_profiling() {
+        // For transaction profiles: a request too short for its lane to get
+        // two samples is linked by this OS thread instead. Continuous
+        // profiling keeps every lane (the profiler thread gives each at
+        // least two samples), so it does without these keys.
         span.set_data(
             sentry_profiling::hooks::OS_THREAD_ID,
             Value::String(sentry_profiling::hooks::current_thread_id().to_string()),
@@ -190,6 +196,15 @@ pub(crate) fn tag_with_thread(
                 );
             }
         }
+    }
+}
+
+/// Whether a transaction or span already carries the thread its samples
+/// are filed under.
+pub(crate) fn is_tagged(span: &TransactionOrSpan) -> bool {
+    match span {
+        TransactionOrSpan::Transaction(tx) => tx.data().iter().any(|(key, _)| key == "thread.id"),
+        TransactionOrSpan::Span(s) => s.data().contains_key("thread.id"),
     }
 }
 
@@ -354,21 +369,22 @@ where
         };
         let running = running.or_else(sentry_profiling::hooks::running_profiler_id);
         if let (Some(s), Some(profiler_id)) = (&sentry_span, running) {
-            tag_with_thread(s, &profiler_id, lane, lane_name);
+            // The span `http_layer()` opens under its transaction is removed
+            // before sending (it only repeats the transaction): tagging it
+            // would be wasted work on every request.
+            let http_root = span.metadata().fields().field(HTTP_ROOT_FIELD).is_some();
+            if !(http_root && matches!(s, TransactionOrSpan::Span(_))) {
+                tag_with_thread(s, &profiler_id, lane, lane_name);
+            }
             // The root span is a child of a transaction that was already
             // there (tower-http's `TraceLayer` inside `sentry-tower`): the
             // transaction carries the thread, or Sentry finds no profile.
             // The first such root span of a transaction names it (a handler
             // may open more than one).
             if let (TransactionOrSpan::Span(_), Some(tx)) = (s, outer) {
-                let tagged = tx.data().iter().any(|(key, _)| key == "thread.id");
-                if !tagged {
-                    tag_with_thread(
-                        &TransactionOrSpan::Transaction(tx.clone()),
-                        &profiler_id,
-                        lane,
-                        lane_name,
-                    );
+                let tx = TransactionOrSpan::Transaction(tx.clone());
+                if !is_tagged(&tx) {
+                    tag_with_thread(&tx, &profiler_id, lane, lane_name);
                 }
             }
         }

@@ -33,14 +33,14 @@ pub mod pprof_proto {
 ///
 /// `lane` and `name` identify the root span; with transaction-based
 /// profiling they decide (deterministically) whether it is profiled.
-pub fn root_span_started(lane: u64, name: &str) -> Option<String> {
+pub fn root_span_started(lane: u64, name: &str) -> Option<std::sync::Arc<str>> {
     // The lane begins now, before the profiler resumes: resuming wakes
     // the sampler thread, which on a busy machine can take this
     // thread's core for a while, and the lane must cover that time.
     ROOT_STARTED.with(|c| c.set((lane, now_ns())));
     let rt = crate::session::current()?;
     rt.root_started(lane, name)
-        .then(|| rt.profiler_id().map(str::to_owned))
+        .then(|| rt.shared_profiler_id())
         .flatten()
 }
 
@@ -53,10 +53,10 @@ pub fn root_span_finished() {
 
 /// The session's `profiler_id` if samples are being taken right now
 /// (either lifecycle), for tagging transactions and spans.
-pub fn running_profiler_id() -> Option<String> {
+pub fn running_profiler_id() -> Option<std::sync::Arc<str>> {
     let rt = crate::session::current()?;
     if rt.is_running() {
-        rt.profiler_id().map(str::to_owned)
+        rt.shared_profiler_id()
     } else {
         None
     }
@@ -74,6 +74,13 @@ pub fn transaction_profiled(lane: u64, name: &str) -> bool {
     crate::session::current()
         .and_then(|rt| rt.v1().map(|v1| v1.sampled(lane, name)))
         .unwrap_or(false)
+}
+
+/// Whether the current session makes transaction-based (V1) profiles,
+/// whose too-short transactions are pointed back at their OS thread (so
+/// transactions and spans carry the OS-thread keys until they are sent).
+pub fn transaction_profiling() -> bool {
+    crate::session::current().is_some_and(|rt| rt.v1().is_some())
 }
 
 /// The transaction data key that asks the transport to attach a V1

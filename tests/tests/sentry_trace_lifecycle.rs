@@ -139,8 +139,7 @@ fn roots_start_and_stop_the_profiler() {
     assert!(!chunks.is_empty(), "the open chunk was sent at shutdown");
     for c in &chunks {
         assert_eq!(
-            c.payload["profiler_id"],
-            profiler_id.as_str(),
+            c.payload["profiler_id"], &*profiler_id,
             "one profiler_id per session"
         );
         let v = relay_violations(c);

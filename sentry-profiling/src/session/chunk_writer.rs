@@ -152,9 +152,6 @@ impl ChunkWriter<'_> {
             }
             self.drain(sampler);
             self.finish(sampler);
-            // The trace lifecycle's profiler stops at the end of the chunk
-            // in which the last root span ended.
-            self.session.pause_if_idle();
         }
     }
 
@@ -189,6 +186,10 @@ impl ChunkWriter<'_> {
         if self.chunk.is_empty() {
             return;
         }
+        // The trace lifecycle's profiler stops at the end of the chunk in
+        // which the last root span ended (however the chunk ends: its
+        // duration, a full lane table, a recycled thread id, a flush).
+        self.session.pause_if_idle();
         let mut chunk = self.chunk.take();
         let now = now_ns();
         let edges_from = self.filled_until_ns;

@@ -95,7 +95,7 @@ const SAMPLER_READY_WAIT: Duration = Duration::from_secs(2);
 
 /// One profiling session (one `sentry::init`).
 pub(crate) struct Session {
-    profiler_id: String,
+    profiler_id: Arc<str>,
     config: OnceLock<SessionConfig>,
     session_sampled: AtomicBool,
     /// Where chunks go (set by the Sentry glue's transport factory).
@@ -126,7 +126,7 @@ impl std::fmt::Debug for Session {
 impl Session {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
-            profiler_id: crate::encode::sentry_chunk::new_id(),
+            profiler_id: crate::encode::sentry_chunk::new_id().into(),
             config: OnceLock::new(),
             session_sampled: AtomicBool::new(false),
             sink: Mutex::new(None),
@@ -222,7 +222,13 @@ impl Session {
     pub(crate) fn profiler_id(&self) -> Option<&str> {
         self.session_sampled
             .load(Ordering::Acquire)
-            .then_some(self.profiler_id.as_str())
+            .then_some(&*self.profiler_id)
+    }
+
+    /// The profiler id, shared (for tagging transactions and spans without
+    /// copying it).
+    pub(crate) fn shared_profiler_id(&self) -> Option<Arc<str>> {
+        self.profiler_id().map(|_| Arc::clone(&self.profiler_id))
     }
 
     /// The lifecycle mode.

@@ -60,7 +60,7 @@ impl Session {
         }
         let _ = ready.send(());
         let meta = ChunkMeta {
-            profiler_id: self.profiler_id.clone(),
+            profiler_id: self.profiler_id.to_string(),
             release: config.release.clone(),
             environment: config.environment.clone(),
         };
