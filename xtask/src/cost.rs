@@ -80,24 +80,24 @@ fn clock_ticks_per_sec() -> f64 {
         .unwrap_or(100.0)
 }
 
-/// CPU ticks of every thread of `pid` by group: (workers, transport,
-/// profiler, other).
-fn thread_ticks(pid: u32) -> [u64; 4] {
+/// CPU time of every thread of `pid` in nanoseconds, by group: (workers,
+/// transport, profiler, other). Read from each thread's `schedstat` (time
+/// on the CPU, in nanoseconds), finer than `stat`'s clock ticks.
+fn thread_ns(pid: u32) -> [u64; 4] {
     let mut out = [0u64; 4];
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return out;
     };
     for t in tasks.flatten() {
-        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+        let Ok(name) = std::fs::read_to_string(t.path().join("comm")) else {
             continue;
         };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+        let Some(ns) = std::fs::read_to_string(t.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        else {
             continue;
         };
-        let name = &stat[open + 1..close];
-        let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        let ticks = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
         let group = if name.starts_with("tokio-rt-worker") {
             0
         } else if name.starts_with("sentry-transpor") || name.starts_with("reqwest") {
@@ -107,13 +107,14 @@ fn thread_ticks(pid: u32) -> [u64; 4] {
         } else {
             3
         };
-        out[group] += ticks;
+        out[group] += ns;
     }
     out
 }
 
-/// Process CPU (all threads, including exited ones) in ticks.
-fn process_ticks(pid: u32) -> u64 {
+/// CPU time of the process (all threads, including those that exited) in
+/// nanoseconds, from `stat`'s clock ticks.
+fn process_ns(pid: u32) -> u64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0;
     };
@@ -121,8 +122,9 @@ fn process_ticks(pid: u32) -> u64 {
         return 0;
     };
     let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    let ticks = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (ticks as f64 / clock_ticks_per_sec() * 1e9) as u64
 }
 
 fn start_service(mode: Mode) -> Result<Killed, String> {
@@ -199,11 +201,11 @@ fn run_round(mode: Mode, path: &str, requests: u64, rate: Option<u32>) -> Result
     let pid = service.0.id();
     // Warm up: connections, allocator, the sampler's module list.
     load(path, (requests / 10).max(50), CONNECTIONS, rate)?;
-    let (t0, p0) = (thread_ticks(pid), process_ticks(pid));
+    let (t0, p0) = (thread_ns(pid), process_ns(pid));
     let (n, secs, p99) = load(path, requests, CONNECTIONS, rate)?;
-    let (t1, p1) = (thread_ticks(pid), process_ticks(pid));
+    let (t1, p1) = (thread_ns(pid), process_ns(pid));
     stop_service(service);
-    let us = |ticks: u64| ticks as f64 / clock_ticks_per_sec() * 1e6 / n;
+    let us = |ns: u64| ns as f64 / 1e3 / n;
     Ok(Round {
         total: us(p1.saturating_sub(p0)),
         workers: us(t1[0].saturating_sub(t0[0])),
@@ -258,10 +260,10 @@ fn fmt_ci(v: &[f64], digits: usize) -> String {
 
 /// The profiler threads' CPU per second, in milliseconds, over `secs`.
 fn profiler_ms_per_sec(pid: u32, secs: u64) -> f64 {
-    let before = thread_ticks(pid)[2];
+    let before = thread_ns(pid)[2];
     std::thread::sleep(Duration::from_secs(secs));
-    let after = thread_ticks(pid)[2];
-    after.saturating_sub(before) as f64 / clock_ticks_per_sec() * 1e3 / secs as f64
+    let after = thread_ns(pid)[2];
+    after.saturating_sub(before) as f64 / 1e6 / secs as f64
 }
 
 /// Builds the binaries the benchmark runs.

@@ -2,14 +2,16 @@
 //! resident memory, about every [`MEASUREMENT_INTERVAL`], which Sentry's
 //! profile page draws as charts above the flame graph.
 //!
-//! Both come from `/proc/self` (plain file reads, no unsafe code): CPU time
-//! from `stat` (user + system time, in the kernel's `USER_HZ` ticks, 100 per
-//! second on every Linux ABI this crate supports), resident memory from
-//! `status` (`VmRSS`, in kB, so no page-size lookup is needed). CPU usage
-//! is the share of one core the whole process used since the previous
-//! measurement (100 = one core busy); with 10 ms ticks a 100 ms interval
-//! reads in steps of 10, which averages out over the chart. Where `/proc`
-//! is missing, nothing is measured.
+//! CPU time is the process's CPU clock (`CLOCK_PROCESS_CPUTIME_ID`, one
+//! system call, nanoseconds), resident memory the second field of
+//! `/proc/self/statm` (pages): both cheap, since the profiler thread takes
+//! them ten times a second for as long as the sampler runs, idle service
+//! included (`status`, which the kernel formats line by line, and `stat`
+//! cost several times more, and were most of the profiler thread's time in
+//! an idle service). CPU usage is the share of one core the whole process
+//! used since the previous measurement (100 = one core busy). Where the
+//! sampler is not supported (no chunks), or `/proc` is missing, nothing is
+//! measured.
 
 use std::time::Duration;
 
@@ -20,10 +22,6 @@ pub(crate) const MEASUREMENT_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Most measurements one chunk holds (a 60 s chunk needs 600).
 const MAX_PER_CHUNK: usize = 1_000;
-
-/// `USER_HZ`: the unit of `/proc/*/stat` times (fixed at 100 by the ABI on
-/// x86_64 and aarch64).
-const TICK_NS: u64 = 10_000_000;
 
 /// One measurement of the process.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -83,39 +81,36 @@ impl ProcessMeter {
     }
 }
 
-/// User + system CPU time of the whole process so far.
+/// CPU time of the whole process so far.
 fn process_cpu_ns() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    parse_cpu_ticks(&stat).map(|t| t.saturating_mul(TICK_NS))
+    #[cfg(profiling_supported)]
+    {
+        Some(crate::sys::process_cpu_time_ns()).filter(|ns| *ns > 0)
+    }
+    #[cfg(not(profiling_supported))]
+    {
+        None
+    }
 }
 
-/// utime + stime from a `/proc/<pid>/stat` line. The command name (field
-/// 2) may hold spaces and parentheses, so fields are counted after its last
-/// `)`: state is the first there, utime the 12th, stime the 13th.
-fn parse_cpu_ticks(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_ascii_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
-}
-
+/// Resident memory, from `/proc/self/statm`.
 fn resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    parse_vm_rss(&status)
+    #[cfg(profiling_supported)]
+    {
+        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+        parse_statm_resident(&statm, crate::sys::page_size())
+    }
+    #[cfg(not(profiling_supported))]
+    {
+        None
+    }
 }
 
-/// `VmRSS` from `/proc/<pid>/status`, in bytes.
-fn parse_vm_rss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line
-        .trim_start_matches("VmRSS:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    kb.checked_mul(1024)
+/// The resident set (second field of `/proc/<pid>/statm`, in pages), in
+/// bytes.
+fn parse_statm_resident(statm: &str, page_size: u64) -> Option<u64> {
+    let pages: u64 = statm.split_ascii_whitespace().nth(1)?.parse().ok()?;
+    pages.checked_mul(page_size)
 }
 
 #[cfg(test)]
@@ -123,12 +118,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_proc_files() {
-        let stat = "4242 (a (b) c) S 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 9 0 100";
-        assert_eq!(parse_cpu_ticks(stat), Some(175));
-        let status = "Name:\tx\nVmPeak:\t  10 kB\nVmRSS:\t   2048 kB\nThreads:\t3\n";
-        assert_eq!(parse_vm_rss(status), Some(2048 * 1024));
-        assert_eq!(parse_vm_rss("Name: x\n"), None);
+    fn parses_statm() {
+        assert_eq!(
+            parse_statm_resident("2600 512 300 10 0 700 0\n", 4096),
+            Some(512 * 4096)
+        );
+        assert_eq!(parse_statm_resident("2600\n", 4096), None);
     }
 
     // Burns its own CPU time, read through `sys` (Linux only).
@@ -173,8 +168,7 @@ mod tests {
             assert_eq!(m.len(), 1);
             let cpu = m[0].cpu_usage_percent.unwrap();
             // At least this thread's share of a core while it burned (the
-            // kernel counts process CPU in 10 ms steps, and the interval
-            // measured began before the burn); at most every core.
+            // interval measured began before the burn); at most every core.
             assert!(
                 cpu >= share * 0.5 - 10.0 && cpu > 0.0 && cpu < 100.0 * 64.0,
                 "cpu {cpu}, this thread's share {share:.1}"

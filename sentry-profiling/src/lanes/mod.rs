@@ -161,12 +161,17 @@ pub(crate) struct ChangeCursor;
 
 /// Reads every thread's context-word changes since the previous call into
 /// the lanes' polls (keeping those of `min_poll_ns` or longer, see
-/// [`Lanes::apply_change`]); returns how many polls were lost (changes
-/// overwritten before they were read, or polls beyond a lane's bound).
-pub(crate) fn read_polls(cursor: &mut ChangeCursor, lanes: &mut Lanes, min_poll_ns: u64) -> u64 {
+/// [`Lanes::apply_change`]); returns how many changes it read and how many
+/// polls were lost (changes overwritten before they were read, or polls
+/// beyond a lane's bound).
+pub(crate) fn read_polls(
+    cursor: &mut ChangeCursor,
+    lanes: &mut Lanes,
+    min_poll_ns: u64,
+) -> PollsRead {
     #[cfg(profiling_supported)]
     {
-        let mut beyond_bound = 0;
+        let (mut changes, mut beyond_bound) = (0, 0);
         let lost = crate::context::read_changes(cursor, |tid, from, to, at_ns| {
             let change = Change {
                 tid,
@@ -174,15 +179,29 @@ pub(crate) fn read_polls(cursor: &mut ChangeCursor, lanes: &mut Lanes, min_poll_
                 to,
                 at_ns,
             };
+            changes += 1;
             beyond_bound += u64::from(!lanes.apply_change(change, min_poll_ns));
         });
-        lost + beyond_bound
+        PollsRead {
+            changes,
+            lost: lost + beyond_bound,
+        }
     }
     #[cfg(not(profiling_supported))]
     {
         let _ = (cursor, lanes, min_poll_ns);
-        0
+        PollsRead::default()
     }
+}
+
+/// What one [`read_polls`] found.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PollsRead {
+    /// Context-word changes read.
+    pub(crate) changes: u64,
+    /// Changes overwritten before they were read, or past the lane table's
+    /// bound.
+    pub(crate) lost: u64,
 }
 
 /// What a lane stands for: its root span, by name and Sentry ids.

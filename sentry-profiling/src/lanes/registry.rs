@@ -17,7 +17,7 @@
 //! is being written; it also reads it before any chunk or profile is
 //! written, so no chunk is ever written without the ends it covers.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -61,8 +61,12 @@ pub(crate) struct LaneRegistry {
     events: OnceLock<SyncSender<LaneEvent>>,
     /// Lanes holding places in the queue (see [`MAX_LANES_IN_FLIGHT`]).
     in_flight: AtomicUsize,
-    /// The reader, woken when lanes pile up.
+    /// The reader, woken when lanes pile up, or by the first lane after it
+    /// began to doze.
     reader: OnceLock<std::thread::Thread>,
+    /// The reader sleeps longer than a period (it found nothing to read for
+    /// a while): the next lane wakes it.
+    dozing: AtomicBool,
     pub(crate) counters: RegistryCounters,
 }
 
@@ -103,10 +107,13 @@ impl LaneRegistry {
             self.wake_reader();
             return false;
         };
-        // The reader reads the queue every sampling period while the
-        // sampler runs (which it does whenever a root span is active), so a
-        // request wakes nobody; only a pile-up does.
-        if before + 1 == LANES_HIGH_WATER {
+        // The reader reads the queue every sampling period while requests
+        // come and go, so a request wakes nobody; only a pile-up does, or
+        // the first request after the reader found nothing for a while and
+        // began to doze (one wake-up per quiet spell).
+        if before + 1 == LANES_HIGH_WATER
+            || (self.dozing.load(Ordering::Relaxed) && self.dozing.swap(false, Ordering::AcqRel))
+        {
             self.wake_reader();
         }
         let event = LaneEvent::Started {
@@ -135,7 +142,12 @@ impl LaneRegistry {
         }
     }
 
-    /// The reader took a lane's end: its places are free again.
+    /// The reader is about to sleep past a period (`true`), or is awake
+    /// again (`false`).
+    pub(crate) fn set_dozing(&self, dozing: bool) {
+        self.dozing.store(dozing, Ordering::Release);
+    }
+
     /// Reports the window of the transaction of `lane` (see
     /// [`LaneEvent::Transaction`]). It has no place reserved: with the
     /// queue full it is counted in `events_dropped`, and the lane keeps its
@@ -153,6 +165,7 @@ impl LaneRegistry {
         }
     }
 
+    /// The reader took a lane's end: its places are free again.
     fn released(&self) {
         let _ = self
             .in_flight
@@ -175,17 +188,19 @@ pub(crate) struct LaneReader {
 
 impl LaneReader {
     /// Moves every event waiting into `lanes`, freeing the places of the
-    /// lanes whose end it read. Returns how many ends it read.
-    pub(crate) fn read_into(&self, registry: &LaneRegistry, lanes: &mut Lanes) -> usize {
-        let mut ends = 0;
+    /// lanes whose end it read. Returns how many events and how many ends
+    /// it read.
+    pub(crate) fn read_into(&self, registry: &LaneRegistry, lanes: &mut Lanes) -> (usize, usize) {
+        let (mut events, mut ends) = (0, 0);
         for event in self.events.try_iter() {
+            events += 1;
             if matches!(event, LaneEvent::Finished { .. }) {
                 registry.released();
                 ends += 1;
             }
             lanes.apply(event);
         }
-        ends
+        (events, ends)
     }
 }
 
@@ -224,7 +239,8 @@ mod tests {
         }
         assert_eq!(registry.counters.events_dropped.load(Ordering::Relaxed), 0);
         assert_eq!(registry.in_flight(), MAX_LANES_IN_FLIGHT);
-        let ends = reader.read_into(&registry, &mut lanes);
+        let (events, ends) = reader.read_into(&registry, &mut lanes);
+        assert_eq!(events, 2 * MAX_LANES_IN_FLIGHT);
         assert_eq!(ends, MAX_LANES_IN_FLIGHT);
         assert_eq!(registry.in_flight(), 0);
         assert_eq!(lanes.finished(), MAX_LANES_IN_FLIGHT);

@@ -107,6 +107,17 @@ const NUDGE_AFTER: Duration = Duration::from_micros(500);
 /// Most missed periods one tick records samples for.
 const MAX_CATCH_UP: u32 = 100;
 
+/// Application CPU per sampling period (the process's, less the profiler's
+/// own threads') below which a tick counts as idle: 0.5 % of a core.
+const IDLE_APP_CPU_NS_PER_PERIOD: u64 = 50_000;
+/// Idle ticks in a row after which the sampler dozes.
+const IDLE_TICKS_BEFORE_DOZING: u32 = 3;
+/// How many periods a doze lasts at most. Any capture (a thread that ran a
+/// period of CPU time fires its timer) ends it at once; the next tick then
+/// stands for the periods slept through, as a late tick does, so every
+/// period of every thread still gets its sample.
+const DOZE_PERIODS: u32 = 16;
+
 /// Sampling periods between two looks at whether a thread that keeps running now and
 /// then is waiting, to learn where it waits (about 100 ms at 101 Hz).
 const PROBE_EVERY: u64 = 10;
@@ -296,6 +307,8 @@ impl Sampler {
 
     fn shutdown(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        // A dozing sampler thread waits for a capture, not for an unpark.
+        sys::wake_completion_waiters();
         if sys::in_forked_child() {
             // The sampler thread stayed in the parent; joining it here would
             // wait forever, and even detaching it would touch a thread
@@ -373,6 +386,10 @@ struct Worker {
     tick_no: u64,
     /// Periods missed since the last tick, whose samples it records.
     owed: u32,
+    /// Idle ticks in a row (see [`IDLE_APP_CPU_NS_PER_PERIOD`]).
+    idle_ticks: u32,
+    /// The application's CPU time at the last tick.
+    app_cpu_ns: u64,
 }
 
 /// `CLOCK_REALTIME` (as samples are stamped) and the monotonic clock (as
@@ -449,6 +466,8 @@ impl Worker {
             requests: RequestStacks::default(),
             tick_no: 0,
             owed: 0,
+            idle_ticks: 0,
+            app_cpu_ns: 0,
             config,
             tx,
             shared,
@@ -472,11 +491,33 @@ impl Worker {
                 continue;
             }
             let cpu_before = sys::own_cpu_time_ns();
-            self.tick(deadline);
+            let periods = self.tick(deadline);
             let c = &self.shared.counters;
             c.tick_cpu_ns
                 .add(sys::own_cpu_time_ns().saturating_sub(cpu_before));
             deadline += self.period;
+            if self.note_idle(periods) {
+                // Nothing of the application ran for a few ticks (every
+                // thread waits): sleep until a thread runs a period of CPU
+                // time (its timer's capture wakes this thread) or the doze
+                // ends. The tick after it stands for every period slept
+                // through, so no thread loses a sample; it only costs fewer
+                // wake-ups.
+                let seen = sys::completion_seq();
+                let until = deadline + self.period * (DOZE_PERIODS - 1);
+                let now = Instant::now();
+                if until > now && !self.shared.stop.load(Ordering::Acquire) {
+                    sys::wait_completion(seen, until - now);
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    let passed = (now.duration_since(deadline).as_nanos()
+                        / self.period.as_nanos().max(1)) as u32;
+                    deadline += self.period * passed;
+                    self.owed = (self.owed + passed).min(MAX_CATCH_UP);
+                    continue;
+                }
+            }
             let now = Instant::now();
             if deadline <= now {
                 // The tick overran, or the thread was not given a core in
@@ -500,8 +541,28 @@ impl Worker {
         self.threads.release_all();
     }
 
-    /// One tick, due at `deadline`.
-    fn tick(&mut self, deadline: Instant) {
+    /// Records whether the tick that stood for `periods` periods was idle
+    /// (the application used less than [`IDLE_APP_CPU_NS_PER_PERIOD`] per
+    /// period since the tick before); returns whether the sampler should
+    /// doze.
+    fn note_idle(&mut self, periods: u32) -> bool {
+        let own: u64 = own_threads()
+            .iter()
+            .filter_map(|&tid| sys::thread_cpu_time_ns(tid))
+            .sum();
+        let app = sys::process_cpu_time_ns().saturating_sub(own);
+        let used = app.saturating_sub(self.app_cpu_ns);
+        self.app_cpu_ns = app;
+        if used < u64::from(periods) * IDLE_APP_CPU_NS_PER_PERIOD {
+            self.idle_ticks = self.idle_ticks.saturating_add(1);
+        } else {
+            self.idle_ticks = 0;
+        }
+        self.idle_ticks >= IDLE_TICKS_BEFORE_DOZING
+    }
+
+    /// One tick, due at `deadline`; returns how many periods it stood for.
+    fn tick(&mut self, deadline: Instant) -> u32 {
         let shared = Arc::clone(&self.shared);
         let c = &shared.counters;
         c.ticks.add(1);
@@ -528,6 +589,7 @@ impl Worker {
             self.threads.refresh(&own_threads(), c);
         }
         self.threads.remove_gone();
+        periods
     }
 
     /// One thread's part of a tick that stands for `periods` sampling

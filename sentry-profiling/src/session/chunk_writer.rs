@@ -80,22 +80,26 @@ impl ChunkWriter<'_> {
     }
 
     /// Takes the lane queue's events into the lane table (every profiler
-    /// tick, and before a chunk or profile is written).
-    pub(super) fn read_lane_events(&mut self) {
-        self.lane_events
+    /// tick, and before a chunk or profile is written). Returns how many
+    /// lane events and context-word changes it read: none means nothing
+    /// happened since the last read.
+    pub(super) fn read_lane_events(&mut self) -> u64 {
+        let (events, _) = self
+            .lane_events
             .read_into(&self.session.lanes, &mut self.lanes);
-        let lost = crate::lanes::read_polls(
+        let polls = crate::lanes::read_polls(
             &mut self.changes,
             &mut self.lanes,
             crate::lanes::min_poll_ns(self.period_ns),
         );
-        if lost > 0 {
+        if polls.lost > 0 {
             self.session
                 .counters
                 .lane_polls_lost
-                .fetch_add(lost, Ordering::Relaxed);
+                .fetch_add(polls.lost, Ordering::Relaxed);
         }
         self.note_lanes_tracked();
+        events as u64 + polls.changes
     }
 
     pub(super) fn note_lanes_tracked(&self) {

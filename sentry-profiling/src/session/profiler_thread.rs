@@ -24,6 +24,10 @@ use crate::symbolize::Symbolizer;
 /// request in flight, reads the lane queue).
 pub(super) const PROFILER_TICK: Duration = Duration::from_millis(100);
 
+/// Reads in a row that found no lane event and no poll after which the
+/// profiler thread reads only at its tick (a lane that starts wakes it).
+const QUIET_READS_BEFORE_DOZING: u32 = 3;
+
 /// What an application thread asks of the profiler thread.
 pub(super) enum Request {
     Flush(Sender<()>),
@@ -96,6 +100,8 @@ impl Session {
         };
         let period = Duration::from_nanos(builder.period_ns);
         let mut last_drain = Instant::now();
+        // Reads in a row that found nothing (no lane event, no poll).
+        let mut quiet_reads = 0u32;
         loop {
             match requests.try_recv() {
                 Ok(Request::Flush(ack)) => {
@@ -123,13 +129,27 @@ impl Session {
             // Take samples in batches: sleeping instead of blocking on the
             // queue spares the sampler a wake-up per sample. Flush and
             // shutdown requests unpark the thread.
-            // Lane ends and polls are read every sampling period while the
-            // sampler runs, samples every tick.
-            let busy = sampler.is_active() || self.lanes.in_flight() > 0;
+            // Lane ends and polls are read every sampling period while
+            // requests come and go, samples every tick. Requests in flight
+            // that all wait (or none at all) change nothing: after a few
+            // empty reads the thread dozes until its tick, and the next lane
+            // to start wakes it (see `LaneRegistry::set_dozing`).
+            let busy = (sampler.is_active() || self.lanes.in_flight() > 0)
+                && quiet_reads < QUIET_READS_BEFORE_DOZING;
             let wait = read_interval(busy, period, PROFILER_TICK);
             let since = last_drain.elapsed();
+            if !busy {
+                self.lanes.set_dozing(true);
+            }
             std::thread::park_timeout(wait.min(PROFILER_TICK.saturating_sub(since)));
-            builder.read_lane_events();
+            if !busy {
+                self.lanes.set_dozing(false);
+            }
+            if builder.read_lane_events() > 0 {
+                quiet_reads = 0;
+            } else {
+                quiet_reads = quiet_reads.saturating_add(1);
+            }
             if last_drain.elapsed() >= PROFILER_TICK {
                 last_drain = Instant::now();
                 builder.drain(&sampler);

@@ -33,11 +33,12 @@ pub(crate) use maps::{StackMappings, stack_mappings};
 pub(crate) use signal::{
     CpuTimer, FLAG_OFF_STACK, FLAG_TIMER, Regs, SendError, Slot, SlotState, completion_seq,
     install_handler, send_sample_signal, set_thread_context, thread_context, wait_completion,
+    wake_completion_waiters,
 };
 #[cfg(profiling_supported)]
 pub(crate) use thread::{
-    ThreadInfo, current_tid, kernel_release, list_threads, own_cpu_time_ns, read_thread_identity,
-    realtime_ns, thread_cpu_time_ns,
+    ThreadInfo, current_tid, kernel_release, list_threads, own_cpu_time_ns, page_size,
+    process_cpu_time_ns, read_thread_identity, realtime_ns, thread_cpu_time_ns,
 };
 
 /// Without a sampler there is nothing a forked child could wait for.

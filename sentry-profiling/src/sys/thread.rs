@@ -100,6 +100,20 @@ pub(crate) fn kernel_release() -> String {
     }
 }
 
+/// CPU time consumed so far by the whole process (every thread, including
+/// those that exited), in nanoseconds.
+pub(crate) fn process_cpu_time_ns() -> u64 {
+    clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0)
+}
+
+/// The size of a memory page, in bytes (4 KiB unless the kernel says
+/// otherwise).
+pub(crate) fn page_size() -> u64 {
+    // SAFETY: sysconf only reads a configuration value.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size).ok().filter(|s| *s > 0).unwrap_or(4096)
+}
+
 /// CPU time consumed so far by the calling thread, in nanoseconds.
 pub(crate) fn own_cpu_time_ns() -> u64 {
     clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or(0)

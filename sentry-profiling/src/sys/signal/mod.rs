@@ -68,7 +68,9 @@ use handler::handler;
 pub(crate) use install::install_handler;
 pub(crate) use send::{SendError, send_sample_signal};
 use slot::notify_completion;
-pub(crate) use slot::{Captured, Regs, Slot, SlotState, completion_seq, wait_completion};
+pub(crate) use slot::{
+    Captured, Regs, Slot, SlotState, completion_seq, wait_completion, wake_completion_waiters,
+};
 pub(crate) use timer::CpuTimer;
 
 use super::thread::clock_ns;

@@ -340,6 +340,12 @@ pub(crate) fn wait_completion(seen: u32, timeout: Duration) {
     WAITERS.fetch_sub(1, Ordering::SeqCst);
 }
 
+/// Wakes every thread in [`wait_completion`] now, as a completed slot
+/// would (the sampler stopping wakes its own doze this way).
+pub(crate) fn wake_completion_waiters() {
+    notify_completion();
+}
+
 /// Called by the handler when it is done with a slot.
 #[inline(always)]
 pub(super) fn notify_completion() {
