@@ -40,6 +40,9 @@ pub(crate) struct Measurement {
 pub(crate) struct ProcessMeter {
     /// (wall ns, process CPU ns) of the last reading.
     last: Option<(u64, u64)>,
+    /// `/proc/self/statm`, kept open: reading it again from offset 0 makes
+    /// the kernel write it anew, and spares a path lookup each time.
+    statm: Option<std::fs::File>,
 }
 
 impl ProcessMeter {
@@ -70,7 +73,7 @@ impl ProcessMeter {
             }
             _ => None,
         };
-        let memory_footprint_bytes = resident_bytes();
+        let memory_footprint_bytes = self.resident_bytes();
         if cpu_usage_percent.is_some() || memory_footprint_bytes.is_some() {
             chunk.measurements.push(Measurement {
                 timestamp_ns: now,
@@ -93,16 +96,26 @@ fn process_cpu_ns() -> Option<u64> {
     }
 }
 
-/// Resident memory, from `/proc/self/statm`.
-fn resident_bytes() -> Option<u64> {
-    #[cfg(profiling_supported)]
-    {
-        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-        parse_statm_resident(&statm, crate::sys::page_size())
-    }
-    #[cfg(not(profiling_supported))]
-    {
-        None
+impl ProcessMeter {
+    /// Resident memory, from `/proc/self/statm`.
+    fn resident_bytes(&mut self) -> Option<u64> {
+        #[cfg(profiling_supported)]
+        {
+            use std::os::unix::fs::FileExt;
+            if self.statm.is_none() {
+                self.statm = std::fs::File::open("/proc/self/statm").ok();
+            }
+            let mut buf = [0u8; 128];
+            let n = self.statm.as_ref()?.read_at(&mut buf, 0).ok()?;
+            parse_statm_resident(
+                std::str::from_utf8(&buf[..n]).ok()?,
+                crate::sys::page_size(),
+            )
+        }
+        #[cfg(not(profiling_supported))]
+        {
+            None
+        }
     }
 }
 

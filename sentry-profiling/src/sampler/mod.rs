@@ -585,7 +585,10 @@ impl Worker {
         }
         // After the captures: those were taken by the threads the table
         // still names, even if the listing now finds an id reused since.
-        if self.threads.refresh_due() {
+        if self
+            .threads
+            .refresh_due(self.idle_ticks >= IDLE_TICKS_BEFORE_DOZING)
+        {
             self.threads.refresh(&own_threads(), c);
         }
         self.threads.remove_gone();

@@ -13,6 +13,8 @@ use crate::sys::{self, Slot, StackMappings, ThreadInfo};
 
 /// How often the thread list is re-read, to find new and exited threads.
 const LIST_EVERY: Duration = Duration::from_millis(100);
+/// How often the thread list is read while the application is idle.
+const LIST_EVERY_IDLE: Duration = Duration::from_secs(1);
 /// How often every thread's name and identity are re-read.
 const NAMES_EVERY: Duration = Duration::from_secs(1);
 /// A thread first seen less than this long ago has its name re-read at
@@ -179,8 +181,13 @@ impl ThreadTable {
 
     /// Whether the thread list (every 100 ms) and names (every second, and
     /// at every listing for threads seen in the last second) are due.
-    pub(super) fn refresh_due(&self) -> bool {
-        self.last_list.is_none_or(|t| t.elapsed() >= LIST_EVERY)
+    /// While the application is idle (the sampler dozes), the list is read
+    /// every [`LIST_EVERY_IDLE`] instead: a thread started meanwhile is
+    /// added at the latest then, or at once when it enters a request (see
+    /// `context::stack_hint`).
+    pub(super) fn refresh_due(&self, idle: bool) -> bool {
+        let every = if idle { LIST_EVERY_IDLE } else { LIST_EVERY };
+        self.last_list.is_none_or(|t| t.elapsed() >= every)
     }
 
     /// Re-reads the thread list (see [`ThreadTable::refresh_due`]).
