@@ -57,11 +57,30 @@ static LAST: ArcSwapOption<Session> = ArcSwapOption::const_empty();
 /// The running session, if profiling is configured and this process's
 /// session was sampled. Never in a forked child: the session's threads
 /// stayed in the parent.
-pub(crate) fn current() -> Option<Arc<Session>> {
+pub(crate) fn current() -> Option<Current> {
     if crate::sys::in_forked_child() {
         return None;
     }
-    CURRENT.load_full()
+    let guard = CURRENT.load();
+    guard.is_some().then_some(Current(guard))
+}
+
+/// The running session, borrowed for a moment (see [`current`]). Reading
+/// it touches no reference count: the application's threads read it several
+/// times per request, and a count they all write would be one cache line
+/// passed between cores at every look.
+pub(crate) struct Current(arc_swap::Guard<Option<Arc<Session>>>);
+
+impl std::ops::Deref for Current {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        match &*self.0 {
+            Some(session) => session,
+            // `current` builds a `Current` only around a session.
+            None => unreachable!("a Current always holds a session"),
+        }
+    }
 }
 
 /// The current session, or the last one after it shut down (none in a
