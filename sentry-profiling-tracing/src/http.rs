@@ -290,10 +290,7 @@ where
             // The tracing layer tagged the transaction when it entered the
             // request's span; without the layer (or with the span's lane
             // refused) it is tagged here, once.
-            if tag_target
-                .as_ref()
-                .is_some_and(|t| crate::layer::is_tagged(t))
-            {
+            if tag_target.as_ref().is_some_and(crate::layer::is_tagged) {
                 *tag_target = None;
             }
             if tag_target.is_some() {

@@ -319,7 +319,6 @@ where
             return;
         }
         // First entry: decide once per span.
-        let sentry_span = Hub::current().configure_scope(|scope| scope.get_span());
         let mut state = SpanState {
             holds_profiler: false,
             holds_lane: false,
@@ -327,6 +326,15 @@ where
         let ext = span.extensions();
         let lane_name = ext.get::<SpanLane>().and_then(|l| l.name.as_deref());
         let outer = ext.get::<SpanLane>().and_then(|l| l.transaction.as_ref());
+        // The span `http_layer()` opens under its transaction: its own
+        // Sentry span (if `sentry-tracing` made one) is removed before
+        // sending, so the transaction is all it needs, and reading the
+        // scope (which `configure_scope` copies) is spared on every request.
+        let http_root = span.metadata().fields().field(HTTP_ROOT_FIELD).is_some();
+        let sentry_span = match outer {
+            Some(tx) if http_root => Some(TransactionOrSpan::Transaction(tx.clone())),
+            _ => Hub::current().configure_scope(|scope| scope.get_span()),
+        };
         let running = sentry_profiling::hooks::running_profiler_id();
         if span.parent().is_none() {
             #[expect(
@@ -372,7 +380,6 @@ where
             // The span `http_layer()` opens under its transaction is removed
             // before sending (it only repeats the transaction): tagging it
             // would be wasted work on every request.
-            let http_root = span.metadata().fields().field(HTTP_ROOT_FIELD).is_some();
             if !(http_root && matches!(s, TransactionOrSpan::Span(_))) {
                 tag_with_thread(s, &profiler_id, lane, lane_name);
             }
