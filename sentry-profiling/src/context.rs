@@ -10,7 +10,7 @@
 //! context change and given back when the thread exits.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 

@@ -4,7 +4,7 @@
 //! A chunk covers at most [`MAX_CHUNK_DURATION`] of sample time; the
 //! profiler thread closes it then, on stop, flush and shutdown.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! timestamps and `thread.id` / `thread.name` attributes, and mappings
 //! carrying `process.executable.build_id.gnu`.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;

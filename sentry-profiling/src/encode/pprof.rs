@@ -12,7 +12,7 @@
 //! build-id, so `go tool pprof` can symbolise from the binary; functions
 //! resolved in-process are included too.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::io::Write;
 
 use super::view::ProfileView;

@@ -9,7 +9,7 @@
 //! - a chunk whose JSON would exceed [`MAX_CHUNK_BYTES`] is split in two by
 //!   time, each half with its own `chunk_id`, never dropped.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -304,7 +304,7 @@ fn encode_chunk_limited(
         .enumerate()
         .map(|(i, s)| thread_key(i, s).unwrap_or((0, None)))
         .collect();
-    let mut per_thread: HashMap<u64, usize> = HashMap::new();
+    let mut per_thread: HashMap<u64, usize> = HashMap::default();
     for (s, (k, _)) in chunk.samples().iter().zip(&keyed) {
         let count = per_thread.entry(*k).or_default();
         if !chunk.stacks()[s.stack as usize].is_empty() {
@@ -426,15 +426,15 @@ pub(crate) fn build_body<'a>(
     order: &[usize],
     time: SampleTime,
 ) -> ProfileBody<'a> {
-    let mut stack_map: HashMap<u32, u32> = HashMap::new();
-    let mut frame_map: HashMap<u64, u32> = HashMap::new();
+    let mut stack_map: HashMap<u32, u32> = HashMap::default();
+    let mut frame_map: HashMap<u64, u32> = HashMap::default();
     let mut stacks: Vec<Vec<u32>> = Vec::new();
     let mut frames: Vec<Frame> = Vec::new();
     let mut images: Vec<Arc<ModuleInfo>> = Vec::new();
     let mut samples = Vec::with_capacity(order.len());
-    let mut thread_metadata: HashMap<String, ThreadMeta<'_>> = HashMap::new();
+    let mut thread_metadata: HashMap<String, ThreadMeta<'_>> = HashMap::default();
     let mut thread_ids = Vec::new();
-    let mut seen_threads = std::collections::HashSet::new();
+    let mut seen_threads = rustc_hash::FxHashSet::default();
 
     for &i in order {
         let s = &chunk.samples()[i];

@@ -68,7 +68,7 @@ pub(crate) type ThreadKey = Option<(u64, Option<Arc<str>>)>;
 /// it out.
 pub(crate) fn mark_running_requests(chunk: &mut Chunk, mut keys: Vec<ThreadKey>) -> Vec<ThreadKey> {
     let mut marks: Vec<(u64, u32)> = Vec::new();
-    let mut own: std::collections::HashSet<(u64, u32)> = std::collections::HashSet::new();
+    let mut own: rustc_hash::FxHashSet<(u64, u32)> = rustc_hash::FxHashSet::default();
     for (s, key) in chunk.samples().iter().zip(&keys) {
         let Some((id, _)) = key else { continue };
         if s.thread_id == 0 {

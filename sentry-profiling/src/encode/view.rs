@@ -2,7 +2,7 @@
 //! it belongs to, and symbolised frames; the input of the pprof and OTLP
 //! encoders, which share one set of linking rules with the Sentry chunk.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use super::synthetic::synthetic_frame;
@@ -68,8 +68,8 @@ impl ProfileView {
             period_ns,
             ..Default::default()
         };
-        let mut frame_index: HashMap<u64, usize> = HashMap::new();
-        let mut module_index: HashMap<u64, usize> = HashMap::new();
+        let mut frame_index: HashMap<u64, usize> = HashMap::default();
+        let mut module_index: HashMap<u64, usize> = HashMap::default();
         for stack in chunk.stacks() {
             let ids = stack
                 .iter()

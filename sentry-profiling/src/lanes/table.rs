@@ -4,7 +4,7 @@
 //! filed under. Pure data: the profiler thread owns it, nothing else
 //! touches it, and every rule here is unit-tested without a sampler.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use super::{Change, LaneEvent, LaneLink, SUSPENDED_FRAME, ThreadAttribution, UNCAPTURED_FRAME};
@@ -230,7 +230,7 @@ impl Lanes {
 
     /// The polls of each lane still running (a thread is in it now).
     fn open_polls(&self) -> HashMap<u64, Vec<Poll>> {
-        let mut by_lane: HashMap<u64, Vec<Poll>> = HashMap::new();
+        let mut by_lane: HashMap<u64, Vec<Poll>> = HashMap::default();
         for (&tid, &(lane, start_ns)) in &self.open {
             by_lane.entry(lane).or_default().push(Poll {
                 tid,
@@ -276,7 +276,7 @@ impl Lanes {
         }
         let chunk_start = from_ns;
         let period_ns = period_ns.max(1);
-        let mut own: HashMap<u64, Vec<u64>> = HashMap::new();
+        let mut own: HashMap<u64, Vec<u64>> = HashMap::default();
         for s in chunk.samples() {
             if self.lanes.contains_key(&s.context) {
                 own.entry(s.context).or_default().push(s.timestamp_ns);
@@ -400,7 +400,7 @@ impl Lanes {
         let close = super::min_poll_ns(period_ns);
         // Each lane's samples by the thread that took them: (time, thread,
         // stack).
-        let mut own: HashMap<u64, Vec<(u64, u32, u32)>> = HashMap::new();
+        let mut own: HashMap<u64, Vec<(u64, u32, u32)>> = HashMap::default();
         for s in chunk.samples() {
             if s.thread_id != 0 && self.lanes.get(&s.context).is_some_and(|l| l.polls_known) {
                 own.entry(s.context)
@@ -551,9 +551,9 @@ impl Lanes {
     fn held_stretches(&self, chunk: &Chunk) -> HashMap<u64, Held> {
         if self.lanes.values().all(|l| l.polls_known) {
             // Every lane's polls are known: they are used instead.
-            return HashMap::new();
+            return HashMap::default();
         }
-        let mut per_thread: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+        let mut per_thread: HashMap<u32, Vec<(u64, u64)>> = HashMap::default();
         for s in chunk.samples() {
             // Thread 0 holds the fill-ins, which belong to no thread.
             if s.thread_id != 0 {
@@ -563,7 +563,7 @@ impl Lanes {
                     .push((s.timestamp_ns, s.context));
             }
         }
-        let mut held: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+        let mut held: HashMap<u64, Vec<(u64, u64)>> = HashMap::default();
         for samples in per_thread.values_mut() {
             samples.sort_unstable();
             for pair in samples.windows(2) {
@@ -621,7 +621,7 @@ impl Lanes {
         chunk: &Chunk,
         mode: ThreadAttribution,
     ) -> Vec<Option<(u64, Option<Arc<str>>)>> {
-        let mut per_lane: HashMap<u64, usize> = HashMap::new();
+        let mut per_lane: HashMap<u64, usize> = HashMap::default();
         if mode == ThreadAttribution::Lanes {
             for s in chunk.samples() {
                 if self.lanes.contains_key(&s.context) {

@@ -1124,7 +1124,7 @@ fn learned_waiting(t: &mut Tracked, tick_no: u64, stack: Arc<[u64]>, context: u6
 /// Bounded: the oldest requests are forgotten first.
 #[derive(Default)]
 struct RequestStacks {
-    by_context: std::collections::HashMap<u64, Recent>,
+    by_context: rustc_hash::FxHashMap<u64, Recent>,
     order: std::collections::VecDeque<u64>,
 }
 

@@ -2,7 +2,7 @@
 //! refreshed at least once a second, identified by (tid, start time) so a
 //! recycled id is never mistaken for the thread that had it before.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -204,7 +204,7 @@ impl ThreadTable {
             return;
         };
         let slots = crate::context::slots_by_tid();
-        let listed: std::collections::HashSet<i32> = tids.iter().copied().collect();
+        let listed: rustc_hash::FxHashSet<i32> = tids.iter().copied().collect();
         for t in &mut self.entries {
             if !listed.contains(&t.info.tid) || own.contains(&t.info.tid) {
                 t.gone = true;

@@ -5,7 +5,7 @@
 //! files; names resolved here fill the frames' `function` field so that a
 //! profile is readable even without them.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use object::{Object, ObjectSymbol, SymbolKind};
