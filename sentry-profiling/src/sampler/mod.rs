@@ -485,7 +485,9 @@ impl Worker {
                 while !self.shared.active.load(Ordering::Acquire)
                     && !self.shared.stop.load(Ordering::Acquire)
                 {
-                    std::thread::park_timeout(Duration::from_millis(250));
+                    // `resume` and `stop` unpark this thread: the timeout
+                    // only bounds an idle process's wake-ups.
+                    std::thread::park_timeout(Duration::from_secs(2));
                 }
                 deadline = Instant::now();
                 continue;

@@ -109,6 +109,13 @@ impl ChunkWriter<'_> {
         c.lanes_tracked_max.fetch_max(n, Ordering::Relaxed);
     }
 
+    /// Whether the writer holds nothing that time alone would make it
+    /// write: no sample in the chunk, and (transaction profiles) no
+    /// profile waiting.
+    pub(super) fn is_idle(&self) -> bool {
+        self.chunk.is_empty() && self.v1.is_none()
+    }
+
     pub(super) fn rotate_if_due(&mut self, sampler: &Sampler) {
         if let Some(v1) = &self.v1 {
             // V1 mode sends no chunks: keep enough history for the longest

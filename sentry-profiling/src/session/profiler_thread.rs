@@ -24,6 +24,13 @@ use crate::symbolize::Symbolizer;
 /// request in flight, reads the lane queue).
 pub(super) const PROFILER_TICK: Duration = Duration::from_millis(100);
 
+/// How long the profiler thread sleeps while there is nothing to do at all:
+/// the sampler paused, no lane in flight, no chunk or transaction profile
+/// being built. Whatever gives it work wakes it (the first root span after
+/// a pause, a lane piling up, a flush or shutdown request), so this only
+/// bounds how often an idle process pays a wake-up.
+const PROFILER_IDLE_TICK: Duration = Duration::from_secs(1);
+
 /// Reads in a row that found no lane event and no poll after which the
 /// profiler thread reads only at its tick (a lane that starts wakes it).
 const QUIET_READS_BEFORE_DOZING: u32 = 3;
@@ -136,12 +143,23 @@ impl Session {
             // to start wakes it (see `LaneRegistry::set_dozing`).
             let busy = (sampler.is_active() || self.lanes.in_flight() > 0)
                 && quiet_reads < QUIET_READS_BEFORE_DOZING;
-            let wait = read_interval(busy, period, PROFILER_TICK);
+            // Nothing to take at all: a paused sampler sends nothing, and an
+            // empty chunk has nothing to rotate.
+            let idle = !busy
+                && !sampler.is_active()
+                && self.lanes.in_flight() == 0
+                && builder.is_idle();
+            let tick = if idle {
+                PROFILER_IDLE_TICK
+            } else {
+                PROFILER_TICK
+            };
+            let wait = read_interval(busy, period, tick);
             let since = last_drain.elapsed();
             if !busy {
                 self.lanes.set_dozing(true);
             }
-            std::thread::park_timeout(wait.min(PROFILER_TICK.saturating_sub(since)));
+            std::thread::park_timeout(wait.min(tick.saturating_sub(since)));
             if !busy {
                 self.lanes.set_dozing(false);
             }
