@@ -356,8 +356,8 @@ where
                         lane,
                         LaneLink {
                             name: lane_name.unwrap_or_default().into(),
-                            trace_id: ctx.trace_id.to_string(),
-                            span_id: ctx.span_id.to_string(),
+                            trace_id: ctx.trace_id,
+                            span_id: ctx.span_id,
                         },
                     );
                 }

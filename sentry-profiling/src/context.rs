@@ -9,8 +9,8 @@
 //! the sampler reads by thread id. Slots are claimed on a thread's first
 //! context change and given back when the thread exits.
 
-use std::cell::Cell;
 use rustc_hash::FxHashMap as HashMap;
+use std::cell::Cell;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 

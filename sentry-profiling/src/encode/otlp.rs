@@ -15,6 +15,7 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 
 use super::view::ProfileView;
 use crate::lanes::LaneLink;
+use sentry_core::protocol::{SpanId, TraceId};
 
 fn hex_bytes(hex: &str) -> Vec<u8> {
     (0..hex.len() / 2)
@@ -32,7 +33,7 @@ struct Dictionary {
     functions: HashMap<Arc<str>, i32>,
     stacks: HashMap<Vec<i32>, i32>,
     attributes: HashMap<(String, String), i32>,
-    links: HashMap<(String, String), i32>,
+    links: HashMap<(TraceId, SpanId), i32>,
 }
 
 impl Dictionary {
@@ -77,14 +78,14 @@ impl Dictionary {
     }
 
     fn link(&mut self, link: &LaneLink) -> i32 {
-        let key = (link.trace_id.clone(), link.span_id.clone());
+        let key = (link.trace_id, link.span_id);
         if let Some(&i) = self.links.get(&key) {
             return i;
         }
         let i = self.dict.link_table.len() as i32;
         self.dict.link_table.push(otlp::Link {
-            trace_id: hex_bytes(&link.trace_id),
-            span_id: hex_bytes(&link.span_id),
+            trace_id: hex_bytes(&link.trace_id.to_string()),
+            span_id: hex_bytes(&link.span_id.to_string()),
         });
         self.links.insert(key, i);
         i

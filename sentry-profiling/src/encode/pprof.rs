@@ -323,7 +323,7 @@ impl PprofBuilder {
             if let Some(link) = &s.link {
                 labels.push(Label {
                     key: keys[2],
-                    str: self.string(&link.span_id),
+                    str: self.string(&link.span_id.to_string()),
                     num: 0,
                 });
                 labels.push(Label {
@@ -333,7 +333,7 @@ impl PprofBuilder {
                 });
                 labels.push(Label {
                     key: keys[4],
-                    str: self.string(&link.trace_id),
+                    str: self.string(&link.trace_id.to_string()),
                     num: 0,
                 });
             }

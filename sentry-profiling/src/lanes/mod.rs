@@ -209,11 +209,11 @@ pub(crate) struct PollsRead {
 pub struct LaneLink {
     /// The root span's display name (the transaction's name).
     pub name: Arc<str>,
-    /// The trace id, 32 lowercase hex digits.
-    pub trace_id: String,
-    /// The root span's id (the transaction's span id), 16 lowercase hex
-    /// digits.
-    pub span_id: String,
+    /// The trace id. Kept as the SDK's id (16 bytes, no allocation on the
+    /// request's thread); written as hex only by the exports that use it.
+    pub trace_id: sentry_core::protocol::TraceId,
+    /// The root span's id (the transaction's span id).
+    pub span_id: sentry_core::protocol::SpanId,
 }
 
 /// Wall-clock time in nanoseconds since the Unix epoch (the samples' clock).

@@ -145,10 +145,8 @@ impl Session {
                 && quiet_reads < QUIET_READS_BEFORE_DOZING;
             // Nothing to take at all: a paused sampler sends nothing, and an
             // empty chunk has nothing to rotate.
-            let idle = !busy
-                && !sampler.is_active()
-                && self.lanes.in_flight() == 0
-                && builder.is_idle();
+            let idle =
+                !busy && !sampler.is_active() && self.lanes.in_flight() == 0 && builder.is_idle();
             let tick = if idle {
                 PROFILER_IDLE_TICK
             } else {
