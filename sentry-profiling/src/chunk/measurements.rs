@@ -143,7 +143,7 @@ mod tests {
     #[cfg(profiling_supported)]
     #[test]
     fn measures_a_busy_process_at_most_every_interval() {
-        use crate::Sample;
+        use crate::sampler::Sample;
         use std::sync::Arc;
 
         let mut chunk = Chunk::new();

@@ -8,7 +8,7 @@ use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Sample;
+use crate::sampler::Sample;
 
 pub(crate) mod measurements;
 use measurements::Measurement;

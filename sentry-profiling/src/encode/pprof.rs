@@ -215,7 +215,7 @@ impl PprofBuilder {
         id
     }
 
-    fn mapping_for(&mut self, m: &crate::ModuleInfo) -> u64 {
+    fn mapping_for(&mut self, m: &crate::unwind::ModuleInfo) -> u64 {
         if let Some(&id) = self.mapping_index.get(&m.start) {
             return id;
         }

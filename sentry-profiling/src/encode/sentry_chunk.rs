@@ -667,7 +667,7 @@ pub(crate) fn new_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Sample;
+    use crate::sampler::Sample;
 
     fn chunk_with(samples: &[(u64, i32, Vec<u64>)]) -> Chunk {
         let mut c = Chunk::new();
@@ -777,9 +777,10 @@ mod tests {
         use crate::chunk::Chunk;
         use crate::encode::synthetic::SUSPENDED_ADDRESS;
         use crate::lanes::{SUSPENDED_FRAME, SUSPENDED_FUNCTION};
+        use crate::sampler::Sample;
         use crate::symbolize::Symbolizer;
         use crate::unwind::ModuleSet;
-        use crate::{Sample, debug_id_from_build_id};
+        use crate::unwind::debug_id_from_build_id;
 
         /// The modules of this test process, read once.
         fn modules() -> Arc<ModuleSet> {

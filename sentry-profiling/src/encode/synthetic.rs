@@ -97,7 +97,7 @@ pub(crate) fn mark_running_requests(chunk: &mut Chunk, mut keys: Vec<ThreadKey>)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Sample;
+    use crate::sampler::Sample;
 
     #[test]
     fn synthetic_addresses_lie_below_every_mapping() {

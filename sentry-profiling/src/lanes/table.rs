@@ -649,8 +649,8 @@ impl Lanes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Sample;
     use crate::lanes::{is_lane, new_lane};
+    use crate::sampler::Sample;
 
     fn sample(ts: u64, tid: i32, context: u64) -> Sample {
         sample_at(ts, tid, &[1, 2], context)

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::threads::AtTick;
+use super::ledger::AtTick;
 
 /// What the sampler knows of a thread when it decides where a fill stands.
 #[derive(Debug, Default)]

@@ -22,58 +22,6 @@ const NAMES_EVERY: Duration = Duration::from_secs(1);
 /// the first read may still show the parent's name.
 const YOUNG: Duration = Duration::from_secs(1);
 
-/// A thread's sample waiting to be emitted; a thread's samples leave in
-/// time order (see the sampler's module docs).
-#[derive(Debug)]
-pub(super) enum Pending {
-    /// A tick at which the thread was not captured, to be recorded with the
-    /// stack it waits in (and the context word captured with that stack)
-    /// once the thread is known alive at or after it; `at_tick` is what the
-    /// thread's published context word said at the tick.
-    Fill {
-        timestamp_ns: u64,
-        /// The context word the thread published at the fill's moment
-        /// (see `periods::standing`).
-        word: Option<Option<u64>>,
-        at_tick: AtTick,
-    },
-    /// A sample of running code.
-    Sample(super::Sample),
-}
-
-/// Where a thread stood at a fill's tick, as far as its published context
-/// word tells (see `crate::context`).
-#[derive(Debug, Clone)]
-pub(super) enum AtTick {
-    /// It publishes no context word: the fill gets what the thread's
-    /// captures tell.
-    Unknown,
-    /// It was inside no request, or that is not known any more (a tick
-    /// so late that the thread's history of words does not reach back to
-    /// the fill's moment): the fill is filed under no request.
-    Outside,
-    /// It was inside the request of this context word, the same one as its
-    /// latest capture, whose stack it stands in: running it, preempted in
-    /// it (a CPU-time timer does not fire while a thread waits for a core),
-    /// or blocked inside it. The fill belongs to that request.
-    In(Arc<[u64]>, u64),
-    /// Inside the request of this context word, not captured in it at the
-    /// tick: recorded with the request's latest stack if one is known by
-    /// then, or else with the thread's latest stack if that was captured in
-    /// a request (request-handling code), otherwise as
-    /// [`AtTick::Outside`].
-    InRequest(u64),
-}
-
-impl Pending {
-    pub(super) fn timestamp_ns(&self) -> u64 {
-        match self {
-            Self::Fill { timestamp_ns, .. } => *timestamp_ns,
-            Self::Sample(s) => s.timestamp_ns(),
-        }
-    }
-}
-
 /// One thread being sampled: its identity, the kernel resources bound to
 /// it, and its state (see `state` and `ledger`).
 #[derive(Debug)]

@@ -8,14 +8,16 @@ use std::time::Duration;
 
 use super::Session;
 use super::sink::Handed;
+use super::v1::{V1_HISTORY, V1Context, V1Drop, V1State};
 use crate::chunk::Chunk;
 use crate::encode::sentry_chunk::{ChunkMeta, encode_chunk};
 use crate::encode::view::ProfileView;
 use crate::export::{ExportCounts, Exporter};
 use crate::lanes::registry::LaneReader;
 use crate::lanes::{Lanes, ThreadAttribution, now_ns};
-use crate::sampler::Sampler;
+use crate::sampler::{Sample, Sampler};
 use crate::symbolize::Symbolizer;
+use crate::unwind::ModuleSet;
 
 /// How far before a chunk's first sample lanes are filled in, at most.
 const MAX_FILL_LEAD_NS: u64 = 2_000_000_000;
@@ -47,7 +49,7 @@ pub(super) struct ChunkWriter<'a> {
     pub(super) meter: crate::chunk::ProcessMeter,
     pub(super) exporters: Vec<Exporter>,
     pub(super) service_name: String,
-    pub(super) v1: Option<super::v1::V1State>,
+    pub(super) v1: Option<V1State>,
     /// Where the reading of threads' context words left off: each change
     /// is a poll of a request beginning or ending.
     pub(super) changes: crate::lanes::ChangeCursor,
@@ -57,7 +59,7 @@ pub(super) struct ChunkWriter<'a> {
 }
 
 impl ChunkWriter<'_> {
-    pub(super) fn push(&mut self, sample: &crate::Sample, modules: &crate::ModuleSet) {
+    pub(super) fn push(&mut self, sample: &Sample, modules: &ModuleSet) {
         // A recycled thread id starts a new chunk, so each thread keeps its
         // own name. (Transaction profiles keep history instead of chunks;
         // their samples are filed by lane.)
@@ -120,7 +122,7 @@ impl ChunkWriter<'_> {
         if let Some(v1) = &self.v1 {
             // V1 mode sends no chunks: keep enough history for the longest
             // transaction still waiting, and the longest profile.
-            let keep_from = now_ns().saturating_sub(super::v1::V1_HISTORY.as_nanos() as u64);
+            let keep_from = now_ns().saturating_sub(V1_HISTORY.as_nanos() as u64);
             let oldest = v1
                 .pending
                 .iter()
@@ -188,7 +190,7 @@ impl ChunkWriter<'_> {
         self.record_exports(counts);
     }
 
-    pub(super) fn finish_with(&mut self, modules: &crate::ModuleSet) {
+    pub(super) fn finish_with(&mut self, modules: &ModuleSet) {
         if self.v1.is_some() {
             self.process_v1(modules, true);
             return;
@@ -277,6 +279,53 @@ impl ChunkWriter<'_> {
                     c.chunks_without_transport.fetch_add(1, Ordering::Relaxed);
                 }
             }
+        }
+    }
+}
+
+impl ChunkWriter<'_> {
+    /// V1 mode: builds and sends the profiles of transactions whose samples
+    /// have arrived (all of them with `force`).
+    pub(super) fn process_v1(&mut self, modules: &ModuleSet, force: bool) {
+        self.read_lane_events();
+        let Some(v1) = self.v1.as_mut() else { return };
+        v1.pending.extend(v1.requests.try_iter());
+        if v1.pending.is_empty() {
+            return;
+        }
+        let newest = self.chunk.last_timestamp_ns().unwrap_or(0);
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut v1.pending)
+            .into_iter()
+            .partition(|p| force || p.ready(newest));
+        v1.pending = waiting;
+        let release = self.meta.release.clone();
+        let environment = self.meta.environment.clone();
+        let ctx = V1Context {
+            lanes: &self.lanes,
+            attribution: self.attribution,
+            modules,
+            period_ns: self.period_ns,
+            release: &release,
+            environment: environment.as_deref(),
+            os_version: &v1.os_version,
+        };
+        let c = &self.session.counters;
+        let mut symbolizer = self.symbolizer.as_mut();
+        for p in ready {
+            let (envelope, dropped) = p.finish(&self.chunk, &ctx, &mut symbolizer);
+            match dropped {
+                None => c.v1_sent.fetch_add(1, Ordering::Relaxed),
+                Some(reason) => {
+                    let i = match reason {
+                        V1Drop::TooFewSamples => 0,
+                        V1Drop::TooLong => 1,
+                        V1Drop::TooLarge => 2,
+                        V1Drop::MissingMetadata => 3,
+                    };
+                    c.v1_dropped[i].fetch_add(1, Ordering::Relaxed)
+                }
+            };
+            self.session.send_envelope(envelope);
         }
     }
 }

@@ -93,7 +93,7 @@ pub struct ProfilerStats {
     /// Transaction-based (V1) profiles sent with their transaction.
     pub transaction_profiles_sent: u64,
     /// V1 profiles not sent, by reason.
-    pub transaction_profiles_dropped: crate::TransactionProfileDrops,
+    pub transaction_profiles_dropped: super::v1::TransactionProfileDrops,
     /// The sampler's counters.
     pub sampler: SamplerStats,
 }
@@ -164,7 +164,7 @@ impl Session {
             exports_failed: c.export_failed.load(Ordering::Relaxed),
             export_samples_dropped: c.export_dropped.load(Ordering::Relaxed),
             transaction_profiles_sent: c.v1_sent.load(Ordering::Relaxed),
-            transaction_profiles_dropped: crate::TransactionProfileDrops::from_counts(
+            transaction_profiles_dropped: super::v1::TransactionProfileDrops::from_counts(
                 std::array::from_fn(|i| c.v1_dropped[i].load(Ordering::Relaxed)),
             ),
             sampler: self

@@ -6,13 +6,11 @@
 //! looks inside an envelope.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use sentry_core::protocol::Envelope;
 
-use super::chunk_writer::ChunkWriter;
 use crate::chunk::Chunk;
 use crate::lanes::{Lanes, ThreadAttribution};
 use crate::symbolize::Symbolizer;
@@ -153,51 +151,4 @@ pub(super) struct V1State {
     pub(super) requests: Receiver<Box<dyn PendingProfile>>,
     pub(super) pending: Vec<Box<dyn PendingProfile>>,
     pub(super) os_version: String,
-}
-
-impl ChunkWriter<'_> {
-    /// V1 mode: builds and sends the profiles of transactions whose samples
-    /// have arrived (all of them with `force`).
-    pub(super) fn process_v1(&mut self, modules: &crate::ModuleSet, force: bool) {
-        self.read_lane_events();
-        let Some(v1) = self.v1.as_mut() else { return };
-        v1.pending.extend(v1.requests.try_iter());
-        if v1.pending.is_empty() {
-            return;
-        }
-        let newest = self.chunk.last_timestamp_ns().unwrap_or(0);
-        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut v1.pending)
-            .into_iter()
-            .partition(|p| force || p.ready(newest));
-        v1.pending = waiting;
-        let release = self.meta.release.clone();
-        let environment = self.meta.environment.clone();
-        let ctx = V1Context {
-            lanes: &self.lanes,
-            attribution: self.attribution,
-            modules,
-            period_ns: self.period_ns,
-            release: &release,
-            environment: environment.as_deref(),
-            os_version: &v1.os_version,
-        };
-        let c = &self.session.counters;
-        let mut symbolizer = self.symbolizer.as_mut();
-        for p in ready {
-            let (envelope, dropped) = p.finish(&self.chunk, &ctx, &mut symbolizer);
-            match dropped {
-                None => c.v1_sent.fetch_add(1, Ordering::Relaxed),
-                Some(reason) => {
-                    let i = match reason {
-                        V1Drop::TooFewSamples => 0,
-                        V1Drop::TooLong => 1,
-                        V1Drop::TooLarge => 2,
-                        V1Drop::MissingMetadata => 3,
-                    };
-                    c.v1_dropped[i].fetch_add(1, Ordering::Relaxed)
-                }
-            };
-            self.session.send_envelope(envelope);
-        }
-    }
 }

@@ -143,8 +143,8 @@ impl ProfilingTransport {
         if self.warned_unprofiled.load(Ordering::Relaxed) {
             return;
         }
-        let expected =
-            self.runtime.lifecycle() == crate::ProfileLifecycle::Trace || self.runtime.is_running();
+        let expected = self.runtime.lifecycle() == crate::options::ProfileLifecycle::Trace
+            || self.runtime.is_running();
         if !expected {
             return;
         }
