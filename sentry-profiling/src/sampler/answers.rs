@@ -1,0 +1,195 @@
+//! What a tick learns of a thread and how it leaves the sampler: the
+//! answers a capture slot or a read from `/proc` gives, the bookkeeping of
+//! a signal awaited, and emitting a thread's samples in time order. Shared
+//! by the tick's loop (`worker`) and its ways of asking (`capture`), and
+//! importing neither.
+
+use std::sync::Arc;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::time::{Duration, Instant};
+
+use super::Sample;
+use super::ledger;
+use super::requests::RequestStacks;
+use super::state::Awaited;
+use super::stats::Counters;
+use super::threads::Tracked;
+use crate::sys;
+
+/// How long a fill of a request in which no stack was captured yet waits
+/// for one. A thread's samples leave in time order, so this holds its later
+/// samples too: it stays below the 150 ms a transaction-based profile waits
+/// for samples up to its end.
+pub(super) const REQUEST_STACK_WAIT_NS: u64 = 100_000_000;
+
+/// How long a signalled thread may take to run the handler before the
+/// sampler stops waiting for it (a thread that blocks the signal, or is
+/// starved of CPU).
+pub(super) const ABANDON_AFTER: Duration = Duration::from_millis(500);
+
+/// Most periods between two questions to a thread about where it waits,
+/// while its answers stay the same.
+pub(super) const MAX_ASK_EVERY: u64 = 128;
+
+/// CPU time after which the timer of a thread found in a request with no
+/// capture yet fires (see [`Worker::nudge`]).
+pub(super) const NUDGE_AFTER: Duration = Duration::from_micros(500);
+
+/// CPU time a thread may gain between samples and still count as idle.
+///
+/// The thread's clock is read at the tick that signals it, so the signal
+/// delivery, the handler and the return from it (a few microseconds) are
+/// counted against the next tick. Without this margin a parked thread would
+/// look busy at every tick because it was sampled at the previous one. A timer wake-up that goes straight back to sleep costs
+/// about 30 µs here, and also stays below it: such a thread is back where
+/// its last stack was taken. 50 µs is 0.5 % of a 101 Hz period.
+pub(super) const IDLE_CPU_SLACK_NS: u64 = 50_000;
+
+/// What a harvested capture was.
+pub(super) enum Harvested {
+    /// Nothing new in the slot.
+    Nothing,
+    /// A sample of running code (a timer capture, or a capture of a thread
+    /// without a timer), not emitted yet: the thread's held fills go first.
+    Running(Sample),
+    /// Two of them (both slots were full), the older first.
+    Running2(Sample, Sample),
+    /// The answer to a request for the thread's parked stack.
+    Parked,
+    /// A capture spent learning the thread's stack bounds.
+    Discarded,
+}
+
+impl Harvested {
+    /// The samples of running code it holds, oldest first.
+    pub(super) fn running(self) -> impl Iterator<Item = Sample> {
+        let (a, b) = match self {
+            Self::Running(a) => (Some(a), None),
+            Self::Running2(a, b) => (Some(a), Some(b)),
+            _ => (None, None),
+        };
+        a.into_iter().chain(b)
+    }
+}
+
+/// Lets `t`'s held samples leave while they may (see `Ledger::drain`);
+/// with `force` (the sampler pauses or stops), fills also leave while where
+/// the thread stands is not known.
+pub(super) fn flush(
+    tx: &SyncSender<Sample>,
+    c: &Counters,
+    t: &mut Tracked,
+    requests: &RequestStacks,
+    force: bool,
+) {
+    let view = ledger::DrainView {
+        place: t.place.fill_place(t.last_stack.as_ref(), force),
+        asking: t.asking.asks_where(),
+        last: t.last_stack.as_ref(),
+        last_context: t.last_context,
+        force,
+        request_stack_wait_ns: REQUEST_STACK_WAIT_NS,
+    };
+    let (tid, name, start) = (t.info.tid, &t.name, t.info.start_time);
+    t.ledger.drain(
+        &view,
+        |context| requests.get(context),
+        |out| match out {
+            ledger::Out::Sample(sample) => emit(tx, c, sample),
+            ledger::Out::Fill {
+                timestamp_ns,
+                stack,
+                context,
+            } => {
+                c.samples_idle.add(1);
+                let sample = Sample::new(timestamp_ns, tid, name.clone(), stack, context, true)
+                    .with_thread_start(start);
+                emit(tx, c, sample);
+            }
+        },
+    );
+}
+
+/// Emits one sample of thread `t`.
+pub(super) fn emit_for(
+    tx: &SyncSender<Sample>,
+    c: &Counters,
+    t: &Tracked,
+    timestamp_ns: u64,
+    stack: Arc<[u64]>,
+    context: u64,
+    repeated: bool,
+) {
+    emit(tx, c, sample_of(t, timestamp_ns, stack, context, repeated));
+}
+
+/// A sample of thread `t`.
+pub(super) fn sample_of(
+    t: &Tracked,
+    timestamp_ns: u64,
+    stack: Arc<[u64]>,
+    context: u64,
+    repeated: bool,
+) -> Sample {
+    Sample::new(
+        timestamp_ns,
+        t.info.tid,
+        t.name.clone(),
+        stack,
+        context,
+        repeated,
+    )
+    .with_thread_start(t.info.start_time)
+}
+
+pub(super) fn emit(tx: &SyncSender<Sample>, c: &Counters, sample: Sample) {
+    match tx.try_send(sample) {
+        Ok(()) => c.samples_emitted.add(1),
+        Err(TrySendError::Full(_)) => c.dropped_queue_full.add(1),
+        Err(TrySendError::Disconnected(_)) => c.dropped_queue_full.add(1),
+    }
+}
+
+/// What [`Worker::look_blocked`] found.
+pub(super) enum Look {
+    /// Blocked in the kernel: the stack it waits in, and its context word.
+    Waiting(Arc<[u64]>, u64),
+    /// Running or runnable (or it woke up while being read).
+    Running,
+    /// Exited.
+    Gone,
+}
+
+/// Records where `t` waits, just read from here while it was blocked there
+/// (so verified), at period `tick_no`.
+pub(super) fn learned_waiting(t: &mut Tracked, tick_no: u64, stack: Arc<[u64]>, context: u64) {
+    let answer = t.place.found_waiting(stack, context, true);
+    t.schedule.answered(answer, tick_no, MAX_ASK_EVERY);
+}
+
+/// Whether a signal sent to `t` is still awaited at `now` (see
+/// [`state::Asking::check`]), counting a tick it keeps waiting and a
+/// signal given up on.
+pub(super) fn awaited(t: &mut Tracked, now: Instant, c: &Counters) -> Awaited {
+    let awaited = t.asking.check(now, ABANDON_AFTER);
+    match awaited {
+        Awaited::Pending => c.samples_late.add(1),
+        Awaited::GaveUp => c.signals_abandoned.add(1),
+        Awaited::Nothing => {}
+    }
+    awaited
+}
+
+/// Sends thread `t` a signal asking for its stack; `as_sample` when the
+/// capture is a sample of its own rather than the thread's parked stack.
+pub(super) fn request(t: &mut Tracked, as_sample: bool, now: Instant, c: &Counters) {
+    let Some(slot) = t.slot else { return };
+    match sys::send_sample_signal(t.info.tid, slot) {
+        Ok(()) => {
+            c.signals_sent.add(1);
+            t.asking.sent(now, as_sample);
+        }
+        Err(sys::SendError::ThreadGone) => t.gone = true,
+        Err(_) => c.dropped_signal_failed.add(1),
+    }
+}

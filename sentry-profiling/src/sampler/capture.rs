@@ -1,0 +1,352 @@
+//! How a tick learns each thread's stack: timer captures harvested from
+//! their slots, a signal to a thread without a timer (or whose timer is
+//! late: the nudge), a read of where a blocked thread waits, binding and
+//! releasing the kernel resources a thread is sampled with, and settling
+//! everything in flight when the sampler pauses.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::answers::{
+    Harvested, IDLE_CPU_SLACK_NS, Look, MAX_ASK_EVERY, NUDGE_AFTER, awaited, emit_for, flush,
+    request, sample_of,
+};
+use super::state::Awaited;
+use super::stats::Counters;
+use super::worker::Worker;
+use crate::sys::{self, Slot};
+
+impl Worker {
+    /// Brings the timer of thread `idx` forward when it is inside a request
+    /// of which no stack was captured yet (on any thread): its next capture
+    /// comes after `NUDGE_AFTER` of its CPU time rather than after what is
+    /// left of the current period. Otherwise a short request on a thread
+    /// that gets a small share of a busy machine's cores can end before its
+    /// first capture, and its periods have no stack to show. The shortened
+    /// period is one of the thread's periods like any other (a capture
+    /// beyond the tick's periods cancels a fill), so the thread is not
+    /// sampled more than once per period of its wall time. Repeated at every
+    /// tick that finds the thread in such a request (the capture may land in
+    /// another request the thread polls in between), at most once per tick.
+    pub(super) fn nudge(&mut self, idx: usize, c: &Counters) {
+        let period = self.period;
+        let t = self.threads.get_mut(idx);
+        let (Some(slot), Some(timer)) = (t.context_slot, &t.timer) else {
+            return;
+        };
+        if !t.timer_armed {
+            return;
+        }
+        let word = crate::context::read_for(slot, t.info.tid);
+        if word == 0 || self.requests.get(word).is_some() {
+            return;
+        }
+        // An expired timer whose signal waits for the thread to run again
+        // (preempted) must be left alone: re-arming it makes the kernel
+        // drop that signal, and with it the capture.
+        if timer.remaining().is_none_or(|left| left <= NUDGE_AFTER) {
+            return;
+        }
+        if timer.set_first(NUDGE_AFTER, period) {
+            c.timers_nudged.add(1);
+        }
+    }
+
+    /// A thread without a timer: signalled from here whenever its CPU clock
+    /// moved, its previous stack repeated otherwise.
+    pub(super) fn untimed(&mut self, idx: usize, tick_ts: u64, now: Instant, c: &Counters) {
+        let t = self.threads.get_mut(idx);
+        if awaited(t, now, c) == Awaited::Pending {
+            return;
+        }
+        let Some(cpu) = sys::thread_cpu_time_ns(t.info.tid) else {
+            t.gone = true;
+            return;
+        };
+        if cpu < t.cpu_seen_ns {
+            t.reset_identity();
+            c.threads_recycled.add(1);
+            return;
+        }
+        match t.last_stack.clone() {
+            Some(stack)
+                if cpu - t.cpu_seen_ns <= IDLE_CPU_SLACK_NS || t.asking.is_unresponsive() =>
+            {
+                let context = t.context_slot.map_or(0, crate::context::read);
+                c.samples_idle.add(1);
+                emit_for(&self.tx, c, t, tick_ts, stack, context, true);
+            }
+            _ => {
+                t.cpu_seen_ns = cpu;
+                // A thread blocked in the kernel is read from here; only one
+                // seen running is signalled (see `SamplerConfig::cpu_timers`).
+                match self.look_blocked(idx, c) {
+                    Look::Waiting(stack, context) => {
+                        let t = self.threads.get_mut(idx);
+                        t.last_stack = Some(stack.clone());
+                        t.last_context = context;
+                        emit_for(&self.tx, c, t, tick_ts, stack, context, false);
+                    }
+                    Look::Running => request(self.threads.get_mut(idx), true, now, c),
+                    Look::Gone => self.threads.get_mut(idx).gone = true,
+                }
+            }
+        }
+    }
+
+    /// Learns where thread `idx` waits, if it is blocked in the kernel,
+    /// without interrupting it (see `sys::syscall_state`): the stack it
+    /// waits in and the context word it publishes.
+    pub(super) fn look_blocked(&mut self, idx: usize, c: &Counters) -> Look {
+        let cap = self.config.stack_copy_bytes;
+        let t = self.threads.get_mut(idx);
+        let tid = t.info.tid;
+        let context_slot = t.context_slot;
+        let known_bounds = t.stack_bounds;
+        let Some(cpu_before) = sys::thread_cpu_time_ns(tid) else {
+            return Look::Gone;
+        };
+        let (sp, pc) = match sys::syscall_state(tid, &mut self.stat_buf) {
+            Some(sys::SyscallState::Blocked { sp, pc, .. }) => (sp, pc),
+            Some(sys::SyscallState::Running) => return Look::Running,
+            None if sys::thread_cpu_time_ns(tid).is_none() => return Look::Gone,
+            // Unreadable (a hardened /proc): nothing is learned.
+            None => return Look::Running,
+        };
+        let top = match known_bounds {
+            Some((lo, hi)) if (lo..hi).contains(&(sp as usize)) => Some(hi),
+            _ => {
+                // Blocked in the kernel, its stack pointer is on its stack:
+                // its bounds are learned here, before its first capture.
+                let mapping = self.threads.stack_mapping(sp as usize);
+                if let Some(bounds) = mapping {
+                    if known_bounds.is_none() {
+                        self.threads.set_bounds(idx, bounds);
+                    }
+                }
+                mapping.map(|(_, hi)| hi)
+            }
+        };
+        let len = top.map_or(0, |hi| (hi.saturating_sub(sp as usize)).min(cap));
+        self.copy_buf.resize(len, 0);
+        let copied = sys::read_own_memory(sp, &mut self.copy_buf[..len]);
+        let context = context_slot.map_or(0, |s| crate::context::read_for(s, tid));
+        if sys::thread_cpu_time_ns(tid) != Some(cpu_before) {
+            // It woke up while its stack was read: the copy may mix two
+            // moments.
+            c.waits_raced.add(1);
+            return Look::Running;
+        }
+        let start = Instant::now();
+        self.unwinder
+            .unwind_blocked(pc, sp, &self.copy_buf[..copied], &mut self.frames);
+        c.unwind_ns.add(start.elapsed().as_nanos() as u64);
+        c.waits_read.add(1);
+        Look::Waiting(Arc::from(&self.frames[..]), context)
+    }
+
+    /// Gives a thread its slot and timer, and arms the timer, if not done
+    /// yet. Returns false if the thread has no slot (counted).
+    pub(super) fn bind(&mut self, idx: usize, c: &Counters) -> bool {
+        let cap = self.config.stack_copy_bytes;
+        let period = self.period;
+        let timers = self.config.cpu_timers;
+        let t = self.threads.get_mut(idx);
+        if t.slot.is_none() {
+            let Some(slot) = Slot::acquire(cap) else {
+                c.dropped_no_slot.add(1);
+                return false;
+            };
+            // The second slot is a bonus: without it (the process-wide
+            // limit reached) a capture that finds the first one full is
+            // counted as missed.
+            let second = Slot::acquire(cap);
+            let (lo, hi) = t.stack_bounds.unwrap_or((0, 0));
+            if !slot.bind(t.info.tid, lo, hi, second) {
+                let _ = Slot::release(slot);
+                if let Some(second) = second {
+                    let _ = Slot::release(second);
+                }
+                return false;
+            }
+            t.slot = Some(slot);
+            t.slot2 = second.filter(|s| s.bind(t.info.tid, lo, hi, None));
+            t.cpu_seen_ns = sys::thread_cpu_time_ns(t.info.tid).unwrap_or(0);
+            if timers {
+                match sys::CpuTimer::create(t.info.tid, slot) {
+                    Ok(timer) => t.timer = Some(timer),
+                    // An exited thread's CPU clock is an invalid clock.
+                    Err(_) if sys::thread_cpu_time_ns(t.info.tid).is_none() => t.gone = true,
+                    Err(_) => c.timers_failed.add(1),
+                }
+            }
+        }
+        if let Some(timer) = &t.timer {
+            if !t.timer_armed {
+                t.timer_armed = timer.set(period);
+                if !t.timer_armed {
+                    t.timer = None;
+                    if sys::thread_cpu_time_ns(t.info.tid).is_none() {
+                        t.gone = true;
+                    } else {
+                        // The kernel refused: sample it from here instead.
+                        c.timers_failed.add(1);
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Reads the thread's slot if the handler filled it, emits what it
+    /// holds, and re-arms it.
+    pub(super) fn harvest(&mut self, idx: usize, c: &Counters) -> Harvested {
+        // The older capture first, when both slots are full.
+        let t = self.threads.get_mut(idx);
+        let slots = [t.slot, t.slot2];
+        let filled = |s: Option<&'static Slot>| s.and_then(|s| s.filled_at());
+        let order = match (filled(slots[0]), filled(slots[1])) {
+            (Some(a), Some(b)) if b < a => [1, 0],
+            _ => [0, 1],
+        };
+        let first = self.harvest_slot(idx, slots[order[0]], c);
+        let second = self.harvest_slot(idx, slots[order[1]], c);
+        match (first, second) {
+            (Harvested::Running(a), Harvested::Running(b)) => Harvested::Running2(a, b),
+            (Harvested::Running(a), _) | (_, Harvested::Running(a)) => Harvested::Running(a),
+            (Harvested::Parked, _) | (_, Harvested::Parked) => Harvested::Parked,
+            (Harvested::Discarded, _) | (_, Harvested::Discarded) => Harvested::Discarded,
+            _ => Harvested::Nothing,
+        }
+    }
+
+    /// [`Worker::harvest`] for one of the thread's slots.
+    pub(super) fn harvest_slot(
+        &mut self,
+        idx: usize,
+        slot: Option<&'static Slot>,
+        c: &Counters,
+    ) -> Harvested {
+        let Some(slot) = slot else {
+            return Harvested::Nothing;
+        };
+        let frames = &mut self.frames;
+        let unwinder = &mut self.unwinder;
+        let Some(filled) = slot.filled() else {
+            return Harvested::Nothing;
+        };
+        let cap = *filled.captured();
+        let off_stack = cap.flags & sys::FLAG_OFF_STACK != 0;
+        if !off_stack {
+            let start = Instant::now();
+            unwinder.unwind(&cap.regs, filled.stack(), frames);
+            c.unwind_ns.add(start.elapsed().as_nanos() as u64);
+        }
+        let timer = cap.flags & sys::FLAG_TIMER != 0;
+        let mut keep = true;
+        if off_stack {
+            let sp = cap.regs.sp as usize;
+            // Bounds just learned, or learned through the thread's other slot
+            // after this one was armed: spent, the next capture counts.
+            let stale = self
+                .threads
+                .get_mut(idx)
+                .stack_bounds
+                .is_some_and(|(lo, hi)| (lo..hi).contains(&sp));
+            if self.threads.learn_bounds(idx, sp) || stale {
+                keep = false;
+            } else {
+                self.frames.clear();
+                self.frames.push(cap.regs.pc);
+                c.samples_off_stack.add(1);
+            }
+        }
+        let t = self.threads.get_mut(idx);
+        let (lo, hi) = t.stack_bounds.unwrap_or((0, 0));
+        filled.rearm(lo, hi);
+        // Any capture proves the thread takes the signal again. A timer
+        // capture also ends a question about where the thread waits: it
+        // runs, and the question's signal may have found the slot full.
+        let request = t.asking.answered();
+        c.handler_ns.add(cap.handler_ns);
+        if !keep {
+            c.captures_discarded.add(1);
+            return Harvested::Discarded;
+        }
+        let stack: Arc<[u64]> = match &t.last_stack {
+            Some(last) if **last == self.frames[..] => last.clone(),
+            _ => Arc::from(&self.frames[..]),
+        };
+        t.last_stack = Some(stack.clone());
+        t.last_context = cap.context;
+        c.samples_captured.add(1);
+        if timer {
+            c.samples_timer.add(1);
+        }
+        if timer || t.timer.is_none() || request.is_some_and(|r| r.as_sample) {
+            self.requests.record(cap.context, &stack);
+            return Harvested::Running(sample_of(t, cap.timestamp_ns, stack, cap.context, false));
+        }
+        // The answer to where it waits, taken by a signal (so possibly while
+        // it ran): the same answer as last time means asking less often (up
+        // to once a second at 101 Hz), another one at every chance again.
+        let answer = t.place.found_waiting(stack, cap.context, false);
+        t.schedule.answered(answer, self.tick_no, MAX_ASK_EVERY);
+        Harvested::Parked
+    }
+
+    /// Stops the timers, waits briefly for requests in flight, and records
+    /// every thread's held fills (the sampler is pausing or stopping).
+    pub(super) fn settle(&mut self) {
+        for idx in 0..self.threads.len() {
+            let t = self.threads.get_mut(idx);
+            if let Some(timer) = &t.timer {
+                if t.timer_armed {
+                    timer.set(Duration::ZERO);
+                    t.timer_armed = false;
+                }
+            }
+        }
+        let until = Instant::now() + Duration::from_millis(20);
+        loop {
+            let seen = sys::completion_seq();
+            let waiting = (0..self.threads.len()).any(|i| {
+                let t = self.threads.get_mut(i);
+                t.asking.is_asked()
+                    && [t.slot, t.slot2]
+                        .into_iter()
+                        .flatten()
+                        .all(|s| s.state() != sys::SlotState::Done)
+            });
+            let now = Instant::now();
+            if !waiting || now >= until {
+                break;
+            }
+            sys::wait_completion(seen, until - now);
+        }
+        let shared = Arc::clone(&self.shared);
+        let c = &shared.counters;
+        for idx in 0..self.threads.len() {
+            if self.threads.get_mut(idx).gone || self.threads.get_mut(idx).slot.is_none() {
+                continue;
+            }
+            let harvested = self.harvest(idx, c);
+            let t = self.threads.get_mut(idx);
+            t.asking.forget();
+            for sample in harvested.running() {
+                t.ledger.push_sample(sample);
+            }
+            let alive = sys::thread_cpu_time_ns(t.info.tid).is_some();
+            if alive {
+                t.ledger.alive_ns = u64::MAX;
+            }
+            flush(&self.tx, c, t, &self.requests, true);
+            // Fills after the thread was last seen alive are dropped.
+            t.ledger.clear();
+            if alive {
+                t.ledger.alive_ns = sys::realtime_ns();
+            }
+            t.schedule.reset_checks();
+        }
+    }
+}

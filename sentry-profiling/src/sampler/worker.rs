@@ -1,0 +1,426 @@
+//! The sampler thread: its loop (ticks on the period grid, pausing, dozing
+//! while the application is idle), and each tick's work on every tracked
+//! thread: harvesting timer captures, reading CPU clocks and `/proc`,
+//! signalling, unwinding, and handing what it learns to each thread's
+//! state and ledger (see `state` and `ledger`), whose samples leave in
+//! time order through the sample queue.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::SyncSender;
+use std::time::{Duration, Instant};
+
+use super::answers::{IDLE_CPU_SLACK_NS, Look, awaited, flush, learned_waiting, sample_of};
+use super::requests::RequestStacks;
+use super::state::{self, Awaited, Clock};
+use super::stats::Counters;
+use super::threads::ThreadTable;
+use super::{Sample, Shared, own_threads};
+use super::{ledger, periods};
+use crate::options::SamplerConfig;
+use crate::sys;
+use crate::unwind::StackUnwinder;
+
+/// Most sampling periods between two reads of a parked thread's CPU clock.
+const MAX_CHECK_EVERY: u64 = 16;
+
+/// Most missed periods one tick records samples for.
+const MAX_CATCH_UP: u32 = 100;
+
+/// Application CPU per sampling period (the process's, less the profiler's
+/// own threads') below which a tick counts as idle: 0.5 % of a core.
+const IDLE_APP_CPU_NS_PER_PERIOD: u64 = 50_000;
+/// Idle ticks in a row after which the sampler dozes.
+const IDLE_TICKS_BEFORE_DOZING: u32 = 3;
+/// How many periods a doze lasts at most. Any capture (a thread that ran a
+/// period of CPU time fires its timer) ends it at once; the next tick then
+/// stands for the periods slept through, as a late tick does, so every
+/// period of every thread still gets its sample.
+const DOZE_PERIODS: u32 = 16;
+
+/// Sampling periods between two looks at whether a thread that keeps running now and
+/// then is waiting, to learn where it waits (about 100 ms at 101 Hz).
+const PROBE_EVERY: u64 = 10;
+
+/// The sampler thread's state.
+pub(super) struct Worker {
+    pub(super) config: SamplerConfig,
+    pub(super) period: Duration,
+    pub(super) tx: SyncSender<Sample>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) threads: ThreadTable,
+    pub(super) unwinder: StackUnwinder,
+    pub(super) frames: Vec<u64>,
+    /// Reused to read threads' scheduler and system-call states.
+    pub(super) stat_buf: Vec<u8>,
+    /// Reused to copy the stacks of threads blocked in the kernel.
+    pub(super) copy_buf: Vec<u8>,
+    /// The latest stack captured in each request, by context word.
+    pub(super) requests: RequestStacks,
+    /// Sampling periods elapsed so far (ticks run, and ticks missed that a
+    /// later tick recorded); thread checks are scheduled in these.
+    pub(super) tick_no: u64,
+    /// Periods missed since the last tick, whose samples it records.
+    pub(super) owed: u32,
+    /// Idle ticks in a row (see [`IDLE_APP_CPU_NS_PER_PERIOD`]).
+    pub(super) idle_ticks: u32,
+    /// The application's CPU time at the last tick.
+    pub(super) app_cpu_ns: u64,
+}
+
+/// `CLOCK_REALTIME` (as samples are stamped) and the monotonic clock (as
+/// deadlines are kept) read at one moment: a pair read without being
+/// preempted in between (a few tries), so a deadline converts to the time
+/// samples are stamped in without the preemption's error.
+fn clocks_now() -> (u64, Instant) {
+    let mut best = None;
+    for _ in 0..3 {
+        let before = sys::realtime_ns();
+        let now = Instant::now();
+        let after = sys::realtime_ns();
+        let spread = after.saturating_sub(before);
+        let pair = (before + spread / 2, now);
+        if spread < 20_000 {
+            return pair;
+        }
+        if best.is_none_or(|(s, _)| spread < s) {
+            best = Some((spread, pair));
+        }
+    }
+    best.map_or_else(|| (sys::realtime_ns(), Instant::now()), |(_, pair)| pair)
+}
+
+/// What one tick stands for.
+struct Tick {
+    /// Sampling periods (more than one when the sampler thread could not
+    /// run on time).
+    periods: u32,
+    /// When it ran (`CLOCK_REALTIME`, as samples are stamped), and the
+    /// latest of its period slots: when it was due.
+    ts: u64,
+    slot_end: u64,
+    now: Instant,
+}
+
+impl Worker {
+    pub(super) fn new(config: SamplerConfig, tx: SyncSender<Sample>, shared: Arc<Shared>) -> Self {
+        let unwinder = StackUnwinder::new(Arc::clone(&shared.modules));
+        Self {
+            period: Duration::from_secs_f64(1.0 / f64::from(config.frequency_hz)),
+            threads: ThreadTable::default(),
+            unwinder,
+            frames: Vec::with_capacity(crate::unwind::MAX_FRAMES),
+            stat_buf: Vec::with_capacity(512),
+            copy_buf: Vec::new(),
+            requests: RequestStacks::default(),
+            tick_no: 0,
+            owed: 0,
+            idle_ticks: 0,
+            app_cpu_ns: 0,
+            config,
+            tx,
+            shared,
+        }
+    }
+
+    pub(super) fn run(&mut self) {
+        let mut deadline = Instant::now();
+        while !self.shared.stop.load(Ordering::Acquire) {
+            if !self.shared.active.load(Ordering::Acquire) {
+                // Paused: stop the timers, finish what is in flight, then
+                // sleep until resumed.
+                self.settle();
+                self.owed = 0;
+                while !self.shared.active.load(Ordering::Acquire)
+                    && !self.shared.stop.load(Ordering::Acquire)
+                {
+                    // `resume` and `stop` unpark this thread: the timeout
+                    // only bounds an idle process's wake-ups.
+                    std::thread::park_timeout(Duration::from_secs(2));
+                }
+                deadline = Instant::now();
+                continue;
+            }
+            let cpu_before = sys::own_cpu_time_ns();
+            let periods = self.tick(deadline);
+            let c = &self.shared.counters;
+            c.tick_cpu_ns
+                .add(sys::own_cpu_time_ns().saturating_sub(cpu_before));
+            deadline += self.period;
+            if self.note_idle(periods) {
+                // Nothing of the application ran for a few ticks (every
+                // thread waits): sleep until a thread runs a period of CPU
+                // time (its timer's capture wakes this thread) or the doze
+                // ends. The tick after it stands for every period slept
+                // through, so no thread loses a sample; it only costs fewer
+                // wake-ups.
+                let seen = sys::completion_seq();
+                let until = deadline + self.period * (DOZE_PERIODS - 1);
+                let now = Instant::now();
+                if until > now && !self.shared.stop.load(Ordering::Acquire) {
+                    sys::wait_completion(seen, until - now);
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    let passed = (now.duration_since(deadline).as_nanos()
+                        / self.period.as_nanos().max(1)) as u32;
+                    deadline += self.period * passed;
+                    self.owed = (self.owed + passed).min(MAX_CATCH_UP);
+                    continue;
+                }
+            }
+            let now = Instant::now();
+            if deadline <= now {
+                // The tick overran, or the thread was not given a core in
+                // time: skip the missed ticks instead of bursting to catch
+                // up, count them, and let the next tick record their samples.
+                let behind = now.duration_since(deadline);
+                let missed = (behind.as_nanos() / self.period.as_nanos().max(1)) as u64 + 1;
+                self.shared.counters.ticks_skipped.add(missed);
+                deadline += self.period * missed as u32;
+                self.owed = (self.owed + missed as u32).min(MAX_CATCH_UP);
+            }
+            while !self.shared.stop.load(Ordering::Acquire) {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                std::thread::park_timeout(deadline - now);
+            }
+        }
+        self.settle();
+        self.threads.release_all();
+    }
+
+    /// Records whether the tick that stood for `periods` periods was idle
+    /// (the application used less than [`IDLE_APP_CPU_NS_PER_PERIOD`] per
+    /// period since the tick before); returns whether the sampler should
+    /// doze.
+    fn note_idle(&mut self, periods: u32) -> bool {
+        let own: u64 = own_threads()
+            .iter()
+            .filter_map(|&tid| sys::thread_cpu_time_ns(tid))
+            .sum();
+        let app = sys::process_cpu_time_ns().saturating_sub(own);
+        let used = app.saturating_sub(self.app_cpu_ns);
+        self.app_cpu_ns = app;
+        if used < u64::from(periods) * IDLE_APP_CPU_NS_PER_PERIOD {
+            self.idle_ticks = self.idle_ticks.saturating_add(1);
+        } else {
+            self.idle_ticks = 0;
+        }
+        self.idle_ticks >= IDLE_TICKS_BEFORE_DOZING
+    }
+
+    /// One tick, due at `deadline`; returns how many periods it stood for.
+    fn tick(&mut self, deadline: Instant) -> u32 {
+        let shared = Arc::clone(&self.shared);
+        let c = &shared.counters;
+        c.ticks.add(1);
+        let periods = 1 + std::mem::take(&mut self.owed);
+        self.tick_no += u64::from(periods);
+        let (ts, now) = clocks_now();
+        // The slots are the deadlines, one period apart, however late the
+        // tick runs (see `ledger`).
+        let late = now.saturating_duration_since(deadline).as_nanos() as u64;
+        let tick = Tick {
+            periods,
+            ts,
+            slot_end: ts.saturating_sub(late),
+            now,
+        };
+        self.unwinder.refresh_modules();
+        self.threads.refresh_context_slots(&own_threads(), c);
+        for idx in 0..self.threads.len() {
+            self.tick_thread(idx, &tick, c);
+        }
+        // After the captures: those were taken by the threads the table
+        // still names, even if the listing now finds an id reused since.
+        if self
+            .threads
+            .refresh_due(self.idle_ticks >= IDLE_TICKS_BEFORE_DOZING)
+        {
+            self.threads.refresh(&own_threads(), c);
+        }
+        self.threads.remove_gone();
+        periods
+    }
+
+    /// One thread's part of a tick that stands for `periods` sampling
+    /// periods (more than one when the sampler thread could not run on
+    /// time), the latest of whose slots is `slot_end`.
+    ///
+    /// The thread's samples of running code (this tick's captures, and
+    /// stand-ins for periods the kernel counted without one) take their
+    /// period slots in its ledger, and every slot left free gets a fill
+    /// (see `ledger`). Then, if it did not run, its CPU clock and scheduler
+    /// state tell where it stands, which its fills show (see `state`).
+    fn tick_thread(&mut self, idx: usize, tick: &Tick, c: &Counters) {
+        if self.threads.get_mut(idx).gone || !self.bind(idx, c) {
+            return;
+        }
+        let harvested = self.harvest(idx, c);
+        let tick_no = self.tick_no;
+        let period_ns = self.period.as_nanos() as u64;
+        let t = self.threads.get_mut(idx);
+        if t.timer.is_none() {
+            for sample in harvested.running() {
+                t.ledger.push_sample(sample);
+            }
+            // Whatever was held when the thread lost its timer goes first.
+            t.ledger.alive_ns = u64::MAX;
+            flush(&self.tx, c, t, &self.requests, false);
+            self.untimed(idx, tick.ts, tick.now, c);
+            return;
+        }
+        self.nudge(idx, c);
+        let t = self.threads.get_mut(idx);
+        let missed = t.slot.map_or(0, |s| s.take_missed());
+        let slots = ledger::slot_times(tick.periods, tick.slot_end, t.ledger.last_slot, period_ns);
+        if let Some(&last) = slots.last() {
+            t.ledger.last_slot = Some(last);
+        }
+        // This tick's samples of running code: the captures (with their
+        // stacks, which the fills among them show), then stand-ins.
+        let mut captures: Vec<(u64, Arc<[u64]>, u64)> = Vec::new();
+        let mut running: Vec<u64> = Vec::new();
+        for sample in harvested.running() {
+            let (stack, context) = (sample.frames().clone(), sample.context());
+            let ts = t.ledger.push_sample(sample);
+            captures.push((ts, stack, context));
+            running.push(ts);
+        }
+        // The timer fired again before the slot was read, or more periods
+        // passed than the kernel signalled (overruns): the thread ran
+        // through, and its latest stack stands in for those periods, right
+        // after the capture, a microsecond apart: no request may get a
+        // moment the thread was not running in it.
+        let stand_ins = ledger::stand_in_times(
+            running.last().copied(),
+            missed,
+            tick.periods,
+            t.last_stack.is_some(),
+        );
+        if !stand_ins.is_empty() {
+            let stack = t.last_stack.clone().unwrap_or_else(|| Arc::from(&[][..]));
+            let context = t.last_context;
+            for ts in &stand_ins {
+                let sample = sample_of(t, *ts, stack.clone(), context, true);
+                running.push(t.ledger.push_sample(sample));
+            }
+            c.samples_timer_missed.add(stand_ins.len() as u64);
+        }
+        let placed = t
+            .ledger
+            .place_tick(slots, &running, period_ns / 2, period_ns);
+        for slot in placed.free {
+            // What the thread's published context word was at the slot (the
+            // sampler may run late).
+            let word = t
+                .context_slot
+                .map(|s| crate::context::word_at(s, t.info.tid, slot));
+            let turn = (slot / period_ns.max(1)) as usize;
+            let at_tick = periods::standing(
+                word,
+                &t.place.known(t.last_stack.as_ref(), t.last_context),
+                |c| self.requests.pick(c, turn),
+            );
+            t.ledger.push_fill(slot, word, at_tick);
+        }
+        let ran_within_ns = period_ns * 3 / 2;
+        let never_waiting = t.place.wait.is_none();
+        for (ts, stack, context) in &captures {
+            t.ledger
+                .captured(*ts, stack, *context, ran_within_ns, never_waiting, |c| {
+                    self.requests.get(c)
+                });
+        }
+        if !running.is_empty() {
+            // Alive and running: what was held until the capture leaves with
+            // what was known until then.
+            flush(&self.tx, c, t, &self.requests, false);
+            t.place.ran();
+            t.schedule.ran(tick_no);
+            return;
+        }
+        match awaited(t, tick.now, c) {
+            Awaited::Pending => return,
+            // Given up: record the held periods with what is known.
+            Awaited::GaveUp => flush(&self.tx, c, t, &self.requests, false),
+            Awaited::Nothing => {}
+        }
+        if !t.schedule.check_due(tick_no) {
+            return;
+        }
+        let cpu = sys::thread_cpu_time_ns(t.info.tid);
+        let clock = state::clock(t.cpu_seen_ns, cpu, IDLE_CPU_SLACK_NS);
+        if let (Clock::Ran | Clock::Stayed, Some(cpu)) = (clock, cpu) {
+            t.cpu_seen_ns = cpu;
+        }
+        match clock {
+            Clock::Gone => {
+                t.gone = true;
+                flush(&self.tx, c, t, &self.requests, false);
+                return;
+            }
+            Clock::Recycled => {
+                flush(&self.tx, c, t, &self.requests, false);
+                t.reset_identity();
+                c.threads_recycled.add(1);
+                return;
+            }
+            Clock::Ran => {
+                // It ran without filling a timer period. This tick's fill
+                // waits one tick (the thread may be parking somewhere new);
+                // the older ones leave with what was known.
+                t.ledger.alive_ns = t.ledger.alive_ns.max(tick.slot_end.saturating_sub(1));
+                flush(&self.tx, c, t, &self.requests, false);
+                t.place.ran_uncaptured(t.last_stack.as_ref());
+                t.schedule.ran(tick_no);
+                if !t.asking.is_unresponsive() && t.schedule.probe(tick_no, PROBE_EVERY) {
+                    if let Look::Waiting(stack, context) = self.look_blocked(idx, c) {
+                        learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
+                    }
+                }
+            }
+            Clock::Stayed => {
+                t.ledger.alive_ns = t.ledger.alive_ns.max(tick.ts);
+                let unresponsive = t.asking.is_unresponsive();
+                if !t.place.is_current() && !unresponsive && !t.schedule.ask_due(tick_no) {
+                    // It waited in the same place the last times it was
+                    // asked: take it to be there again.
+                    t.place.assume_waiting();
+                }
+                if !t.place.is_current() && !unresponsive {
+                    // Off the CPU for a whole tick since it last ran: waiting
+                    // in the kernel, or runnable but not given a core (more
+                    // runnable threads than cores). Learn which, and where it
+                    // waits, without interrupting it.
+                    match self.look_blocked(idx, c) {
+                        Look::Waiting(stack, context) => {
+                            learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
+                        }
+                        Look::Running => {
+                            let t = self.threads.get_mut(idx);
+                            let context_now = t
+                                .context_slot
+                                .map_or(0, |s| crate::context::read_for(s, t.info.tid));
+                            t.place.found_preempted(
+                                t.last_stack.as_ref(),
+                                t.last_context,
+                                context_now,
+                            );
+                        }
+                        Look::Gone => self.threads.get_mut(idx).gone = true,
+                    }
+                } else {
+                    t.place.stayed_off();
+                    t.schedule.stayed_off(MAX_CHECK_EVERY);
+                }
+            }
+        }
+        let t = self.threads.get_mut(idx);
+        flush(&self.tx, c, t, &self.requests, false);
+        t.schedule.next_check = tick_no + t.schedule.check_every;
+    }
+}
