@@ -84,3 +84,42 @@ impl Drop for Workers {
         }
     }
 }
+
+/// The headers of an HTTP/1.1 message that the loopback benchmarks' own
+/// client and sink need.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Http1Headers {
+    /// `Content-Length` (0 when absent).
+    pub content_length: usize,
+    /// `Content-Encoding: gzip`.
+    pub gzip: bool,
+}
+
+/// Reads one line into `line` (cleared first); false at the end of the
+/// stream or on an error.
+pub fn read_line(r: &mut impl std::io::BufRead, line: &mut String) -> bool {
+    line.clear();
+    r.read_line(line).ok().filter(|n| *n > 0).is_some()
+}
+
+/// Reads header lines up to the blank line that ends them; `None` if the
+/// stream ends or fails first. `line` is scratch space.
+pub fn read_headers(r: &mut impl std::io::BufRead, line: &mut String) -> Option<Http1Headers> {
+    let mut h = Http1Headers::default();
+    loop {
+        if !read_line(r, line) {
+            return None;
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            return Some(h);
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            if k.trim().eq_ignore_ascii_case("content-length") {
+                h.content_length = v.trim().parse().unwrap_or(0);
+            } else if k.trim().eq_ignore_ascii_case("content-encoding") {
+                h.gzip = v.trim().eq_ignore_ascii_case("gzip");
+            }
+        }
+    }
+}

@@ -7,11 +7,13 @@
 //! A fixed count (not a fixed time) makes every round of every mode do the
 //! same work, so CPU per request compares like with like.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use sentry_profiling_benches::{read_headers, read_line};
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().collect();
@@ -120,26 +122,14 @@ fn run_connection(
 /// a status other than 200.
 fn read_response(r: &mut BufReader<TcpStream>) -> bool {
     let mut line = String::new();
-    if r.read_line(&mut line).ok().filter(|n| *n > 0).is_none() {
+    if !read_line(r, &mut line) {
         return false;
     }
     let ok = line.starts_with("HTTP/1.1 200");
-    let mut len = 0usize;
-    loop {
-        line.clear();
-        if r.read_line(&mut line).ok().filter(|n| *n > 0).is_none() {
-            return false;
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':') {
-            if k.trim().eq_ignore_ascii_case("content-length") {
-                len = v.trim().parse().unwrap_or(0);
-            }
-        }
-    }
+    let Some(headers) = read_headers(r, &mut line) else {
+        return false;
+    };
+    let len = headers.content_length;
     let mut body = vec![0; len];
     ok && r.read_exact(&mut body).is_ok()
 }

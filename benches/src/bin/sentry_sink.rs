@@ -8,10 +8,12 @@
 //! service pays only for sending, as it would in production. Runs until
 //! killed.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use sentry_profiling_benches::{Http1Headers, read_headers, read_line};
 
 #[derive(Default)]
 struct Counts {
@@ -52,41 +54,18 @@ fn serve(stream: TcpStream, counts: &Counts) {
     let mut line = String::new();
     let mut body = Vec::new();
     loop {
-        line.clear();
-        if reader
-            .read_line(&mut line)
-            .ok()
-            .filter(|n| *n > 0)
-            .is_none()
-        {
+        if !read_line(&mut reader, &mut line) {
             return;
         }
         let is_count = line.starts_with("GET /count");
-        let mut len = 0usize;
-        let mut gzip = false;
-        loop {
-            line.clear();
-            if reader
-                .read_line(&mut line)
-                .ok()
-                .filter(|n| *n > 0)
-                .is_none()
-            {
-                return;
-            }
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                if k.trim().eq_ignore_ascii_case("content-length") {
-                    len = v.trim().parse().unwrap_or(0);
-                } else if k.trim().eq_ignore_ascii_case("content-encoding") {
-                    // Only the profiler's chunk sender compresses.
-                    gzip = v.trim().eq_ignore_ascii_case("gzip");
-                }
-            }
-        }
+        // Only the profiler's chunk sender compresses.
+        let Some(Http1Headers {
+            content_length: len,
+            gzip,
+        }) = read_headers(&mut reader, &mut line)
+        else {
+            return;
+        };
         body.resize(len, 0);
         if reader.read_exact(&mut body).is_err() {
             return;
