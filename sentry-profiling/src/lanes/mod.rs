@@ -48,6 +48,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+mod edges;
 pub(crate) mod registry;
 pub(crate) mod table;
 
