@@ -112,8 +112,8 @@ impl ChunkWriter<'_> {
     }
 
     /// Whether the writer holds nothing that time alone would make it
-    /// write: no sample in the chunk, and (transaction profiles) no
-    /// profile waiting.
+    /// write: no sample in the chunk, and no transaction profiles being
+    /// made (their history is pruned and their profiles sent at the tick).
     pub(super) fn is_idle(&self) -> bool {
         self.chunk.is_empty() && self.v1.is_none()
     }
@@ -281,9 +281,7 @@ impl ChunkWriter<'_> {
             }
         }
     }
-}
 
-impl ChunkWriter<'_> {
     /// V1 mode: builds and sends the profiles of transactions whose samples
     /// have arrived (all of them with `force`).
     pub(super) fn process_v1(&mut self, modules: &ModuleSet, force: bool) {
