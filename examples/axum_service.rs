@@ -75,14 +75,20 @@ fn print_summary(settings: &Settings, stats: Option<sentry_profiling::ProfilerSt
                 Ok(page) => println!("  what Sentry will show, per request: {}", page.display()),
                 Err(e) => println!("  no preview page: {e}"),
             }
-            for file in [
-                sentry_profiling_examples::PPROF_FILE,
-                sentry_profiling_examples::OTLP_FILE,
-            ] {
-                let path = settings.envelope_dir.join(file);
-                if path.exists() {
-                    println!("  {}", path.display());
-                }
+        }
+    }
+    if let Some(dir) = settings.export_dir() {
+        for file in [
+            sentry_profiling_examples::PPROF_FILE,
+            sentry_profiling_examples::OTLP_FILE,
+        ] {
+            let path = dir.join(file);
+            if path.exists() {
+                println!(
+                    "  {} (the last chunk; older ones in {}.1, .2, …)",
+                    path.display(),
+                    file
+                );
             }
         }
     }

@@ -112,6 +112,10 @@ pub struct Settings {
     /// `OTEL_EXPORTER_OTLP_ENDPOINT` (`http://host:port`): also post
     /// profiles to this OpenTelemetry collector.
     pub otlp_endpoint: Option<String>,
+    /// `SENTRY_PROFILE_EXPORT_DIR`: where the pprof and OTLP files go (see
+    /// [`Settings::export_dir`]); with no DSN they go beside the envelopes
+    /// unless this says otherwise.
+    pub profile_export_dir: Option<PathBuf>,
 }
 
 impl Settings {
@@ -134,13 +138,29 @@ impl Settings {
             otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
                 .ok()
                 .filter(|s| !s.is_empty()),
+            profile_export_dir: std::env::var_os("SENTRY_PROFILE_EXPORT_DIR")
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from),
         })
+    }
+
+    /// The directory of the pprof and OTLP files, if any: the one set, else
+    /// the envelope directory when there is no DSN.
+    pub fn export_dir(&self) -> Option<&std::path::Path> {
+        match (&self.profile_export_dir, &self.dsn) {
+            (Some(dir), _) => Some(dir),
+            (None, None) => Some(&self.envelope_dir),
+            (None, Some(_)) => None,
+        }
     }
 }
 
-/// The pprof file written beside the envelopes when there is no DSN.
+/// The pprof file in the export directory ([`Settings::export_dir`]):
+/// each chunk's profile, the newest at this name, older ones rotated to
+/// `profile.pb.gz.1`, `.2`, …
 pub const PPROF_FILE: &str = "profile.pb.gz";
-/// The OTLP profiles file written beside the envelopes when there is no DSN.
+/// The OTLP profiles file in the export directory, rotated as
+/// [`PPROF_FILE`] is.
 pub const OTLP_FILE: &str = "profile.otlp.pb";
 
 /// The DSN used with the local envelope directory: the client needs one to
@@ -165,11 +185,14 @@ pub fn sentry_options(settings: &Settings) -> Result<sentry::ClientOptions, Stri
                 EnvelopeDirTransport::factory(&settings.envelope_dir)
                     .map_err(|e| format!("{}: {e}", settings.envelope_dir.display()))?,
             );
-            // The whole run as pprof and OTLP files beside the envelopes.
-            profiling = profiling
-                .pprof_file(settings.envelope_dir.join(PPROF_FILE))
-                .otlp_file(settings.envelope_dir.join(OTLP_FILE));
         }
+    }
+    if let Some(dir) = settings.export_dir() {
+        // Every chunk as pprof and OTLP files (the last ten kept).
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        profiling = profiling
+            .pprof_file(dir.join(PPROF_FILE))
+            .otlp_file(dir.join(OTLP_FILE));
     }
     Ok(profiling.apply(options))
 }

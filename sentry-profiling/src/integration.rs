@@ -7,7 +7,7 @@ use std::time::Duration;
 use sentry_core::{ClientOptions, Integration};
 
 use crate::chunk::MAX_CHUNK_DURATION;
-use crate::export::ExportTarget;
+use crate::export::{ExportTarget, FileRetention};
 use crate::lanes::ThreadAttribution;
 use crate::options::{
     DEFAULT_CHUNK_DURATION, DEFAULT_HTTP_TIMEOUT, DEFAULT_PROFILE_SESSION_SAMPLE_RATE,
@@ -44,6 +44,7 @@ pub struct ProfilingIntegration {
     symbolize: bool,
     attribution: ThreadAttribution,
     exports: Vec<ExportTarget>,
+    file_retention: FileRetention,
     profiles_sample_rate: Option<f64>,
     profiles_sampler: Option<ProfilesSampler>,
     http_timeout: Duration,
@@ -79,6 +80,7 @@ impl std::fmt::Debug for ProfilingIntegration {
             .field("symbolize", &self.symbolize)
             .field("thread_attribution", &self.attribution)
             .field("exports", &self.exports)
+            .field("file_retention", &self.file_retention)
             .field("profiles_sample_rate", &self.profiles_sample_rate)
             .field("profiles_sampler", &self.profiles_sampler.is_some())
             .field("http_timeout", &self.http_timeout)
@@ -104,6 +106,7 @@ impl ProfilingIntegration {
             symbolize: true,
             attribution: ThreadAttribution::default(),
             exports: Vec::new(),
+            file_retention: FileRetention::default(),
             profiles_sample_rate: None,
             profiles_sampler: None,
             http_timeout: DEFAULT_HTTP_TIMEOUT,
@@ -188,20 +191,44 @@ impl ProfilingIntegration {
         self
     }
 
-    /// Also writes the session's profile as a gzipped pprof file at
-    /// shutdown (readable by `go tool pprof`, Pyroscope, Grafana), with
-    /// `span_id`/`span_name`/`trace_id` labels.
+    /// Also writes every chunk's profile as a gzipped pprof file (readable
+    /// by `go tool pprof`, Pyroscope, Grafana), with
+    /// `span_id`/`span_name`/`trace_id` labels. Each chunk is written when it
+    /// finishes (every [`Self::chunk_duration`], and at shutdown) to `path`,
+    /// and the one before it moves to `<path>.1`, the one before that to
+    /// `<path>.2`, as log files rotate: see [`Self::export_files_kept`] and
+    /// [`Self::export_files_max_bytes`]. Memory does not grow with the
+    /// process's uptime, and a process killed mid-run keeps every chunk
+    /// finished before. `go tool pprof path path.1 path.2` merges several.
     #[must_use]
     pub fn pprof_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.exports.push(ExportTarget::PprofFile(path.into()));
         self
     }
 
-    /// Also writes the session's profile as an OTLP profiles export request
-    /// (protobuf) at shutdown.
+    /// Also writes every chunk's profile as an OTLP profiles export request
+    /// (protobuf) when it finishes, rotated as [`Self::pprof_file`] is.
     #[must_use]
     pub fn otlp_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.exports.push(ExportTarget::OtlpFile(path.into()));
+        self
+    }
+
+    /// How many files each file export keeps: the newest chunk and
+    /// `kept - 1` rotated ones (older ones are deleted). Default 10 (with
+    /// 60 s chunks, the last ten minutes); 0 means 1.
+    #[must_use]
+    pub fn export_files_kept(mut self, kept: usize) -> Self {
+        self.file_retention.kept = kept.max(1);
+        self
+    }
+
+    /// Most bytes each file export keeps on disk, all its files together:
+    /// the oldest rotated files are deleted beyond it (the newest chunk's
+    /// file always stays). Default 256 MiB.
+    #[must_use]
+    pub fn export_files_max_bytes(mut self, bytes: u64) -> Self {
+        self.file_retention.max_bytes = bytes;
         self
     }
 
@@ -355,6 +382,7 @@ impl ProfilingIntegration {
             debug: options.debug,
             attribution: self.attribution,
             exports: self.exports.clone(),
+            file_retention: self.file_retention,
             v1: self.v1_config()?,
             service_name: std::env::current_exe()
                 .ok()

@@ -76,6 +76,7 @@ pub fn local_settings(tag: &str) -> sentry_profiling_examples::Settings {
         traces_sample_rate: 1.0,
         profile_session_sample_rate: 1.0,
         otlp_endpoint: None,
+        profile_export_dir: None,
     }
 }
 

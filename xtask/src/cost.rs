@@ -61,7 +61,7 @@ struct Round {
 }
 
 /// A child process killed when dropped.
-struct Killed(Child);
+pub(crate) struct Killed(pub(crate) Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {

@@ -27,9 +27,13 @@
 //!   every thread group with 95 % confidence intervals, the profiler
 //!   threads at fixed rates and with requests in flight but idle (see
 //!   `xtask/src/cost.rs`).
+//! - `soak [MINUTES]` (default 10): the example's resident memory every
+//!   10 s at the maximum loopback rate with its pprof and OTLP files on,
+//!   profiling off then on (see `xtask/src/soak.rs`).
 
 mod bench;
 mod cost;
+mod soak;
 
 use std::process::{Command, ExitCode};
 
@@ -194,6 +198,12 @@ fn main() -> ExitCode {
             ],
             &[],
         ),
+        Some("soak") => {
+            let minutes = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10);
+            soak::soak(minutes)
+                .map_err(|e| eprintln!("xtask soak: {e}"))
+                .is_ok()
+        }
         Some("cost") => {
             let rounds = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10);
             cost::run(rounds, false)
@@ -202,7 +212,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <test|ci|bench [--quick]|stress [SECONDS] [HZ] [CHUNK_SECONDS]|cost [ROUNDS]|view [ENVELOPE_DIR]>"
+                "usage: cargo xtask <test|ci|bench [--quick]|stress [SECONDS] [HZ] [CHUNK_SECONDS]|cost [ROUNDS]|soak [MINUTES]|view [ENVELOPE_DIR]>"
             );
             false
         }

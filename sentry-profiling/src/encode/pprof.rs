@@ -163,7 +163,7 @@ pub struct Function {
 /// counted in [`PprofBuilder::dropped`].
 pub(crate) const MAX_PPROF_SAMPLES: usize = 1_000_000;
 
-/// Accumulates chunks into one pprof profile.
+/// Builds one pprof profile from chunks (the file export gives it one).
 #[derive(Debug, Default)]
 pub(crate) struct PprofBuilder {
     strings: Vec<String>,
@@ -359,11 +359,6 @@ impl PprofBuilder {
                 }
             }
         }
-    }
-
-    /// Whether no sample was added.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.samples.is_empty()
     }
 
     /// The profile so far.

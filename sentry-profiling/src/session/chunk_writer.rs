@@ -181,15 +181,6 @@ impl ChunkWriter<'_> {
             .fetch_add(counts.dropped, Ordering::Relaxed);
     }
 
-    /// Writes the file exporters' accumulated profiles (at shutdown).
-    pub(super) fn finish_exports(&mut self) {
-        let mut counts = ExportCounts::default();
-        for e in &mut self.exporters {
-            e.finish(&self.service_name, &mut counts);
-        }
-        self.record_exports(counts);
-    }
-
     pub(super) fn finish_with(&mut self, modules: &ModuleSet) {
         if self.v1.is_some() {
             self.process_v1(modules, true);

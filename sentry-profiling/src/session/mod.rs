@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 
-use crate::export::ExportTarget;
+use crate::export::{ExportTarget, FileRetention};
 use crate::lanes::{LaneLink, LaneRegistry, ThreadAttribution};
 use crate::options::{ProfileLifecycle, SamplerConfig};
 use crate::sampler::{SamplerControl, SamplerStats};
@@ -104,6 +104,8 @@ pub(crate) struct SessionConfig {
     pub(crate) debug: bool,
     pub(crate) attribution: ThreadAttribution,
     pub(crate) exports: Vec<ExportTarget>,
+    /// How many exported files are kept.
+    pub(crate) file_retention: FileRetention,
     pub(crate) service_name: String,
     /// Transaction-based (V1) profiling instead of continuous chunks.
     pub(crate) v1: Option<V1Config>,

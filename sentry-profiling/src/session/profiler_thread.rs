@@ -91,7 +91,7 @@ impl Session {
                 .exports
                 .iter()
                 .filter_map(|t| {
-                    Exporter::new(t)
+                    Exporter::new(t, config.file_retention)
                         .map_err(|e| eprintln!("sentry-profiling: {e}"))
                         .ok()
                 })
@@ -123,7 +123,6 @@ impl Session {
                         builder.push(s, &modules);
                     }
                     builder.finish_with(&modules);
-                    builder.finish_exports();
                     *self
                         .last_sampler_stats
                         .lock()
