@@ -81,6 +81,8 @@ impl Request {
 struct State {
     mode: Mutex<Mode>,
     requests: Mutex<Vec<Request>>,
+    /// Whether requests are kept (see [`FakeSentry::discard_requests`]).
+    keep: AtomicBool,
     stop: AtomicBool,
 }
 
@@ -106,6 +108,7 @@ impl FakeSentry {
         let state = Arc::new(State {
             mode: Mutex::new(Mode::Healthy),
             requests: Mutex::new(Vec::new()),
+            keep: AtomicBool::new(true),
             stop: AtomicBool::new(false),
         });
         let acceptor_state = Arc::clone(&state);
@@ -130,7 +133,13 @@ impl FakeSentry {
         *self.state.mode.lock().unwrap() = mode;
     }
 
-    /// Every request so far.
+    /// Answers from now on without keeping the requests (for long runs at
+    /// high rates, whose envelopes would fill the test's memory).
+    pub fn discard_requests(&self) {
+        self.state.keep.store(false, Ordering::Release);
+    }
+
+    /// Every request so far (that was kept).
     pub fn requests(&self) -> Vec<Request> {
         self.state.requests.lock().unwrap().clone()
     }
@@ -239,14 +248,16 @@ fn serve(mut stream: TcpStream, state: &State) {
         ),
         Mode::RateLimitTransactions { .. } => (Some(200), String::new()),
     };
-    state.requests.lock().unwrap().push(Request {
-        at,
-        mode,
-        path,
-        body,
-        status,
-        rate_limited: !extra.is_empty(),
-    });
+    if state.keep.load(Ordering::Acquire) {
+        state.requests.lock().unwrap().push(Request {
+            at,
+            mode,
+            path,
+            body,
+            status,
+            rate_limited: !extra.is_empty(),
+        });
+    }
     match status {
         Some(code) => {
             let reason = match code {
