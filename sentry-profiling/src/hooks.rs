@@ -13,7 +13,7 @@ pub use crate::lanes::{LaneLink, is_lane, new_lane};
 
 // What the workspace's other crates need that is not a hook: the tracing
 // layer's thread word and OS-thread keys; the benches' chunk encoder; the
-// tests' pprof decoding.
+// tests' pprof decoding and slow envelope directory.
 pub use crate::chunk::{Chunk, ChunkSample};
 pub use crate::encode::sentry_chunk::{ChunkMeta, EncodedChunk, encode_chunk};
 pub use crate::thread_word::{current_thread_id, set_thread_context, thread_context};
@@ -25,6 +25,16 @@ pub mod pprof_proto {
     pub use crate::encode::pprof::{
         Function, Label, Line, Location, Mapping, Profile, Sample, ValueType,
     };
+}
+
+/// Makes `transport`'s writer thread pause `per_write` before each write,
+/// from its next one on: a slow disk, for the workspace's tests
+/// (`Duration::ZERO` ends it).
+pub fn set_envelope_dir_write_delay(
+    transport: &crate::EnvelopeDirTransport,
+    per_write: std::time::Duration,
+) {
+    transport.set_write_delay(per_write);
 }
 
 /// A sampled root span (transaction) became active. Returns the session's
