@@ -44,7 +44,10 @@ use crate::error::log_throttled;
 ///
 /// `Arc<EnvelopeDirTransport>` is itself a transport factory, handing out
 /// that one transport, as [`factory`](Self::factory) does: keep the `Arc`
-/// to read the counters.
+/// to read the counters. To flush it yourself, call `flush` on the
+/// transport (`Transport::flush(&*arc, timeout)`), not on the `Arc`:
+/// sentry-core's `Transport` impl for `Arc<T>` does not pass `flush` on,
+/// and returns `true` at once.
 ///
 /// In the child of a `fork()`, which has no writer thread, envelopes are
 /// written on the sending thread, and `flush` and `shutdown` do not wait
