@@ -14,7 +14,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -208,14 +208,15 @@ impl Transport for EnvelopeDirTransport {
             self.shared.write(&envelope);
             return;
         }
-        if self.closed.load(Ordering::Relaxed) {
-            self.shared.drop_one("the transport is shut down");
-            return;
-        }
+        // A place in the queue is claimed before `closed` is read, both in
+        // one total order with shutdown's store: an envelope sent after the
+        // writer was told to stop was claimed before `closed` was set, so
+        // the stopping writer sees the claim and waits for the envelope
+        // (see `run`). None is lost uncounted.
         let claimed = self
             .shared
             .queued
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            .fetch_update(Ordering::SeqCst, Ordering::Relaxed, |n| {
                 (n < self.capacity).then_some(n + 1)
             })
             .is_ok();
@@ -224,9 +225,14 @@ impl Transport for EnvelopeDirTransport {
                 .drop_one("the queue is full (the disk is slower than envelopes arrive)");
             return;
         }
+        if self.closed.load(Ordering::SeqCst) {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            self.shared.drop_one("the transport is shut down");
+            return;
+        }
         if self.jobs.send(Job::Write(envelope)).is_err() {
             // Only a writer that has ended drops its receiver.
-            self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             self.shared.drop_one("the writer thread has ended");
         }
     }
@@ -236,23 +242,23 @@ impl Transport for EnvelopeDirTransport {
             return true;
         }
         let (reply, answer) = channel();
-        if self.closed.load(Ordering::Relaxed) || self.jobs.send(Job::Flush(reply)).is_err() {
-            return self.shared.queued.load(Ordering::Relaxed) == 0;
+        if self.closed.load(Ordering::SeqCst) || self.jobs.send(Job::Flush(reply)).is_err() {
+            return self.shared.queued.load(Ordering::SeqCst) == 0;
         }
-        answer.recv_timeout(timeout).is_ok()
+        self.shared.answered(&answer, timeout)
     }
 
     fn shutdown(&self, timeout: Duration) -> bool {
         if crate::sys::in_forked_child() {
             return true;
         }
-        self.closed.store(true, Ordering::Relaxed);
+        self.closed.store(true, Ordering::SeqCst);
         let (reply, answer) = channel();
         let done = if self.jobs.send(Job::Stop(reply)).is_ok() {
-            answer.recv_timeout(timeout).is_ok()
+            self.shared.answered(&answer, timeout)
         } else {
             // An earlier shutdown ended the writer.
-            self.shared.queued.load(Ordering::Relaxed) == 0
+            self.shared.queued.load(Ordering::SeqCst) == 0
         };
         if done {
             // The writer answered as its last act: this join does not wait
@@ -278,7 +284,7 @@ impl Drop for EnvelopeDirTransport {
             std::mem::forget(writer.take());
             return;
         }
-        if !self.closed.load(Ordering::Relaxed) {
+        if !self.closed.load(Ordering::SeqCst) {
             self.shutdown(Self::DROP_TIMEOUT);
         }
     }
@@ -297,22 +303,28 @@ fn run(shared: &Shared, jobs: &Receiver<Job>) {
                 }
                 // Counted out only now, so that the bound covers the
                 // envelope being written too.
-                shared.queued.fetch_sub(1, Ordering::Relaxed);
+                shared.queued.fetch_sub(1, Ordering::SeqCst);
             }
             Job::Flush(reply) => {
                 let _ = reply.send(());
             }
             Job::Stop(reply) => {
-                // Anything behind the marker was sent while shutdown began.
-                for job in jobs.try_iter() {
-                    match job {
-                        Job::Write(_) => {
+                // Every envelope sent before the marker has been dealt with.
+                // What is still claimed was sent, or is about to be, by a
+                // thread that read `closed` before shutdown set it: wait
+                // for it (its sender is a few instructions from the send)
+                // and drop it.
+                while shared.queued.load(Ordering::SeqCst) > 0 {
+                    match jobs.try_recv() {
+                        Ok(Job::Write(_)) => {
                             shared.drop_one("the transport is shut down");
-                            shared.queued.fetch_sub(1, Ordering::Relaxed);
+                            shared.queued.fetch_sub(1, Ordering::SeqCst);
                         }
-                        Job::Flush(reply) | Job::Stop(reply) => {
+                        Ok(Job::Flush(reply) | Job::Stop(reply)) => {
                             let _ = reply.send(());
                         }
+                        Err(TryRecvError::Empty) => std::thread::yield_now(),
+                        Err(TryRecvError::Disconnected) => break,
                     }
                 }
                 let _ = reply.send(());
@@ -323,6 +335,17 @@ fn run(shared: &Shared, jobs: &Receiver<Job>) {
 }
 
 impl Shared {
+    /// Waits at most `timeout` for the writer to answer a marker. A writer
+    /// that ended without answering (stopped by a concurrent shutdown) has
+    /// dealt with everything if nothing is still queued.
+    fn answered(&self, answer: &Receiver<()>, timeout: Duration) -> bool {
+        match answer.recv_timeout(timeout) {
+            Ok(()) => true,
+            Err(RecvTimeoutError::Timeout) => false,
+            Err(RecvTimeoutError::Disconnected) => self.queued.load(Ordering::SeqCst) == 0,
+        }
+    }
+
     /// Serialises `envelope` and writes it to the next file, counting the
     /// outcome.
     fn write(&self, envelope: &Envelope) {
@@ -526,6 +549,34 @@ mod tests {
         assert!(t.flush(Duration::from_secs(1)));
         assert!(t.shutdown(Duration::from_secs(1)));
         assert_eq!(files(&dir).len(), 50);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn envelopes_racing_shutdown_are_written_or_counted() {
+        const THREADS: usize = 4;
+        const EACH: usize = 500;
+        let dir = temp_dir("race");
+        let t = Arc::new(EnvelopeDirTransport::new(&dir).unwrap().queue_capacity(16));
+        let senders: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let t = Arc::clone(&t);
+                std::thread::spawn(move || {
+                    for i in 0..EACH {
+                        t.send_envelope(envelope(i));
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(Transport::shutdown(&*t, Duration::from_secs(30)));
+        for s in senders {
+            s.join().unwrap();
+        }
+        assert_eq!(t.written() + t.dropped(), (THREADS * EACH) as u64);
+        assert_eq!(t.failed(), 0);
+        assert_eq!(t.shared.queued.load(Ordering::SeqCst), 0);
+        assert_eq!(files(&dir).len() as u64, t.written());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
