@@ -165,11 +165,16 @@ impl LaneRegistry {
         }
     }
 
-    /// The reader took a lane's end: its places are free again.
-    fn released(&self) {
+    /// The reader took the ends of `lanes` lanes, or forgot that many
+    /// lanes open for too long (a root span never closed, a task that runs
+    /// for good): their places are free again, so that a leaked span does
+    /// not hold places for the life of the process.
+    pub(crate) fn released(&self, lanes: usize) {
         let _ = self
             .in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(lanes))
+            });
     }
 
     /// Wakes the profiler thread (which reads the queue).
@@ -195,10 +200,11 @@ impl LaneReader {
         for event in self.events.try_iter() {
             events += 1;
             if matches!(event, LaneEvent::Finished { .. }) {
-                registry.released();
                 ends += 1;
             }
-            lanes.apply(event);
+            if lanes.apply(event) {
+                registry.released(1);
+            }
         }
         (events, ends)
     }
@@ -245,5 +251,36 @@ mod tests {
         assert_eq!(registry.in_flight(), 0);
         assert_eq!(lanes.finished(), MAX_LANES_IN_FLIGHT);
         assert!(registry.started(u64::MAX, Arc::default(), 0), "room again");
+    }
+
+    #[test]
+    fn a_lane_that_never_ends_gives_its_places_back_when_it_expires() {
+        use crate::lanes::table::LANE_MAX_OPEN_NS;
+        let registry = LaneRegistry::default();
+        let reader = registry.open().expect("opened");
+        let mut lanes = Lanes::default();
+        // A root span that is never closed, and one that ends late.
+        assert!(registry.started(1, Arc::default(), 0));
+        assert!(registry.started(2, Arc::default(), 0));
+        reader.read_into(&registry, &mut lanes);
+        assert_eq!(registry.in_flight(), 2);
+        let expired = lanes.prune(LANE_MAX_OPEN_NS + 1);
+        assert_eq!(expired, 2);
+        registry.released(expired);
+        assert_eq!(registry.in_flight(), 0, "expired lanes hold no places");
+        // Another request in flight, then the late end of an expired lane:
+        // it frees nothing (its places went back at expiry).
+        assert!(registry.started(3, Arc::default(), LANE_MAX_OPEN_NS + 2));
+        registry.finished(2, LANE_MAX_OPEN_NS + 3);
+        let (_, ends) = reader.read_into(&registry, &mut lanes);
+        assert_eq!(ends, 1);
+        assert_eq!(
+            registry.in_flight(),
+            1,
+            "the request in flight keeps its places"
+        );
+        registry.finished(3, LANE_MAX_OPEN_NS + 4);
+        reader.read_into(&registry, &mut lanes);
+        assert_eq!(registry.in_flight(), 0);
     }
 }

@@ -116,7 +116,11 @@ impl Lanes {
         self.finished
     }
 
-    pub(crate) fn apply(&mut self, event: LaneEvent) {
+    /// Takes one lane event. Returns whether it was the end of a lane still
+    /// open here, whose places in the lane queue are then free; the end of
+    /// a lane already expired (see [`Lanes::prune`]), whose places were
+    /// given back when it expired, returns false.
+    pub(crate) fn apply(&mut self, event: LaneEvent) -> bool {
         match event {
             LaneEvent::Started {
                 lane,
@@ -134,6 +138,7 @@ impl Lanes {
                         polls_known: false,
                     },
                 );
+                false
             }
             LaneEvent::Transaction {
                 lane,
@@ -151,13 +156,15 @@ impl Lanes {
                         *end = (*end).max(l.transaction_end_ns);
                     }
                 }
+                false
             }
             LaneEvent::Finished { lane, end_ns } => {
-                if let Some(l) = self.lanes.get_mut(&lane) {
-                    if l.end_ns.replace(end_ns.max(l.transaction_end_ns)).is_none() {
-                        self.finished += 1;
-                    }
-                }
+                let Some(l) = self.lanes.get_mut(&lane) else {
+                    return false;
+                };
+                let was_open = l.end_ns.replace(end_ns.max(l.transaction_end_ns)).is_none();
+                self.finished += usize::from(was_open);
+                was_open
             }
         }
     }
@@ -393,7 +400,9 @@ impl Lanes {
     }
 
     /// Forgets lanes that ended before `ns`, and lanes open for longer than
-    /// [`LANE_MAX_OPEN_NS`] (returns how many of those expired).
+    /// [`LANE_MAX_OPEN_NS`] (returns how many of those expired: the caller
+    /// gives their places in the lane queue back, since their end, if it
+    /// ever comes, frees nothing, see [`Lanes::apply`]).
     pub(crate) fn prune(&mut self, ns: u64) -> usize {
         let oldest = ns.saturating_sub(LANE_MAX_OPEN_NS);
         let mut expired = 0;

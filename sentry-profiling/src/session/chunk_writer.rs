@@ -118,6 +118,18 @@ impl ChunkWriter<'_> {
         self.chunk.is_empty() && self.v1.is_none()
     }
 
+    /// Forgets the lanes that ended before `before` and those open too long
+    /// (counted as expired, their places in the lane queue given back).
+    fn prune_lanes(&mut self, before: u64) {
+        let expired = self.lanes.prune(before);
+        self.session.lanes.released(expired);
+        self.session
+            .counters
+            .lanes_expired
+            .fetch_add(expired as u64, Ordering::Relaxed);
+        self.note_lanes_tracked();
+    }
+
     pub(super) fn rotate_if_due(&mut self, sampler: &Sampler) {
         if let Some(v1) = &self.v1 {
             // V1 mode sends no chunks: keep enough history for the longest
@@ -131,12 +143,7 @@ impl ChunkWriter<'_> {
                 .unwrap_or(u64::MAX);
             self.chunk.retain_since(keep_from.min(oldest));
             // Lanes that ended before the history kept are no longer needed.
-            let expired = self.lanes.prune(keep_from.min(oldest));
-            self.session
-                .counters
-                .lanes_expired
-                .fetch_add(expired as u64, Ordering::Relaxed);
-            self.note_lanes_tracked();
+            self.prune_lanes(keep_from.min(oldest));
             let modules = sampler.modules();
             self.process_v1(&modules, false);
             // No chunk ends in this mode: the sampler pauses once no root
@@ -248,10 +255,8 @@ impl ChunkWriter<'_> {
             self.symbolizer.as_mut(),
             &|i, _| keys[i].clone(),
         );
-        let expired = self.lanes.prune(now);
-        self.note_lanes_tracked();
+        self.prune_lanes(now);
         let c = &self.session.counters;
-        c.lanes_expired.fetch_add(expired as u64, Ordering::Relaxed);
         c.samples_single_thread.fetch_add(
             pieces.iter().map(|p| p.dropped_single).sum::<usize>() as u64,
             Ordering::Relaxed,
