@@ -182,14 +182,25 @@ pub(super) fn awaited(t: &mut Tracked, now: Instant, c: &Counters) -> Awaited {
 
 /// Sends thread `t` a signal asking for its stack; `as_sample` when the
 /// capture is a sample of its own rather than the thread's parked stack.
-pub(super) fn request(t: &mut Tracked, as_sample: bool, now: Instant, c: &Counters) {
-    let Some(slot) = t.slot else { return };
+/// Returns the `errno` of a send that failed other than for a thread gone.
+pub(super) fn request(t: &mut Tracked, as_sample: bool, now: Instant, c: &Counters) -> Option<i32> {
+    let slot = t.slot?;
     match sys::send_sample_signal(t.info.tid, slot) {
         Ok(()) => {
             c.signals_sent.add(1);
             t.asking.sent(now, as_sample);
+            None
         }
-        Err(sys::SendError::ThreadGone) => t.gone = true,
-        Err(_) => c.dropped_signal_failed.add(1),
+        Err(sys::SendError::ThreadGone) => {
+            t.gone = true;
+            None
+        }
+        Err(e) => {
+            c.dropped_signal_failed.add(1);
+            match e {
+                sys::SendError::Os(errno) => Some(errno),
+                _ => None,
+            }
+        }
     }
 }

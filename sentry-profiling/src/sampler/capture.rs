@@ -11,6 +11,7 @@ use super::answers::{
     Harvested, IDLE_CPU_SLACK_NS, Look, MAX_ASK_EVERY, NUDGE_AFTER, awaited, emit_for, flush,
     request, sample_of,
 };
+use super::denied::{Capability, Refusal, is_denial};
 use super::state::Awaited;
 use super::stats::Counters;
 use super::worker::Worker;
@@ -34,7 +35,8 @@ impl Worker {
         let (Some(slot), Some(timer)) = (t.context_slot, &t.timer) else {
             return;
         };
-        if !t.timer_armed {
+        // Once `timer_settime` is refused, it is not called again.
+        if !t.timer_armed || self.denied.timers.is_some() {
             return;
         }
         let word = crate::context::read_for(slot, t.info.tid);
@@ -47,8 +49,9 @@ impl Worker {
         if timer.remaining().is_none_or(|left| left <= NUDGE_AFTER) {
             return;
         }
-        if timer.set_first(NUDGE_AFTER, period) {
-            c.timers_nudged.add(1);
+        match timer.set_first(NUDGE_AFTER, period) {
+            Ok(()) => c.timers_nudged.add(1),
+            Err(errno) => self.refused(Capability::Timers, "timer_settime", errno, c),
         }
     }
 
@@ -87,10 +90,92 @@ impl Worker {
                         t.last_context = context;
                         emit_for(&self.tx, c, t, tick_ts, stack, context, false);
                     }
-                    Look::Running => request(self.threads.get_mut(idx), true, now, c),
+                    Look::Running => self.signal_running(idx, now, c),
                     Look::Gone => self.threads.get_mut(idx).gone = true,
                 }
             }
+        }
+    }
+
+    /// Signals thread `idx`, which has no timer and was seen running, for a
+    /// capture; not when the kernel refused such signals before.
+    fn signal_running(&mut self, idx: usize, now: Instant, c: &Counters) {
+        if self.denied.signals.is_some() {
+            c.dropped_signal_failed.add(1);
+            return;
+        }
+        if let Some(errno) = request(self.threads.get_mut(idx), true, now, c) {
+            self.refused(Capability::Signals, "rt_tgsigqueueinfo", errno, c);
+        }
+    }
+
+    /// Probes, on the sampler thread (a seccomp filter belongs to a thread
+    /// and those it creates), the system calls the sampler captures stacks
+    /// with, and says which the kernel refuses (see `denied`).
+    pub(super) fn probe_capabilities(&mut self) {
+        let shared = Arc::clone(&self.shared);
+        self.probe_except(None, &shared.counters);
+        self.denied.started = true;
+        self.denied.report();
+    }
+
+    /// Probes the calls not known to be refused yet, but `except`'s.
+    fn probe_except(&mut self, except: Option<Capability>, c: &Counters) {
+        for cap in [Capability::Timers, Capability::Signals, Capability::VmRead] {
+            if Some(cap) == except || self.denied.get(cap).is_some() {
+                continue;
+            }
+            let failed = match cap {
+                Capability::Timers if !self.denied.cpu_timers => None,
+                Capability::Timers => sys::probe_cpu_timer().err(),
+                Capability::Signals => sys::probe_signal().err().map(|e| ("rt_tgsigqueueinfo", e)),
+                Capability::VmRead => sys::probe_vm_read().err().map(|e| ("process_vm_readv", e)),
+            };
+            if let Some((call, errno)) = failed {
+                self.note_refusal(cap, call, errno, c);
+            }
+        }
+    }
+
+    /// Counts and records `call`'s failure with `errno` if it is a refusal
+    /// (see `denied::is_denial`); returns whether the refusal is new.
+    fn note_refusal(
+        &mut self,
+        cap: Capability,
+        call: &'static str,
+        errno: i32,
+        c: &Counters,
+    ) -> bool {
+        if !is_denial(errno) {
+            return false;
+        }
+        match cap {
+            Capability::Timers => c.timers_denied.add(1),
+            Capability::Signals => c.signals_denied.add(1),
+            Capability::VmRead => c.vm_read_denied.add(1),
+        }
+        let new = self.denied.record(cap, Refusal { call, errno });
+        if new && cap == Capability::VmRead {
+            self.denied.proc_mem_readable = sys::probe_proc_mem();
+        }
+        new
+    }
+
+    /// `call`, which the sampler relies on for `cap`, failed with `errno`.
+    /// A refusal is counted and recorded; the first one of `cap` also has
+    /// the other calls probed again (a policy that forbids one often
+    /// forbids more, and one warning should name them all) and what changed
+    /// said on stderr.
+    pub(super) fn refused(
+        &mut self,
+        cap: Capability,
+        call: &'static str,
+        errno: i32,
+        c: &Counters,
+    ) {
+        if self.note_refusal(cap, call, errno, c) {
+            self.probe_except(Some(cap), c);
+            self.denied.report();
         }
     }
 
@@ -129,7 +214,12 @@ impl Worker {
         };
         let len = top.map_or(0, |hi| (hi.saturating_sub(sp as usize)).min(cap));
         self.copy_buf.resize(len, 0);
-        let copied = sys::read_own_memory(sp, &mut self.copy_buf[..len]);
+        let vm_read = self.denied.vm_read.is_none();
+        let read = sys::read_own_memory(sp, &mut self.copy_buf[..len], vm_read);
+        if let Some(errno) = read.vm_read_errno {
+            self.refused(Capability::VmRead, "process_vm_readv", errno, c);
+        }
+        let copied = read.copied;
         let context = context_slot.map_or(0, |s| crate::context::read_for(s, tid));
         if sys::thread_cpu_time_ns(tid) != Some(cpu_before) {
             // It woke up while its stack was read: the copy may mix two
@@ -150,7 +240,9 @@ impl Worker {
     pub(super) fn bind(&mut self, idx: usize, c: &Counters) -> bool {
         let cap = self.config.stack_copy_bytes;
         let period = self.period;
-        let timers = self.config.cpu_timers;
+        // Once refused, timers are not asked for again.
+        let timers = self.config.cpu_timers && self.denied.timers.is_none();
+        let mut refusal = None;
         let t = self.threads.get_mut(idx);
         if t.slot.is_none() {
             let Some(slot) = Slot::acquire(cap) else {
@@ -177,23 +269,36 @@ impl Worker {
                     Ok(timer) => t.timer = Some(timer),
                     // An exited thread's CPU clock is an invalid clock.
                     Err(_) if sys::thread_cpu_time_ns(t.info.tid).is_none() => t.gone = true,
-                    Err(_) => c.timers_failed.add(1),
+                    Err(errno) => {
+                        c.timers_failed.add(1);
+                        refusal = Some(("timer_create", errno));
+                    }
                 }
+            } else if self.config.cpu_timers {
+                // Refused before: sampled from here, as a thread whose
+                // timer could not be created.
+                c.timers_failed.add(1);
             }
         }
         if let Some(timer) = &t.timer {
             if !t.timer_armed {
-                t.timer_armed = timer.set(period);
-                if !t.timer_armed {
-                    t.timer = None;
-                    if sys::thread_cpu_time_ns(t.info.tid).is_none() {
-                        t.gone = true;
-                    } else {
-                        // The kernel refused: sample it from here instead.
-                        c.timers_failed.add(1);
+                match timer.set(period) {
+                    Ok(()) => t.timer_armed = true,
+                    Err(errno) => {
+                        t.timer = None;
+                        if sys::thread_cpu_time_ns(t.info.tid).is_none() {
+                            t.gone = true;
+                        } else {
+                            // The kernel refused: sample it from here instead.
+                            c.timers_failed.add(1);
+                            refusal = Some(("timer_settime", errno));
+                        }
                     }
                 }
             }
+        }
+        if let Some((call, errno)) = refusal {
+            self.refused(Capability::Timers, call, errno, c);
         }
         true
     }
@@ -298,12 +403,26 @@ impl Worker {
     /// Stops the timers, waits briefly for requests in flight, and records
     /// every thread's held fills (the sampler is pausing or stopping).
     pub(super) fn settle(&mut self) {
+        let shared = Arc::clone(&self.shared);
+        let c = &shared.counters;
         for idx in 0..self.threads.len() {
+            let refused_before = self.denied.timers.is_some();
             let t = self.threads.get_mut(idx);
-            if let Some(timer) = &t.timer {
-                if t.timer_armed {
-                    timer.set(Duration::ZERO);
-                    t.timer_armed = false;
+            let Some(timer) = t.timer.as_ref().filter(|_| t.timer_armed) else {
+                continue;
+            };
+            t.timer_armed = false;
+            let disarmed = if refused_before {
+                Err(None)
+            } else {
+                timer.set(Duration::ZERO).map_err(Some)
+            };
+            if let Err(errno) = disarmed {
+                // A timer that cannot be disarmed is deleted, so that it
+                // does not fire while the sampler pauses.
+                t.timer = None;
+                if let Some(errno) = errno {
+                    self.refused(Capability::Timers, "timer_settime", errno, c);
                 }
             }
         }
@@ -324,8 +443,6 @@ impl Worker {
             }
             sys::wait_completion(seen, until - now);
         }
-        let shared = Arc::clone(&self.shared);
-        let c = &shared.counters;
         for idx in 0..self.threads.len() {
             if self.threads.get_mut(idx).gone || self.threads.get_mut(idx).slot.is_none() {
                 continue;

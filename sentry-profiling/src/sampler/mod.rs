@@ -56,10 +56,14 @@
 //! signals reached), and every thread with `cpu_timers(false)`, is sampled
 //! the way every thread was before timers: at each tick at which its CPU
 //! clock moved, read from here if it is blocked in the kernel, signalled if
-//! it is running; its previous stack repeated otherwise.
+//! it is running; its previous stack repeated otherwise. So is every thread
+//! when the kernel refuses timers (a seccomp policy); which calls it
+//! refuses is probed at the start and noted when it changes, counted, and
+//! said once on stderr (see `denied`).
 
 mod answers;
 mod capture;
+mod denied;
 mod ledger;
 mod periods;
 mod requests;
@@ -179,6 +183,9 @@ impl Sampler {
             .spawn(move || {
                 let _own = register_own_thread();
                 let mut worker = Worker::new(config, tx, thread_shared);
+                // Before the sampler counts as started: what the kernel
+                // refuses is said (and counted) by then.
+                worker.probe_capabilities();
                 let _ = ready_tx.send(());
                 worker.run();
             })

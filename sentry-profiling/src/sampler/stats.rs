@@ -92,6 +92,23 @@ counters! {
     dropped_no_slot,
     /// Samples not taken because the signal could not be sent.
     dropped_signal_failed,
+    /// Calls of `rt_tgsigqueueinfo` (the sampler thread signalling a
+    /// thread) the kernel refused as forbidden (`EPERM`, `EACCES`,
+    /// `ENOSYS`: a seccomp policy), the sampler's probe when it starts
+    /// included; once refused, the call is not made again. With this and
+    /// `timers_denied` non-zero (or this alone with `cpu_timers(false)`), no
+    /// stack of running code can be captured: the process says so once on
+    /// stderr.
+    signals_denied,
+    /// Calls of `timer_create` or `timer_settime` (CPU-time timers) the
+    /// kernel refused as forbidden, the probe included; once refused, no
+    /// timer is created again, and threads without one are signalled by
+    /// the sampler thread instead.
+    timers_denied,
+    /// Calls of `process_vm_readv` (copying a blocked thread's stack) the
+    /// kernel refused as forbidden, the probe included; once refused,
+    /// `/proc/self/mem` is read instead.
+    vm_read_denied,
     /// Signals whose handler did not run in time (thread blocks the signal,
     /// or was starved); the sampler stops waiting for them.
     signals_abandoned,

@@ -11,6 +11,7 @@ use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant};
 
 use super::answers::{IDLE_CPU_SLACK_NS, Look, awaited, flush, learned_waiting, sample_of};
+use super::denied::Denials;
 use super::requests::RequestStacks;
 use super::state::{self, Awaited, Clock};
 use super::stats::Counters;
@@ -66,6 +67,8 @@ pub(super) struct Worker {
     pub(super) idle_ticks: u32,
     /// The application's CPU time at the last tick.
     pub(super) app_cpu_ns: u64,
+    /// The system calls the kernel refused (see `denied`).
+    pub(super) denied: Denials,
 }
 
 /// `CLOCK_REALTIME` (as samples are stamped) and the monotonic clock (as
@@ -117,6 +120,7 @@ impl Worker {
             owed: 0,
             idle_ticks: 0,
             app_cpu_ns: 0,
+            denied: Denials::new(config.cpu_timers),
             config,
             tx,
             shared,

@@ -58,12 +58,31 @@ fn parse_syscall(line: &str) -> Option<SyscallState> {
     })
 }
 
+/// What [`read_own_memory`] copied, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OwnRead {
+    /// Bytes copied.
+    pub(crate) copied: usize,
+    /// The `errno` `process_vm_readv` failed with, when it was tried and
+    /// failed (`EFAULT` for an unmapped address; `EPERM` or `ENOSYS` when a
+    /// seccomp policy forbids it); the copy then came from `/proc/self/mem`.
+    pub(crate) vm_read_errno: Option<i32>,
+}
+
 /// Copies `[addr, addr + dst.len())` of this process's memory into `dst`,
-/// stopping at the first unmapped page; returns how many bytes were copied.
+/// stopping at the first unmapped page.
 ///
-/// Safe for any address: the kernel checks it (`process_vm_readv`, or
-/// reading `/proc/self/mem` where a seccomp policy forbids that call).
-pub(crate) fn read_own_memory(addr: u64, dst: &mut [u8]) -> usize {
+/// Safe for any address: the kernel checks it. With `vm_read` the copy is
+/// one `process_vm_readv`, and `/proc/self/mem` is read only where that
+/// fails; without it (the sampler found the call forbidden),
+/// `/proc/self/mem` alone.
+pub(crate) fn read_own_memory(addr: u64, dst: &mut [u8], vm_read: bool) -> OwnRead {
+    if !vm_read {
+        return OwnRead {
+            copied: read_proc_mem(addr, dst),
+            vm_read_errno: None,
+        };
+    }
     let local = libc::iovec {
         iov_base: dst.as_mut_ptr().cast(),
         iov_len: dst.len(),
@@ -77,9 +96,26 @@ pub(crate) fn read_own_memory(addr: u64, dst: &mut [u8]) -> usize {
     // an error instead of faulting.
     let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
     if n >= 0 {
-        return n as usize;
+        return OwnRead {
+            copied: n as usize,
+            vm_read_errno: None,
+        };
     }
-    read_proc_mem(addr, dst)
+    let errno = std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EINVAL);
+    OwnRead {
+        copied: read_proc_mem(addr, dst),
+        vm_read_errno: Some(errno),
+    }
+}
+
+/// Whether this process's memory can be read through `/proc/self/mem` (a
+/// hardened `/proc` may refuse it).
+pub(crate) fn probe_proc_mem() -> bool {
+    let src = [0xa5u8; 16];
+    let mut dst = [0u8; 16];
+    read_proc_mem(src.as_ptr() as u64, &mut dst) == src.len() && dst == src
 }
 
 fn read_proc_mem(addr: u64, dst: &mut [u8]) -> usize {
@@ -145,12 +181,15 @@ mod tests {
         let (sp, pc) = seen.expect("the thread blocks");
         assert_ne!(pc, 0);
         let mut copy = [0u8; 256];
-        assert_eq!(read_own_memory(sp, &mut copy), 256, "its stack is readable");
-        assert_eq!(
-            read_own_memory(8, &mut copy),
-            0,
-            "an unmapped address copies nothing"
-        );
+        for vm_read in [true, false] {
+            let read = read_own_memory(sp, &mut copy, vm_read);
+            assert_eq!(read.copied, 256, "its stack is readable");
+            assert_eq!(read.vm_read_errno, None);
+            let read = read_own_memory(8, &mut copy, vm_read);
+            assert_eq!(read.copied, 0, "an unmapped address copies nothing");
+            assert_eq!(read.vm_read_errno, vm_read.then_some(libc::EFAULT));
+        }
+        assert!(probe_proc_mem());
         drop(tx);
         h.join().unwrap();
     }

@@ -22,7 +22,7 @@ mod signal;
 mod thread;
 
 #[cfg(profiling_supported)]
-pub(crate) use blocked::{SyscallState, read_own_memory, syscall_state};
+pub(crate) use blocked::{SyscallState, probe_proc_mem, read_own_memory, syscall_state};
 #[cfg(profiling_supported)]
 pub(crate) use fork::{in_forked_child, watch_fork};
 #[cfg(profiling_supported)]
@@ -32,8 +32,8 @@ pub(crate) use maps::{StackMappings, stack_mappings};
 #[cfg(profiling_supported)]
 pub(crate) use signal::{
     CpuTimer, FLAG_OFF_STACK, FLAG_TIMER, Regs, SendError, Slot, SlotState, completion_seq,
-    install_handler, send_sample_signal, set_thread_context, thread_context, wait_completion,
-    wake_completion_waiters,
+    install_handler, probe_cpu_timer, probe_signal, probe_vm_read, send_sample_signal,
+    set_thread_context, thread_context, wait_completion, wake_completion_waiters,
 };
 #[cfg(profiling_supported)]
 pub(crate) use thread::{

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::probe::probe_vm_read;
 use super::*;
 
 /// The signal the handler was installed on.
@@ -24,7 +25,7 @@ pub(crate) fn install_handler(preferred: Option<i32>) -> Result<SignalSetup, Str
     OWN_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
     // SAFETY: getuid has no preconditions.
     OWN_UID.store(unsafe { libc::getuid() }, Ordering::Relaxed);
-    VM_READ.store(probe_vm_read(), Ordering::Relaxed);
+    VM_READ.store(probe_vm_read().is_ok(), Ordering::Relaxed);
     MAIN_STACK_TOP.store(
         crate::sys::maps::stack_mappings()
             .main_stack_top()
@@ -92,24 +93,4 @@ pub(super) fn disposition_is_default(sig: i32) -> bool {
 
 pub(super) fn handler_is_ours(sig: i32) -> bool {
     current_action(sig).is_some_and(|a| a.sa_sigaction == handler as *const () as usize)
-}
-
-/// Whether `process_vm_readv` can read this process's own memory (a seccomp
-/// policy may forbid it).
-pub(super) fn probe_vm_read() -> bool {
-    let src = [0x5au8; 16];
-    let mut dst = [0u8; 16];
-    let local = libc::iovec {
-        iov_base: dst.as_mut_ptr().cast(),
-        iov_len: dst.len(),
-    };
-    let remote = libc::iovec {
-        iov_base: src.as_ptr() as *mut libc::c_void,
-        iov_len: src.len(),
-    };
-    // SAFETY: both buffers are valid locals of the given lengths.
-    let n = unsafe {
-        libc::process_vm_readv(OWN_PID.load(Ordering::Relaxed), &local, 1, &remote, 1, 0)
-    };
-    n == src.len() as isize && dst == src
 }

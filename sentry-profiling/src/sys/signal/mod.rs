@@ -55,6 +55,7 @@
 
 mod handler;
 mod install;
+mod probe;
 mod send;
 mod slot;
 mod timer;
@@ -66,6 +67,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize
 use handler::copy_own_memory;
 use handler::handler;
 pub(crate) use install::install_handler;
+pub(crate) use probe::{probe_cpu_timer, probe_signal, probe_vm_read};
 pub(crate) use send::{SendError, send_sample_signal};
 use slot::notify_completion;
 pub(crate) use slot::{
@@ -137,14 +139,13 @@ pub(crate) fn thread_context() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::install::probe_vm_read;
     use super::*;
 
     #[test]
     fn copying_stops_at_an_unmapped_page() {
         // SAFETY: getpid has no preconditions.
         OWN_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
-        assert!(probe_vm_read(), "process_vm_readv works here");
+        assert_eq!(probe_vm_read(), Ok(()), "process_vm_readv works here");
         VM_READ.store(true, Ordering::Relaxed);
         let page = 4096;
         // SAFETY: a fresh anonymous mapping of two pages; the second is

@@ -78,8 +78,8 @@ impl CpuTimer {
     }
 
     /// Fires every `period` of the thread's CPU time from now on; a zero
-    /// period disarms it. Returns false if the kernel refused.
-    pub(crate) fn set(&self, period: Duration) -> bool {
+    /// period disarms it. Fails with the `errno` of `timer_settime`.
+    pub(crate) fn set(&self, period: Duration) -> Result<(), i32> {
         self.set_first(period, period)
     }
 
@@ -113,9 +113,9 @@ impl CpuTimer {
     }
 
     /// Fires after `first` of the thread's CPU time from now, then every
-    /// `period`; a zero `first` disarms it. Returns false if the kernel
-    /// refused.
-    pub(crate) fn set_first(&self, first: Duration, period: Duration) -> bool {
+    /// `period`; a zero `first` disarms it. Fails with the `errno` of
+    /// `timer_settime`.
+    pub(crate) fn set_first(&self, first: Duration, period: Duration) -> Result<(), i32> {
         let ts = |d: Duration| libc::timespec {
             tv_sec: d.as_secs() as libc::time_t,
             tv_nsec: d.subsec_nanos() as libc::c_long,
@@ -135,7 +135,13 @@ impl CpuTimer {
                 std::ptr::null_mut::<libc::itimerspec>(),
             )
         };
-        rc == 0
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL))
+        }
     }
 }
 
