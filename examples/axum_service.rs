@@ -59,6 +59,9 @@ fn print_summary(settings: &Settings, stats: Option<sentry_profiling::ProfilerSt
             s.sampler.dropped_queue_full,
             s.samples_single_thread,
         );
+        if let Some(problem) = sentry_profiling_examples::sampling_problem(s) {
+            println!("  {problem}");
+        }
     }
     match &settings.dsn {
         Some(_) => println!("  envelopes sent to the configured SENTRY_DSN"),

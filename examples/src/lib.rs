@@ -251,10 +251,49 @@ pub fn summarize_envelopes(dir: &std::path::Path) -> EnvelopeSummary {
     summary
 }
 
+/// What the profiler's counters say about system calls the kernel refused
+/// the sampler (a seccomp policy can forbid them), in one line for the
+/// summary and the preview page; `None` when nothing was refused. The
+/// profiler said it on stderr as it happened, more precisely (which call,
+/// which `errno`); this is the reminder at the end of the run.
+pub fn sampling_problem(stats: &sentry_profiling::ProfilerStats) -> Option<String> {
+    let s = &stats.sampler;
+    let refused: Vec<String> = [
+        ("rt_tgsigqueueinfo", s.signals_denied),
+        ("timer_create/timer_settime", s.timers_denied),
+        ("process_vm_readv", s.vm_read_denied),
+    ]
+    .into_iter()
+    .filter(|(_, calls)| *calls > 0)
+    .map(|(call, calls)| {
+        let plural = if calls == 1 { "" } else { "s" };
+        format!("{call} ({calls} call{plural})")
+    })
+    .collect();
+    let refused = match refused.as_slice() {
+        [] => return None,
+        [one] => one.clone(),
+        [first @ .., last] => format!("{} and {last}", first.join(", ")),
+    };
+    // The example samples with CPU-time timers: without them and without
+    // signals, no running code can be captured.
+    Some(if s.signals_denied > 0 && s.timers_denied > 0 {
+        format!(
+            "cannot sample: the kernel refused {refused}, so no stack of running code could be captured once they were refused ({} captured in all): requests show synthetic frames; see the warning on stderr",
+            s.samples_captured
+        )
+    } else {
+        format!(
+            "sampling degraded: the kernel refused {refused}; the sampler fell back and captured {} stacks; see the notice on stderr",
+            s.samples_captured
+        )
+    })
+}
+
 /// Writes the profiler's counters beside the envelopes (as
-/// [`sentry_profiling_preview::STATS_FILE`]) and the preview page, which
-/// shows for each transaction of the run what Sentry will show for it.
-/// Returns the page's path.
+/// [`sentry_profiling_preview::STATS_FILE`], with [`sampling_problem`] as a
+/// warning) and the preview page, which shows for each transaction of the
+/// run what Sentry will show for it. Returns the page's path.
 pub fn write_preview(
     dir: &std::path::Path,
     stats: Option<&sentry_profiling::ProfilerStats>,
@@ -271,6 +310,10 @@ pub fn write_preview(
             "lane_events_dropped": s.lane_events_dropped,
             "exports_sent": s.exports_sent,
             "exports_failed": s.exports_failed,
+            "signals_denied": s.sampler.signals_denied,
+            "timers_denied": s.sampler.timers_denied,
+            "vm_read_denied": s.sampler.vm_read_denied,
+            sentry_profiling_preview::WARNINGS_KEY: sampling_problem(s).into_iter().collect::<Vec<_>>(),
         });
         let path = dir.join(sentry_profiling_preview::STATS_FILE);
         std::fs::write(&path, counters.to_string())

@@ -51,8 +51,15 @@ pub const PAGE_FILE: &str = "profile.html";
 
 /// A file of counters (one JSON object of numbers) that a run may leave
 /// beside its envelopes; the page shows them as the profiler's counters.
-/// The example service writes `sentry_profiling::stats()` there.
+/// Its key [`WARNINGS_KEY`], if any, is not a counter: an array of lines
+/// the page shows at its top. The example service writes
+/// `sentry_profiling::stats()` there, with a warning when the kernel
+/// refused the sampler the system calls it samples with.
 pub const STATS_FILE: &str = "profiler-stats.json";
+
+/// The key of [`STATS_FILE`] that holds warnings about the run (an array
+/// of strings), shown at the top of the page and in [`Summary::warnings`].
+pub const WARNINGS_KEY: &str = "warnings";
 
 /// The frame fill-in samples of a suspended request carry.
 const WAITING_PREFIX: &str = "(suspended";
@@ -161,6 +168,8 @@ pub struct Summary {
     pub samples: usize,
     /// Files or items that could not be read, each with why.
     pub problems: Vec<String>,
+    /// The run's warnings, from [`STATS_FILE`] (see [`WARNINGS_KEY`]).
+    pub warnings: Vec<String>,
 }
 
 /// A built page.
@@ -228,7 +237,7 @@ fn read_stats(path: &Path) -> Option<Map<String, Value>> {
     }
 }
 
-fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (String, Summary) {
+fn page_data(run: &Run, mut stats: Option<Map<String, Value>>, dir: &Path) -> (String, Summary) {
     let waiting: Vec<u32> = run
         .names
         .list
@@ -242,6 +251,19 @@ fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Strin
         chunks: run.chunks.len(),
         samples: run.samples,
         problems: run.problems.clone(),
+        warnings: stats
+            .as_mut()
+            .and_then(|m| m.remove(WARNINGS_KEY))
+            .and_then(|w| match w {
+                Value::Array(lines) => Some(
+                    lines
+                        .into_iter()
+                        .filter_map(|l| l.as_str().map(str::to_owned))
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .unwrap_or_default(),
         ..Summary::default()
     };
     let mut stack = Vec::new();
@@ -362,6 +384,7 @@ fn page_data(run: &Run, stats: Option<Map<String, Value>>, dir: &Path) -> (Strin
             "envelope_files": run.envelope_files,
         },
         "problems": summary.problems,
+        "warnings": summary.warnings,
     });
     // The rows, each with its tree, go in as written (a page can hold
     // millions of tree nodes: no `Value` for each).
@@ -468,12 +491,19 @@ mod tests {
             ]),
         )
         .unwrap();
+        let warning = "cannot sample: <the kernel refused it>";
+        std::fs::write(
+            dir.join(STATS_FILE),
+            json!({"samples_captured": 0, WARNINGS_KEY: [warning]}).to_string(),
+        )
+        .unwrap();
         let preview = build(&dir).unwrap();
         let s = preview.summary();
         assert_eq!(
             (s.transactions, s.linked, s.chunks, s.samples),
             (1, 1, 1, 7)
         );
+        assert_eq!(s.warnings, [warning]);
         let html = preview.html();
         // 4 samples in the window; 30 ms of weight, 10 of them waiting.
         assert!(html.contains("\"c\":4"), "{html}");
@@ -484,6 +514,10 @@ mod tests {
         assert!(
             !html.contains("</script><"),
             "data cannot close its script element"
+        );
+        assert!(
+            html.contains("\"warnings\":[\"cannot sample: \\u003cthe kernel refused it>\"]"),
+            "the warning is shown, not as a counter: {html}"
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

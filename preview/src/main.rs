@@ -23,6 +23,9 @@ fn main() -> ExitCode {
                 summary.chunks,
                 summary.samples
             );
+            for w in &summary.warnings {
+                eprintln!("sentry-profiling-preview: the run warned: {w}");
+            }
             for p in &summary.problems {
                 eprintln!("sentry-profiling-preview: not read: {p}");
             }
