@@ -65,12 +65,26 @@ impl SymbolTable {
     }
 }
 
+/// Most addresses whose function is cached; the cache starts over beyond
+/// it (a large binary's hot code reaches this many distinct program
+/// counters only over days).
+const MAX_CACHED_ADDRESSES: usize = 65_536;
+
 /// Resolves addresses to function names, caching symbol tables per module
-/// and results per address.
+/// and results per address. Both caches follow the modules: when the
+/// module set changes (a library loaded or unloaded), cached addresses are
+/// forgotten (another library may now sit at them) and the symbol tables of
+/// modules no longer in the set are closed, so neither grows with the
+/// libraries a process loads and unloads over its life.
 #[derive(Default)]
 pub struct Symbolizer {
     tables: HashMap<String, Option<Arc<SymbolTable>>>,
     cache: HashMap<u64, Option<Arc<str>>>,
+    /// The modules of the set the caches were filled for.
+    modules_seen: Vec<Arc<ModuleInfo>>,
+    /// The address of that set, which spares comparing the modules while
+    /// the same set is passed.
+    set_seen: usize,
 }
 
 impl std::fmt::Debug for Symbolizer {
@@ -91,17 +105,43 @@ impl Symbolizer {
     /// The function containing `addr`, demangled, if the module has a symbol
     /// table.
     pub fn function(&mut self, modules: &ModuleSet, addr: u64) -> Option<Arc<str>> {
+        self.follow(modules);
         if let Some(hit) = self.cache.get(&addr) {
             return hit.clone();
         }
         let found = modules.find(addr).and_then(|m| self.resolve(m, addr));
-        // Bound the cache: addresses are few in practice, but never let it
-        // grow without limit in a long-running service.
-        if self.cache.len() > 200_000 {
+        if self.cache.len() >= MAX_CACHED_ADDRESSES {
             self.cache.clear();
         }
         self.cache.insert(addr, found.clone());
         found
+    }
+
+    /// Whether the caches were filled for `modules`.
+    fn follows(&self, modules: &ModuleSet) -> bool {
+        let mut seen = self.modules_seen.iter();
+        modules.iter().all(|m| seen.next() == Some(m)) && seen.next().is_none()
+    }
+
+    /// Makes the caches those of `modules` (see [`Symbolizer`]).
+    fn follow(&mut self, modules: &ModuleSet) {
+        let set = std::ptr::from_ref(modules) as usize;
+        if set == self.set_seen && modules.iter().count() == self.modules_seen.len() {
+            return;
+        }
+        self.set_seen = set;
+        if self.follows(modules) {
+            return;
+        }
+        self.cache.clear();
+        self.modules_seen = modules.iter().cloned().collect();
+        let present: std::collections::HashSet<&str> = modules
+            .iter()
+            .chain(modules.retired())
+            .map(|m| m.path.as_str())
+            .collect();
+        self.tables
+            .retain(|path, _| present.contains(path.as_str()));
     }
 
     fn resolve(&mut self, module: &ModuleInfo, addr: u64) -> Option<Arc<str>> {
@@ -115,5 +155,61 @@ impl Symbolizer {
         Some(Arc::from(
             format!("{:#}", rustc_demangle::demangle(name)).as_str(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(paths: &[(&str, u64)]) -> ModuleSet {
+        ModuleSet::for_tests(
+            paths
+                .iter()
+                .map(|(path, start)| {
+                    Arc::new(ModuleInfo {
+                        path: (*path).into(),
+                        start: *start,
+                        end: start + 0x1000,
+                        vmaddr: 0,
+                        bias: *start,
+                        build_id: None,
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn caches_follow_the_modules_loaded() {
+        let mut s = Symbolizer::new();
+        let first = set(&[("/missing/app", 0x1000), ("/missing/plugin.so", 0x8000)]);
+        assert_eq!(s.function(&first, 0x1010), None);
+        assert_eq!(s.function(&first, 0x8010), None);
+        assert_eq!(s.tables.len(), 2);
+        assert_eq!(s.cache.len(), 2);
+        // The plugin unloaded, another library at its addresses.
+        let second = set(&[("/missing/app", 0x1000), ("/missing/other.so", 0x8000)]);
+        assert_eq!(s.function(&second, 0x1010), None);
+        assert!(
+            !s.tables.contains_key("/missing/plugin.so"),
+            "the unloaded library's table is closed"
+        );
+        assert_eq!(s.cache.len(), 1, "addresses are looked up again");
+        // The same set again: nothing is forgotten.
+        s.function(&second, 0x8010);
+        s.function(&second, 0x1010);
+        assert_eq!(s.cache.len(), 2);
+        assert_eq!(s.tables.len(), 2);
+    }
+
+    #[test]
+    fn the_address_cache_is_bounded() {
+        let mut s = Symbolizer::new();
+        let modules = set(&[("/missing/app", 0)]);
+        for addr in 0..(MAX_CACHED_ADDRESSES as u64 + 10) {
+            s.function(&modules, addr);
+        }
+        assert!(s.cache.len() <= MAX_CACHED_ADDRESSES);
     }
 }

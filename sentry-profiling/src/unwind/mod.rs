@@ -105,6 +105,22 @@ impl ModuleSet {
     pub fn iter(&self) -> impl Iterator<Item = &Arc<ModuleInfo>> {
         self.modules.iter()
     }
+
+    /// A set of `modules` (sorted by start), none unloaded.
+    #[cfg(test)]
+    pub(crate) fn for_tests(mut modules: Vec<Arc<ModuleInfo>>) -> Self {
+        modules.sort_by_key(|m| m.start);
+        Self {
+            modules,
+            retired: Vec::new(),
+        }
+    }
+
+    /// The modules unloaded recently, kept to encode samples taken while
+    /// they were loaded.
+    pub(crate) fn retired(&self) -> impl Iterator<Item = &Arc<ModuleInfo>> {
+        self.retired.iter()
+    }
 }
 
 /// Updates the unloaded modules when the loaded set changes from `previous`
