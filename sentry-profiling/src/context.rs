@@ -90,6 +90,10 @@ struct SlotGuard {
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
+        // The thread may still publish while its other thread-locals are
+        // destroyed: from now on that writes nothing, rather than into a
+        // slot another thread may claim next.
+        let _ = MY_SLOT.try_with(|s| s.set(NONE));
         SLOTS[self.slot as usize].store(0, Ordering::Relaxed);
         OWNERS[self.slot as usize].store(0, Ordering::Release);
         if crate::sys::in_forked_child() {
