@@ -50,6 +50,37 @@ struct PhaseResult {
     rss_after: u64,
 }
 
+/// Threads of this process whose name starts with `prefix` (names are cut
+/// to 15 bytes).
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                .filter(|name| name.starts_with(prefix))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Flushes the client `times` times with a short timeout while the
+/// endpoint stalls, as an application flushing every few seconds would;
+/// returns how many more profiler threads there are afterwards.
+async fn flush_while_stalled(times: usize) -> usize {
+    tokio::task::spawn_blocking(move || {
+        let before = threads_named("sentry-profiler");
+        for _ in 0..times {
+            if let Some(client) = sentry::Hub::current().client() {
+                client.flush(Some(Duration::from_millis(100)));
+            }
+        }
+        threads_named("sentry-profiler").saturating_sub(before)
+    })
+    .await
+    .expect("flushes")
+}
+
 fn stats() -> ProfilerStats {
     sentry_profiling::stats().expect("a profiling session is configured")
 }
@@ -176,9 +207,11 @@ fn endpoint_faults_do_not_hurt_the_service_and_profiling_recovers() {
         },
     ];
     let started = Instant::now();
+    let mut flush_threads = None;
     let (results, closing) =
         run_service_with(options, sentry_profiling_examples::router(), |addr, _| {
             let server = &server;
+            let flush_threads = &mut flush_threads;
             async move {
                 let mut results = Vec::new();
                 for phase in &phases {
@@ -186,6 +219,9 @@ fn endpoint_faults_do_not_hurt_the_service_and_profiling_recovers() {
                     let before = stats();
                     let until = Instant::now() + Duration::from_secs(phase.secs);
                     let (latencies, failed_requests) = load(addr, until).await;
+                    if phase.mode == Mode::Stall && flush_threads.is_none() {
+                        *flush_threads = Some(flush_while_stalled(8).await);
+                    }
                     results.push(PhaseResult {
                         mode: phase.mode,
                         latencies,
@@ -199,6 +235,13 @@ fn endpoint_faults_do_not_hurt_the_service_and_profiling_recovers() {
             }
         });
     let closed_in = closing.elapsed();
+    // Flushes that cannot finish while the endpoint stalls do not pile up
+    // helper threads, each waiting for a request timeout.
+    let flush_threads = flush_threads.expect("flushed while stalled");
+    assert!(
+        flush_threads <= 2,
+        "{flush_threads} more profiler threads after 8 flushes against a stalled endpoint"
+    );
     let total = started.elapsed();
     let end = stats();
     let requests = server.requests();

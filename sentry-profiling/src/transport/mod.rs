@@ -94,6 +94,8 @@ impl TransportFactory for ProfilingTransportFactory {
                     inner,
                     #[cfg(feature = "http")]
                     chunks: None,
+                    #[cfg(feature = "http")]
+                    flush_helpers: Default::default(),
                     runtime,
                 })
             }
@@ -108,6 +110,7 @@ impl TransportFactory for ProfilingTransportFactory {
                     warned_unprofiled: Default::default(),
                     inner,
                     chunks: Some(chunks),
+                    flush_helpers: Default::default(),
                     runtime,
                 })
             }
@@ -123,8 +126,18 @@ struct ProfilingTransport {
     /// The chunk sender, when the crate delivers chunks itself.
     #[cfg(feature = "http")]
     chunks: Option<Arc<http::ChunkSender>>,
+    /// Flush helper threads still running (see
+    /// [`ProfilingTransport::inner_within`]).
+    #[cfg(feature = "http")]
+    flush_helpers: Arc<std::sync::atomic::AtomicUsize>,
     runtime: Arc<Session>,
 }
+
+/// Most flush helper threads at once: while the endpoint does not answer,
+/// each waits up to a request timeout, and an application that flushes
+/// every few seconds would otherwise pile them up.
+#[cfg(feature = "http")]
+const MAX_FLUSH_HELPERS: usize = 2;
 
 /// The warning, given once, when a transaction reaches the transport
 /// without a root span the profiler knows while it profiles (see
@@ -170,7 +183,10 @@ impl ProfilingTransport {
     /// is full behind a request the endpoint does not answer. The crate's
     /// own delivery therefore calls it from a helper thread and stops
     /// waiting at the deadline (the helper ends when the request times
-    /// out). A transport of the application's own is called directly.
+    /// out). While [`MAX_FLUSH_HELPERS`] are still waiting so, the transport
+    /// is stuck behind them: a further flush reports failure at once rather
+    /// than adding a thread. A transport of the application's own is called
+    /// directly.
     fn inner_within(
         &self,
         deadline: Instant,
@@ -179,16 +195,31 @@ impl ProfilingTransport {
         let left = deadline.saturating_duration_since(Instant::now());
         #[cfg(feature = "http")]
         if self.chunks.is_some() {
+            use std::sync::atomic::Ordering;
+            let helpers = Arc::clone(&self.flush_helpers);
+            let claimed = helpers
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < MAX_FLUSH_HELPERS).then_some(n + 1)
+                })
+                .is_ok();
+            if !claimed {
+                return false;
+            }
             let inner = Arc::clone(&self.inner);
             let (tx, rx) = std::sync::mpsc::channel();
+            let done = Arc::clone(&helpers);
             let spawned = std::thread::Builder::new()
                 .name("sentry-profiler-flush".into())
                 .spawn(move || {
                     let _ = tx.send(op(&*inner, left));
+                    done.fetch_sub(1, Ordering::AcqRel);
                 });
             return match spawned {
                 Ok(_) => rx.recv_timeout(left).unwrap_or(false),
-                Err(_) => false,
+                Err(_) => {
+                    helpers.fetch_sub(1, Ordering::AcqRel);
+                    false
+                }
             };
         }
         op(&*self.inner, left)
