@@ -205,7 +205,7 @@ impl V1Pending {
         let mut window = buffer.window(self.start_ns, self.end_ns);
         if ctx.attribution == ThreadAttribution::Lanes {
             ctx.lanes
-                .fill_suspended(&mut window, ctx.period_ns, self.end_ns);
+                .fill_window(&mut window, ctx.period_ns, self.end_ns);
             ctx.lanes
                 .add_poll_edges(&mut window, ctx.period_ns, self.start_ns, self.end_ns);
         }

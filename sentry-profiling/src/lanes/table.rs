@@ -227,6 +227,7 @@ impl Lanes {
     /// started earlier) at which a lane active during the chunk has no
     /// sample of its own within half a period. `until_ns` bounds lanes
     /// still open.
+    #[cfg(test)]
     pub(crate) fn fill_suspended(
         &self,
         chunk: &mut Chunk,
@@ -251,6 +252,27 @@ impl Lanes {
         from_ns: u64,
         until_ns: u64,
     ) -> Filled {
+        self.fill(chunk, period_ns, from_ns, until_ns, false)
+    }
+
+    /// [`Lanes::fill_suspended`] for a transaction profile's window: only
+    /// the lanes that overlap it (a transaction profile is cut from a
+    /// history holding every lane of the last half minute).
+    pub(crate) fn fill_window(&self, window: &mut Chunk, period_ns: u64, until_ns: u64) -> Filled {
+        let Some(from) = window.first_timestamp_ns() else {
+            return Filled::default();
+        };
+        self.fill(window, period_ns, from, until_ns, true)
+    }
+
+    fn fill(
+        &self,
+        chunk: &mut Chunk,
+        period_ns: u64,
+        from_ns: u64,
+        until_ns: u64,
+        overlapping_only: bool,
+    ) -> Filled {
         let mut filled = Filled::default();
         if chunk.is_empty() {
             return filled;
@@ -270,6 +292,11 @@ impl Lanes {
         let open = self.open_polls();
         let stack: Arc<[u64]> = Arc::from(&[SUSPENDED_FRAME][..]);
         for (&lane, info) in &self.lanes {
+            if overlapping_only
+                && (info.end_ns.is_some_and(|e| e < from_ns) || info.start_ns > until_ns)
+            {
+                continue;
+            }
             let end = info.end_ns.unwrap_or(until_ns).min(until_ns);
             let times = own.get(&lane).map(Vec::as_slice).unwrap_or(&[]);
             // Where the polls of the request are known, they say when it
@@ -397,6 +424,31 @@ impl Lanes {
     /// The root span a lane stands for, if known.
     pub(crate) fn link(&self, lane: u64) -> Option<&Arc<LaneLink>> {
         self.lanes.get(&lane).map(|l| &l.link)
+    }
+
+    /// Forgets the finished lanes that ended first until at most `keep`
+    /// finished lanes are left; returns how many it forgot. (Transaction
+    /// profiles keep the lanes of the last half minute, which at a high
+    /// request rate is more than a profile needs.)
+    pub(crate) fn cap_finished(&mut self, keep: usize) -> usize {
+        let excess = self.finished.saturating_sub(keep);
+        if excess == 0 {
+            return 0;
+        }
+        let mut ends: Vec<u64> = self.lanes.values().filter_map(|l| l.end_ns).collect();
+        let (_, &mut cut, _) = ends.select_nth_unstable(excess - 1);
+        let mut forgotten = 0;
+        self.lanes.retain(|_, l| match l.end_ns {
+            Some(e) if e <= cut && forgotten < excess => {
+                forgotten += 1;
+                false
+            }
+            _ => true,
+        });
+        self.finished -= forgotten;
+        let lanes = &self.lanes;
+        self.open.retain(|_, (lane, _)| lanes.contains_key(lane));
+        forgotten
     }
 
     /// Forgets lanes that ended before `ns`, and lanes open for longer than
@@ -994,5 +1046,59 @@ mod tests {
             lanes.thread_keys(&chunk, ThreadAttribution::Lanes),
             vec![Some((7, None))]
         );
+    }
+
+    #[test]
+    fn a_transaction_window_fills_only_the_lanes_it_overlaps() {
+        let mut lanes = Lanes::default();
+        // Ended ten seconds before the window.
+        let old = started(&mut lanes, 1_000);
+        lanes.apply(LaneEvent::Finished {
+            lane: old,
+            end_ns: 2_000,
+        });
+        let current = started(&mut lanes, 10_000_000_000);
+        lanes.apply(LaneEvent::Finished {
+            lane: current,
+            end_ns: 10_050_000_000,
+        });
+        let mut window = Chunk::new();
+        window.push(&sample(10_000_000_000, 9, 0));
+        window.push(&sample(10_050_000_000, 9, 0));
+        lanes.fill_window(&mut window, 10_000_000, 10_050_000_000);
+        let lanes_in_window: std::collections::HashSet<u64> =
+            window.samples().iter().map(|s| s.context).collect();
+        assert!(lanes_in_window.contains(&current));
+        assert!(
+            !lanes_in_window.contains(&old),
+            "a lane that ended before the window gets no samples in it"
+        );
+    }
+
+    #[test]
+    fn transaction_profiles_keep_a_bounded_number_of_finished_lanes() {
+        let mut lanes = Lanes::default();
+        let open = started(&mut lanes, 0);
+        let ended: Vec<u64> = (0..10u64)
+            .map(|i| {
+                let lane = started(&mut lanes, i);
+                lanes.apply(LaneEvent::Finished {
+                    lane,
+                    end_ns: 100 + i,
+                });
+                lane
+            })
+            .collect();
+        assert_eq!(lanes.cap_finished(4), 6);
+        assert_eq!(lanes.finished(), 4);
+        assert!(lanes.lanes.contains_key(&open), "open lanes stay");
+        for (i, lane) in ended.iter().enumerate() {
+            assert_eq!(
+                lanes.lanes.contains_key(lane),
+                i >= 6,
+                "the latest ends stay"
+            );
+        }
+        assert_eq!(lanes.cap_finished(4), 0);
     }
 }

@@ -33,6 +33,10 @@ const MAX_FINISHED_LANES_PER_CHUNK: usize = 4_096;
 /// profiling pauses the sampler (a second).
 const V1_IDLE_TICKS: u32 = 10;
 
+/// Most finished lanes kept for transaction profiles (their history is
+/// half a minute; at 10,000 requests a second that would be 350,000).
+const MAX_V1_FINISHED_LANES: usize = 16_384;
+
 /// The profiler thread's chunk in progress.
 pub(super) struct ChunkWriter<'a> {
     pub(super) session: &'a Session,
@@ -144,6 +148,11 @@ impl ChunkWriter<'_> {
             self.chunk.retain_since(keep_from.min(oldest));
             // Lanes that ended before the history kept are no longer needed.
             self.prune_lanes(keep_from.min(oldest));
+            let capped = self.lanes.cap_finished(MAX_V1_FINISHED_LANES);
+            self.session
+                .counters
+                .lanes_capped
+                .fetch_add(capped as u64, Ordering::Relaxed);
             let modules = sampler.modules();
             self.process_v1(&modules, false);
             // No chunk ends in this mode: the sampler pauses once no root
