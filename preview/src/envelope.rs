@@ -132,13 +132,52 @@ pub(crate) fn envelope_files(dir: &Path) -> std::io::Result<(Vec<PathBuf>, usize
             other += 1;
         }
     }
-    files.sort();
+    files.sort_by_cached_key(|p| write_order(p));
     Ok((files, other))
+}
+
+/// The order files were written in, from names `<sequence>-<millis>`
+/// (`EnvelopeDirTransport`'s): by time, then sequence (which restarts with
+/// each process, and outgrows its six digits); other names after, by name.
+fn write_order(path: &Path) -> (u64, u64, String) {
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let parsed = name
+        .split_once('-')
+        .and_then(|(seq, millis)| Some((millis.parse().ok()?, seq.parse().ok()?)));
+    let (millis, seq) = parsed.unwrap_or((u64::MAX, u64::MAX));
+    (millis, seq, name)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_are_in_write_order() {
+        let mut files: Vec<PathBuf> = [
+            "1000000-1700000000500.envelope",
+            "999999-1700000000400.envelope",
+            "000000-1700000000900.envelope",
+            "notes.envelope",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        files.sort_by_cached_key(|p| write_order(p));
+        let names: Vec<_> = files.iter().map(|p| p.to_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "999999-1700000000400.envelope",
+                "1000000-1700000000500.envelope",
+                "000000-1700000000900.envelope",
+                "notes.envelope"
+            ]
+        );
+    }
 
     #[test]
     fn reads_items_with_and_without_length() {

@@ -52,6 +52,9 @@ impl Names {
 }
 
 /// Everything read from an envelope directory.
+/// Most envelope files the page reads (the newest).
+pub(crate) const MAX_ENVELOPE_FILES: usize = 20_000;
+
 #[derive(Debug, Default)]
 pub(crate) struct Run {
     pub(crate) transactions: Vec<Transaction>,
@@ -66,10 +69,19 @@ pub(crate) struct Run {
 }
 
 impl Run {
-    /// Reads every envelope of `dir`.
+    /// Reads the envelopes of `dir`: the newest [`MAX_ENVELOPE_FILES`] (a
+    /// directory a service wrote for days holds millions; the page is for
+    /// the recent ones, and reading all would take as long).
     pub(crate) fn read(dir: &Path) -> std::io::Result<Self> {
-        let (files, _other) = envelope_files(dir)?;
+        let (mut files, _other) = envelope_files(dir)?;
         let mut run = Run::default();
+        if files.len() > MAX_ENVELOPE_FILES {
+            run.problems.push(format!(
+                "only the newest {MAX_ENVELOPE_FILES} of {} envelope files are read",
+                files.len()
+            ));
+            files.drain(..files.len() - MAX_ENVELOPE_FILES);
+        }
         for path in files {
             run.envelope_files += 1;
             let shown = path.file_name().map_or_else(
