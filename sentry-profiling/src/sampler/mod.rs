@@ -128,6 +128,13 @@ struct Shared {
     pub(super) active: AtomicBool,
     pub(super) counters: Counters,
     pub(super) modules: SharedModules,
+    /// True while the sampler thread dozes (the application idle): its
+    /// samples come in batches a doze apart, so their reader may sleep as
+    /// long.
+    pub(super) dozing: AtomicBool,
+    /// The thread that reads the samples, woken when a doze ends early (the
+    /// application runs again) so it reads at its usual pace at once.
+    pub(super) reader: std::sync::OnceLock<std::thread::Thread>,
 }
 
 /// A running sampler. Dropping it stops the sampler thread.
@@ -175,6 +182,8 @@ impl Sampler {
             active: AtomicBool::new(active),
             counters: Counters::default(),
             modules: Arc::new(arc_swap::ArcSwap::from_pointee(ModuleSet::default())),
+            dozing: AtomicBool::new(false),
+            reader: std::sync::OnceLock::new(),
         });
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread_shared = Arc::clone(&shared);
@@ -243,6 +252,18 @@ impl Sampler {
     /// Whether the sampler is sampling (started and not paused).
     pub fn is_active(&self) -> bool {
         self.control().is_active()
+    }
+
+    /// Whether the sampler thread dozes: the application has been idle, and
+    /// samples come in batches up to about half a second apart.
+    pub(crate) fn is_dozing(&self) -> bool {
+        self.shared.dozing.load(Ordering::Acquire)
+    }
+
+    /// Names the thread that reads the samples: it is woken when a doze
+    /// ends early (see [`Sampler::is_dozing`]).
+    pub(crate) fn set_reader(&self, reader: std::thread::Thread) {
+        let _ = self.shared.reader.set(reader);
     }
 
     /// Counters so far.

@@ -24,6 +24,12 @@ use crate::symbolize::Symbolizer;
 /// request in flight, reads the lane queue).
 pub(super) const PROFILER_TICK: Duration = Duration::from_millis(100);
 
+/// How often the profiler thread takes the sampler's samples while the
+/// sampler dozes (the application idle, requests in flight or not): the
+/// samples come in batches about that far apart, and a doze that ends early
+/// wakes the thread.
+const PROFILER_DOZE_TICK: Duration = Duration::from_millis(500);
+
 /// How long the profiler thread sleeps while there is nothing to do at all:
 /// the sampler paused, no lane in flight, no chunk or transaction profile
 /// being built. Whatever gives it work wakes it (the first root span after
@@ -63,6 +69,7 @@ impl Session {
             }
         };
         let _ = self.control.set(sampler.control());
+        sampler.set_reader(std::thread::current());
         // Roots may have started while the sampler was being created.
         if self.active_roots.load(Ordering::Acquire) > 0
             || self.manual_running.load(Ordering::Acquire)
@@ -148,6 +155,8 @@ impl Session {
                 !busy && !sampler.is_active() && self.lanes.in_flight() == 0 && builder.is_idle();
             let tick = if idle {
                 PROFILER_IDLE_TICK
+            } else if sampler.is_dozing() && !busy {
+                PROFILER_DOZE_TICK
             } else {
                 PROFILER_TICK
             };
