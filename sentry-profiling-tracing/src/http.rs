@@ -24,6 +24,16 @@
 //! so a handler that panics in its first poll (with no catch-panic layer,
 //! the server drops the request's future as the panic unwinds) still sends
 //! a transaction, with status `internal_error`, linked to its samples.
+//!
+//! The request ends with its response body, not with the handler: the
+//! response's body is wrapped in a [`ProfilingBody`], polled inside the
+//! root span as the handler's future is, and the root span (the lane) and
+//! the transaction end when the body does (see `body.rs`). Layers that
+//! rewrite the body (tower-http's compression) must be inside this one for
+//! their work to be seen: added to the router before it. A transaction
+//! reused from `sentry-tower` is finished by `sentry-tower` when the
+//! handler's response is ready, so it does not cover the body; the lane
+//! still does.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,9 +42,14 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response, StatusCode};
 use sentry_core::protocol::{self, SpanStatus, Value};
-use sentry_core::{Hub, Transaction, TransactionContext, TransactionOrSpan};
+use sentry_core::{Hub, TransactionContext, TransactionOrSpan};
 use tower_layer::Layer;
 use tower_service::Service;
+
+mod body;
+
+pub use body::ProfilingBody;
+use body::RequestScope;
 
 /// The middleware's layer; see [`http_layer`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -132,7 +147,7 @@ impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for ProfilingHttpService<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
-    type Response = S::Response;
+    type Response = Response<ProfilingBody<ResBody>>;
     type Error = S::Error;
     type Future = ProfilingHttpFuture<S::Future>;
 
@@ -164,24 +179,23 @@ where
         ProfilingHttpFuture {
             inner: self.inner.call(req),
             name: pending.name.clone(),
-            span: tracing::Span::none(),
             pending: Some(pending),
-            hub: None,
-            transaction: None,
+            request: None,
             tag_target: None,
         }
     }
 }
 
 pin_project_lite::pin_project! {
-    /// The middleware's response future.
+    /// The middleware's response future. Its response's body is a
+    /// [`ProfilingBody`], which carries the request on until the body ends.
     pub struct ProfilingHttpFuture<F> {
         #[pin]
         inner: F,
-        span: tracing::Span,
         pending: Option<Pending>,
-        hub: Option<Arc<Hub>>,
-        transaction: Option<Transaction>,
+        // The root span, hub and transaction, from the first poll until
+        // the response is ready; then the response's body holds them.
+        request: Option<RequestScope>,
         // The transaction's name, which also names its lane.
         name: String,
         // The transaction to tag with the thread: ours, or one that was
@@ -191,19 +205,16 @@ pin_project_lite::pin_project! {
 
     impl<F> PinnedDrop for ProfilingHttpFuture<F> {
         fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
             // Dropped before completion: the client went away, or the
             // handler panicked and the server drops the future as the panic
             // unwinds. Finish it so the trace lifecycle and Sentry both see
             // it end; the root span closes first, as on completion.
-            *this.span = tracing::Span::none();
-            if let Some(tx) = this.transaction.take() {
-                tx.set_status(if std::thread::panicking() {
+            if let Some(request) = this.project().request.take() {
+                request.end(Some(if std::thread::panicking() {
                     SpanStatus::InternalError
                 } else {
                     SpanStatus::Aborted
-                });
-                tx.finish();
+                }));
             }
         }
     }
@@ -220,69 +231,25 @@ impl<F, ResBody, E> Future for ProfilingHttpFuture<F>
 where
     F: Future<Output = Result<Response<ResBody>, E>>,
 {
-    type Output = F::Output;
+    type Output = Result<Response<ProfilingBody<ResBody>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         if let Some(p) = this.pending.take() {
-            let parent = Hub::current();
-            let hub = Arc::new(Hub::new_from_top(&parent));
-            let existing = parent.configure_scope(|s| s.get_span());
-            if let Some(TransactionOrSpan::Transaction(tx)) = &existing {
-                *this.tag_target = Some(TransactionOrSpan::Transaction(tx.clone()));
-            }
-            if existing.is_none() {
-                let headers = [
-                    ("sentry-trace", p.sentry_trace.as_deref()),
-                    ("baggage", p.baggage.as_deref()),
-                ];
-                let ctx = TransactionContext::continue_from_headers(
-                    &p.name,
-                    "http.server",
-                    headers.iter().filter_map(|(k, v)| Some((*k, (*v)?))),
-                );
-                let tx = hub.start_transaction(ctx);
-                tx.set_origin("auto.http.sentry_profiling");
-                tx.set_request(p.request.clone());
-                hub.configure_scope(|s| s.set_span(Some(tx.clone().into())));
-                *this.tag_target = Some(tx.clone().into());
-                *this.transaction = Some(tx);
-            }
-            // The root span is created under the request's hub, so that a
-            // `sentry-tracing` layer makes it a child of the transaction
-            // instead of a second transaction. That child would only repeat
-            // the transaction: it is marked `sentry_profiling.http_root`,
-            // and the integration's transport removes it (its children
-            // become the transaction's).
-            *this.span = Hub::run(Arc::clone(&hub), || {
-                tracing::info_span!(
-                    parent: None,
-                    "http.request",
-                    otel.name = %p.name,
-                    http.request.method = %p.method,
-                    http.route = %p.route,
-                    http.response.status_code = tracing::field::Empty,
-                    sentry_profiling.http_root = true,
-                )
-            });
-            let request = p.request;
-            hub.configure_scope(|s| {
-                s.add_event_processor(move |mut event| {
-                    if event.request.is_none() {
-                        event.request = Some(request.clone());
-                    }
-                    Some(event)
-                })
-            });
-            *this.hub = Some(hub);
+            *this.request = Some(start_request(p, this.tag_target));
         }
-        let hub = this.hub.clone().unwrap_or_else(Hub::current);
+        let Some(request) = this.request.as_ref() else {
+            // Polled again after completion: the inner future says what
+            // that means.
+            return this
+                .inner
+                .poll(cx)
+                .map_ok(|response| response.map(|body| ProfilingBody::new(body, None)));
+        };
         let inner = this.inner;
-        let span = this.span;
         let tag_target = this.tag_target;
         let name = this.name.as_str();
-        let poll = Hub::run(hub, || {
-            let _entered = span.enter();
+        let poll = request.run(|| {
             // Tag the transaction with its lane (the root span's, which the
             // layer has just made this thread's context word) once the root
             // span has started the profiler, before the handler runs: a
@@ -307,27 +274,92 @@ where
             }
             inner.poll(cx)
         });
-        if let Poll::Ready(result) = &poll {
-            let status = result.as_ref().ok().map(|r| r.status());
-            if let Some(code) = status {
-                span.record("http.response.status_code", code.as_u16());
-            }
-            // Close the root span before finishing the transaction, so the
-            // Sentry span a `sentry-tracing` layer made of it is recorded in
-            // the transaction, and the trace lifecycle sees the root end.
-            *span = tracing::Span::none();
-            if let Some(tx) = this.transaction.take() {
-                match status {
-                    Some(code) => {
-                        tx.set_data("http.response.status_code", Value::from(code.as_u16()));
-                        tx.set_status(map_status(code));
-                    }
-                    None => tx.set_status(SpanStatus::InternalError),
+        let Poll::Ready(result) = poll else {
+            return Poll::Pending;
+        };
+        let Some(request) = this.request.take() else {
+            unreachable!("the request was there before the poll");
+        };
+        Poll::Ready(match result {
+            Ok(response) => {
+                let code = response.status();
+                request
+                    .span
+                    .record("http.response.status_code", code.as_u16());
+                if let Some(tx) = &request.transaction {
+                    tx.set_data("http.response.status_code", Value::from(code.as_u16()));
+                    tx.set_status(map_status(code));
                 }
-                tx.finish();
+                // The request goes on while the server polls the body: the
+                // body now holds the root span and the transaction, and
+                // ends them with it.
+                Ok(response.map(|body| ProfilingBody::new(body, Some(request))))
             }
-        }
-        poll
+            Err(e) => {
+                request.end(Some(SpanStatus::InternalError));
+                Err(e)
+            }
+        })
+    }
+}
+
+/// The first poll of a request: reuses the transaction on the scope, or
+/// starts one, and opens the request's root span. `tag_target` is set to
+/// the transaction to tag with the request's thread.
+fn start_request(p: Pending, tag_target: &mut Option<TransactionOrSpan>) -> RequestScope {
+    let parent = Hub::current();
+    let hub = Arc::new(Hub::new_from_top(&parent));
+    let existing = parent.configure_scope(|s| s.get_span());
+    if let Some(TransactionOrSpan::Transaction(tx)) = &existing {
+        *tag_target = Some(TransactionOrSpan::Transaction(tx.clone()));
+    }
+    let mut transaction = None;
+    if existing.is_none() {
+        let headers = [
+            ("sentry-trace", p.sentry_trace.as_deref()),
+            ("baggage", p.baggage.as_deref()),
+        ];
+        let ctx = TransactionContext::continue_from_headers(
+            &p.name,
+            "http.server",
+            headers.iter().filter_map(|(k, v)| Some((*k, (*v)?))),
+        );
+        let tx = hub.start_transaction(ctx);
+        tx.set_origin("auto.http.sentry_profiling");
+        tx.set_request(p.request.clone());
+        hub.configure_scope(|s| s.set_span(Some(tx.clone().into())));
+        *tag_target = Some(tx.clone().into());
+        transaction = Some(tx);
+    }
+    // The root span is created under the request's hub, so that a
+    // `sentry-tracing` layer makes it a child of the transaction instead of
+    // a second transaction. That child would only repeat the transaction:
+    // it is marked `sentry_profiling.http_root`, and the integration's
+    // transport removes it (its children become the transaction's).
+    let span = Hub::run(Arc::clone(&hub), || {
+        tracing::info_span!(
+            parent: None,
+            "http.request",
+            otel.name = %p.name,
+            http.request.method = %p.method,
+            http.route = %p.route,
+            http.response.status_code = tracing::field::Empty,
+            sentry_profiling.http_root = true,
+        )
+    });
+    let request = p.request;
+    hub.configure_scope(|s| {
+        s.add_event_processor(move |mut event| {
+            if event.request.is_none() {
+                event.request = Some(request.clone());
+            }
+            Some(event)
+        })
+    });
+    RequestScope {
+        span,
+        hub,
+        transaction,
     }
 }
 

@@ -44,7 +44,9 @@ mod layer;
 #[cfg(feature = "tokio")]
 mod spawn;
 
-pub use http::{ProfilingHttpFuture, ProfilingHttpLayer, ProfilingHttpService, http_layer};
+pub use http::{
+    ProfilingBody, ProfilingHttpFuture, ProfilingHttpLayer, ProfilingHttpService, http_layer,
+};
 pub use layer::{ProfilingLayer, layer};
 #[cfg(feature = "tokio")]
 pub use spawn::{spawn_blocking_in_span, spawn_in_span};

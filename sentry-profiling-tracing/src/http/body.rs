@@ -1,0 +1,393 @@
+//! The response body `http_layer()` hands back: a request is not over when
+//! its handler returns a response, since the server then polls the body,
+//! and that is where compression, templating into a stream or a
+//! server-sent event's work runs. Each poll of the body runs inside the
+//! request's root span, as each poll of the handler's future does, so its
+//! samples land in the request's lane; the body owns the root span and the
+//! transaction from the moment the response is ready, and ends both when
+//! the body ends, fails or is dropped.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http_body::{Body, Frame, SizeHint};
+use sentry_core::protocol::SpanStatus;
+use sentry_core::{Hub, Transaction};
+
+/// What a request holds from its first poll until its response body ends:
+/// the root span (whose lane its samples go to), the hub its polls run
+/// under, and the transaction this middleware started (none when it reused
+/// one that was already on the scope, such as sentry-tower's, which its
+/// owner finishes).
+#[derive(Debug)]
+pub(super) struct RequestScope {
+    pub(super) span: tracing::Span,
+    pub(super) hub: Arc<Hub>,
+    pub(super) transaction: Option<Transaction>,
+}
+
+impl RequestScope {
+    /// Runs `f` as part of the request: under its hub, with its root span
+    /// entered (which makes the request's lane this thread's context word).
+    pub(super) fn run<R>(&self, f: impl FnOnce() -> R) -> R {
+        Hub::run(Arc::clone(&self.hub), || {
+            let _entered = self.span.enter();
+            f()
+        })
+    }
+
+    /// Ends the request: closes the root span (ending its lane, and letting
+    /// the trace lifecycle see the root end), then finishes the
+    /// transaction, with `status` in place of the one the response gave if
+    /// there is one. The span closes first so that the Sentry span a
+    /// `sentry-tracing` layer made of it, and its children, are recorded in
+    /// the transaction before it is sent. Must not be called with the span
+    /// entered.
+    pub(super) fn end(self, status: Option<SpanStatus>) {
+        let RequestScope {
+            span, transaction, ..
+        } = self;
+        drop(span);
+        if let Some(tx) = transaction {
+            if let Some(status) = status {
+                tx.set_status(status);
+            }
+            tx.finish();
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The body of a response that went through
+    /// [`http_layer()`](crate::http_layer): the service's own body, each
+    /// poll of it run inside the request's root span (so its CPU, such as
+    /// tower-http's compression or a stream's per-event work, shows in the
+    /// request's profile), with the request's transaction finished when the
+    /// body ends (its last frame, or an error) or is dropped, whichever
+    /// comes first.
+    ///
+    /// A body dropped before its end (a `HEAD` request, a client that went
+    /// away, a server that stops at the announced length) keeps the
+    /// response's status; a body that fails gets `internal_error`.
+    pub struct ProfilingBody<B> {
+        #[pin]
+        inner: B,
+        // `None` once the request has ended.
+        request: Option<RequestScope>,
+    }
+
+    impl<B> PinnedDrop for ProfilingBody<B> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(request) = this.project().request.take() {
+                // A panic in a poll of the body unwinds through here.
+                let status = std::thread::panicking().then_some(SpanStatus::InternalError);
+                request.end(status);
+            }
+        }
+    }
+}
+
+impl<B> ProfilingBody<B> {
+    pub(super) fn new(inner: B, request: Option<RequestScope>) -> Self {
+        Self { inner, request }
+    }
+}
+
+impl<B> std::fmt::Debug for ProfilingBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProfilingBody")
+            .field("ended", &self.request.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Body> Body for ProfilingBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let Some(request) = this.request.as_ref() else {
+            return this.inner.poll_frame(cx);
+        };
+        let mut inner = this.inner;
+        let (poll, end) = request.run(|| {
+            let poll = inner.as_mut().poll_frame(cx);
+            // Whether this poll ended the body, and with which status. A
+            // server stops polling a body that says it has ended (one
+            // whose length is known), so the end is taken from the frame
+            // that completes it rather than left to the drop.
+            let end = match &poll {
+                Poll::Ready(None) => Some(None),
+                Poll::Ready(Some(Err(_))) => Some(Some(SpanStatus::InternalError)),
+                Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => Some(None),
+                _ => None,
+            };
+            (poll, end)
+        });
+        if let Some(status) = end {
+            if let Some(request) = this.request.take() {
+                request.end(status);
+            }
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll, Waker};
+
+    use http::{Request, Response, StatusCode};
+    use http_body::{Body, Frame};
+    use sentry_core::protocol::{Envelope, EnvelopeItem, SpanStatus};
+    use sentry_core::{Client, ClientOptions, Hub};
+    use tower_layer::Layer as _;
+    use tower_service::Service;
+    use tracing_subscriber::layer::{Context as LayerContext, Layer};
+    use tracing_subscriber::prelude::*;
+    use tracing_subscriber::registry::LookupSpan;
+
+    use super::ProfilingBody;
+
+    /// Keeps each finished transaction's status.
+    #[derive(Default)]
+    struct Capture(Mutex<Vec<Option<SpanStatus>>>);
+
+    impl sentry_core::Transport for Capture {
+        fn send_envelope(&self, envelope: Envelope) {
+            for item in envelope.items() {
+                if let EnvelopeItem::Transaction(tx) = item {
+                    let status = match tx.contexts.get("trace") {
+                        Some(sentry_core::protocol::Context::Trace(t)) => t.status,
+                        _ => None,
+                    };
+                    self.0.lock().unwrap().push(status);
+                }
+            }
+        }
+    }
+
+    impl Capture {
+        fn finished(&self) -> Vec<Option<SpanStatus>> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    /// A body of scripted frames; checks that each poll runs inside the
+    /// request's root span.
+    struct Script {
+        frames: VecDeque<Result<&'static str, &'static str>>,
+        /// Whether it says it has ended once its frames are gone (as a
+        /// body of known length does), instead of answering `None`.
+        says_end: bool,
+    }
+
+    impl Body for Script {
+        type Data = &'static [u8];
+        type Error = &'static str;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+            assert_eq!(
+                tracing::Span::current().metadata().map(|m| m.name()),
+                Some("http.request"),
+                "polled inside the request's root span"
+            );
+            Poll::Ready(
+                self.frames
+                    .pop_front()
+                    .map(|f| f.map(|s| Frame::data(s.as_bytes()))),
+            )
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.says_end && self.frames.is_empty()
+        }
+    }
+
+    /// Counts closed `http.request` spans.
+    struct Closes(Arc<AtomicUsize>);
+
+    impl<S> Layer<S> for Closes
+    where
+        S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    {
+        fn on_close(&self, id: tracing::span::Id, ctx: LayerContext<'_, S>) {
+            if ctx.span(&id).is_some_and(|s| s.name() == "http.request") {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// A service answering one scripted response.
+    struct Respond(Option<Response<Script>>);
+
+    impl Service<Request<()>> for Respond {
+        type Response = Response<Script>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Response<Script>, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            std::future::ready(Ok(self.0.take().expect("one request")))
+        }
+    }
+
+    /// A hub whose client captures transactions, and a tracing registry
+    /// that counts closed root spans, both bound to this thread only.
+    struct Harness {
+        capture: Arc<Capture>,
+        closed: Arc<AtomicUsize>,
+        hub: Arc<Hub>,
+        dispatch: tracing::Dispatch,
+    }
+
+    impl Harness {
+        fn new() -> Self {
+            let capture = Arc::new(Capture::default());
+            let mut options = ClientOptions::new().traces_sample_rate(1.0);
+            options.dsn = "https://public@sentry.invalid/1".parse().ok();
+            options.transport = Some(Arc::new(Arc::clone(&capture)));
+            let hub = Arc::new(Hub::new(
+                Some(Arc::new(Client::from(options))),
+                Arc::new(Default::default()),
+            ));
+            let closed = Arc::new(AtomicUsize::new(0));
+            let dispatch = tracing::Dispatch::new(
+                tracing_subscriber::registry().with(Closes(Arc::clone(&closed))),
+            );
+            Self {
+                capture,
+                closed,
+                hub,
+                dispatch,
+            }
+        }
+
+        fn run<R>(&self, f: impl FnOnce() -> R) -> R {
+            tracing::dispatcher::with_default(&self.dispatch, || Hub::run(Arc::clone(&self.hub), f))
+        }
+
+        /// The response `http_layer()` gives for `status` and `body`.
+        fn respond(&self, status: StatusCode, body: Script) -> Response<ProfilingBody<Script>> {
+            self.run(|| {
+                let mut response = Response::new(body);
+                *response.status_mut() = status;
+                let mut service = crate::http_layer().layer(Respond(Some(response)));
+                let future = service.call(Request::get("/x").body(()).expect("a request"));
+                let mut future = std::pin::pin!(future);
+                match future
+                    .as_mut()
+                    .poll(&mut Context::from_waker(Waker::noop()))
+                {
+                    Poll::Ready(Ok(response)) => response,
+                    _ => unreachable!("the response is ready"),
+                }
+            })
+        }
+
+        fn poll(&self, body: &mut ProfilingBody<Script>) -> Option<Result<(), &'static str>> {
+            self.run(
+                || match Pin::new(body).poll_frame(&mut Context::from_waker(Waker::noop())) {
+                    Poll::Ready(frame) => frame.map(|f| f.map(drop)),
+                    Poll::Pending => unreachable!("a script is never pending"),
+                },
+            )
+        }
+
+        /// The statuses of the transactions sent, and how many root spans
+        /// closed.
+        fn ended(&self) -> (Vec<Option<SpanStatus>>, usize) {
+            (self.capture.finished(), self.closed.load(Ordering::SeqCst))
+        }
+    }
+
+    fn script(frames: &[Result<&'static str, &'static str>], says_end: bool) -> Script {
+        Script {
+            frames: frames.iter().copied().collect(),
+            says_end,
+        }
+    }
+
+    #[test]
+    fn a_request_ends_with_its_body_not_its_response() {
+        let h = Harness::new();
+        let mut body = h
+            .respond(StatusCode::OK, script(&[Ok("a"), Ok("b")], false))
+            .into_body();
+        assert_eq!(h.ended(), (vec![], 0), "the response alone ends nothing");
+        assert_eq!(h.poll(&mut body), Some(Ok(())));
+        assert_eq!(h.poll(&mut body), Some(Ok(())));
+        assert_eq!(h.ended(), (vec![], 0));
+        assert_eq!(h.poll(&mut body), None);
+        assert_eq!(h.ended(), (vec![Some(SpanStatus::Ok)], 1));
+        drop(body);
+        assert_eq!(h.ended(), (vec![Some(SpanStatus::Ok)], 1), "ended once");
+    }
+
+    #[test]
+    fn a_body_that_says_it_ended_ends_the_request_with_its_last_frame() {
+        let h = Harness::new();
+        let mut body = h
+            .respond(StatusCode::OK, script(&[Ok("a")], true))
+            .into_body();
+        assert_eq!(h.poll(&mut body), Some(Ok(())));
+        assert_eq!(h.ended(), (vec![Some(SpanStatus::Ok)], 1));
+        assert!(body.is_end_stream());
+    }
+
+    #[test]
+    fn a_failing_body_ends_the_request_as_an_internal_error() {
+        let h = Harness::new();
+        let mut body = h
+            .respond(StatusCode::OK, script(&[Ok("a"), Err("cut")], false))
+            .into_body();
+        assert_eq!(h.poll(&mut body), Some(Ok(())));
+        assert_eq!(h.poll(&mut body), Some(Err("cut")));
+        assert_eq!(h.ended(), (vec![Some(SpanStatus::InternalError)], 1));
+    }
+
+    #[test]
+    fn a_body_never_polled_ends_the_request_when_dropped() {
+        // A `HEAD` request, or a client gone before the body was sent.
+        let h = Harness::new();
+        let response = h.respond(StatusCode::NOT_FOUND, script(&[Ok("a")], false));
+        assert_eq!(h.ended(), (vec![], 0));
+        drop(response);
+        assert_eq!(h.ended(), (vec![Some(SpanStatus::NotFound)], 1));
+    }
+
+    #[test]
+    fn a_body_dropped_midway_keeps_the_response_status() {
+        let h = Harness::new();
+        let mut body = h
+            .respond(StatusCode::OK, script(&[Ok("a"), Ok("b")], false))
+            .into_body();
+        assert_eq!(h.poll(&mut body), Some(Ok(())));
+        drop(body);
+        assert_eq!(h.ended(), (vec![Some(SpanStatus::Ok)], 1));
+    }
+}
