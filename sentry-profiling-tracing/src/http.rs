@@ -56,7 +56,9 @@ use body::RequestScope;
 pub struct ProfilingHttpLayer;
 
 /// Creates the middleware layer. With axum, add it with `Router::layer` so it
-/// runs after routing and sees the matched route:
+/// runs after routing and sees the matched route, and after any layer that
+/// rewrites the response body (compression), so that layer's work is
+/// polled inside the request (see [`ProfilingBody`]):
 ///
 /// ```no_run
 /// let app: axum::Router = axum::Router::new()

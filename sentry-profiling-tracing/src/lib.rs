@@ -16,8 +16,13 @@
 //! - [`http_layer()`], tower middleware for axum (or any `http` service):
 //!   each request runs in a root span and a Sentry transaction named
 //!   `METHOD /matched/route`, continuing incoming `sentry-trace` and
-//!   `baggage` headers, with the response status recorded. An existing
-//!   transaction (from `sentry-tower`) is reused rather than duplicated.
+//!   `baggage` headers, with the response status recorded. The request
+//!   lasts until its response body has been sent: the body
+//!   ([`ProfilingBody`]) is polled inside the request's span, so work done
+//!   while sending it (compression inside this layer, streamed bodies) is
+//!   in the request's profile. An existing transaction (from
+//!   `sentry-tower`) is reused rather than duplicated; `sentry-tower`
+//!   finishes it before the body is sent.
 //!
 //! Work a request hands to another task or to Tokio's blocking pool shows
 //! in its profile only if the span goes with it: use [`spawn_in_span`] and
