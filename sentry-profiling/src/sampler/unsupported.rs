@@ -88,6 +88,14 @@ impl Sampler {
         self.control().is_active()
     }
 
+    /// Never dozing.
+    pub(crate) fn is_dozing(&self) -> bool {
+        false
+    }
+
+    /// No-op: nothing is sampled.
+    pub(crate) fn set_reader(&self, _reader: std::thread::Thread) {}
+
     /// Zero counters.
     pub fn stats(&self) -> SamplerStats {
         self.control().stats()
