@@ -10,8 +10,6 @@
 //! every poll of the handler's future too); that figure is printed, not
 //! asserted: it is sentry-tracing's.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -23,50 +21,10 @@ use tower_layer::Layer as _;
 use tower_service::Service;
 use tracing_subscriber::prelude::*;
 
-thread_local! {
-    /// Whether this thread's allocator calls are counted. `const`-initialised
-    /// with no destructor: touching it from the allocator never allocates.
-    static TRACKING: Cell<bool> = const { Cell::new(false) };
-    /// Allocator calls made by this thread while tracking.
-    static CALLS: Cell<u64> = const { Cell::new(0) };
-}
+#[path = "../../sentry-profiling/tests/support/counting_alloc.rs"]
+mod counting_alloc;
 
-fn count_call() {
-    if TRACKING.get() {
-        CALLS.set(CALLS.get() + 1);
-    }
-}
-
-/// `System`, counting the calls made by a tracking thread.
-struct Counting;
-
-// SAFETY: every method forwards to `System` with the caller's arguments
-// unchanged; the counting only touches const thread-locals.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_call();
-        // SAFETY: the caller's contract for `alloc` is passed on unchanged.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count_call();
-        // SAFETY: the caller's contract for `alloc_zeroed` is passed on unchanged.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count_call();
-        // SAFETY: the caller's contract for `realloc` is passed on unchanged.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count_call();
-        // SAFETY: the caller's contract for `dealloc` is passed on unchanged.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use counting_alloc::{Counting, tracked};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -140,21 +98,20 @@ fn calls_per_poll(dispatch: &tracing::Dispatch) -> f64 {
                     Poll::Ready(Some(Ok(_)))
                 ));
             }
-            CALLS.set(0);
-            TRACKING.set(true);
-            for _ in 0..POLLS {
-                let frame = body.as_mut().poll_frame(&mut cx);
-                // Matched, not dropped as a whole: a frame's data is static.
-                assert!(matches!(frame, Poll::Ready(Some(Ok(_)))));
-            }
-            TRACKING.set(false);
+            let ((), calls) = tracked(|| {
+                for _ in 0..POLLS {
+                    let frame = body.as_mut().poll_frame(&mut cx);
+                    // Matched, not dropped as a whole: a frame's data is static.
+                    assert!(matches!(frame, Poll::Ready(Some(Ok(_)))));
+                }
+            });
             assert!(
                 sentry_profiling::hooks::is_lane(
                     POLLED_IN.load(std::sync::atomic::Ordering::Relaxed)
                 ),
                 "the body is polled in its request's lane"
             );
-            CALLS.get() as f64 / POLLS as f64
+            calls as f64 / POLLS as f64
         })
     })
 }

@@ -7,8 +7,6 @@
 //! so it is sampled as often on a machine whose cores other processes
 //! compete for.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sentry_profiling::{Sample, Sampler, SamplerConfig};
@@ -17,63 +15,13 @@ const HZ: u32 = 101;
 const SPIN: Duration = Duration::from_secs(2);
 const NAME: &str = "alloc-probe";
 
-thread_local! {
-    /// Whether this thread's allocator calls are counted. `const`-initialised
-    /// with no destructor: touching it from the allocator never allocates.
-    static TRACKING: Cell<bool> = const { Cell::new(false) };
-    /// Allocator calls (allocations, reallocations and frees) made by this
-    /// thread while tracking.
-    static CALLS: Cell<u64> = const { Cell::new(0) };
-}
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
-fn count_call() {
-    if TRACKING.get() {
-        CALLS.set(CALLS.get() + 1);
-    }
-}
-
-/// `System`, counting the calls made by tracking threads.
-struct Counting;
-
-// SAFETY: every method forwards to `System` with the caller's arguments
-// unchanged; the counting only touches const thread-locals.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_call();
-        // SAFETY: the caller's contract for `alloc` is passed on unchanged.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count_call();
-        // SAFETY: the caller's contract for `alloc_zeroed` is passed on unchanged.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count_call();
-        // SAFETY: the caller's contract for `realloc` is passed on unchanged.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count_call();
-        // SAFETY: the caller's contract for `dealloc` is passed on unchanged.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use counting_alloc::{Counting, tracked};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-/// Counts this thread's allocator calls while `f` runs.
-fn tracked<R>(f: impl FnOnce() -> R) -> (R, u64) {
-    CALLS.set(0);
-    TRACKING.set(true);
-    let out = f();
-    TRACKING.set(false);
-    (out, CALLS.get())
-}
 
 /// The calling thread's CPU time in nanoseconds (a system call or vDSO
 /// read: no allocation).

@@ -441,3 +441,26 @@ pub fn run_self_as_child(env_var: &str) -> (String, String) {
     );
     (stdout, stderr)
 }
+
+/// What the `axum_service` example's `main` does, for tests that run the
+/// service as a child process of their own binary: settings from the
+/// environment, `sentry_options`, `init_tracing`, `serve_until_signal`
+/// (printing `listening <addr>` once it listens), then closing the client.
+/// Returns the process's exit code.
+pub fn serve_example_from_env() -> i32 {
+    let settings = sentry_profiling_examples::Settings::from_env().expect("settings");
+    let options = sentry_profiling_examples::sentry_options(&settings).expect("options");
+    let guard = sentry::init(options);
+    sentry_profiling_examples::init_tracing();
+    let served = sentry_profiling_examples::serve_until_signal(settings.addr, |addr| {
+        println!("listening {addr}");
+    });
+    drop(guard);
+    match served {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("service: {e}");
+            1
+        }
+    }
+}

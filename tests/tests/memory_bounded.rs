@@ -36,7 +36,7 @@ const MAX_BYTES_PER_REQUEST: f64 = 150.0;
 
 fn main() {
     if std::env::var_os(CHILD_ENV).is_some() {
-        std::process::exit(service());
+        std::process::exit(sentry_profiling_tests::serve_example_from_env());
     }
     let secs = std::env::var("SOAK_SECS")
         .ok()
@@ -44,18 +44,6 @@ fn main() {
         .unwrap_or(DEFAULT_SECS);
     soak(Duration::from_secs(secs));
     println!("memory_bounded: ok");
-}
-
-fn service() -> i32 {
-    let settings = sentry_profiling_examples::Settings::from_env().expect("settings");
-    let options = sentry_profiling_examples::sentry_options(&settings).expect("options");
-    let guard = sentry::init(options);
-    sentry_profiling_examples::init_tracing();
-    let served = sentry_profiling_examples::serve_until_signal(settings.addr, |addr| {
-        println!("listening {addr}");
-    });
-    drop(guard);
-    i32::from(served.is_err())
 }
 
 fn rss_kib(pid: u32) -> u64 {

@@ -35,7 +35,7 @@ const FINAL_CHUNK_SLACK_SECS: f64 = 0.25;
 
 fn main() {
     if std::env::var_os(CHILD_ENV).is_some() {
-        std::process::exit(service());
+        std::process::exit(sentry_profiling_tests::serve_example_from_env());
     }
     let started = Instant::now();
     let mut served = 0;
@@ -53,24 +53,6 @@ fn main() {
 }
 
 /// The example service, as `examples/axum_service.rs` runs it.
-fn service() -> i32 {
-    let settings = sentry_profiling_examples::Settings::from_env().expect("settings");
-    let options = sentry_profiling_examples::sentry_options(&settings).expect("options");
-    let guard = sentry::init(options);
-    sentry_profiling_examples::init_tracing();
-    let served = sentry_profiling_examples::serve_until_signal(settings.addr, |addr| {
-        println!("listening {addr}");
-    });
-    drop(guard);
-    match served {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("service: {e}");
-            1
-        }
-    }
-}
-
 /// A request the load generator made, and whether it was served.
 struct Request {
     trace_id: String,

@@ -22,7 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const TWIN: &str = "target/release/service_twin";
-const SINK: &str = "target/release/sentry_sink";
+pub(crate) const SINK: &str = "target/release/sentry_sink";
 const LOAD: &str = "target/release/load";
 const SINK_PORT: u16 = 3399;
 const SERVICE_PORT: u16 = 3311;
@@ -288,18 +288,22 @@ fn build() -> Result<(), String> {
     }
 }
 
+/// Starts the loopback Sentry sink on `port` (killed when dropped).
+pub(crate) fn start_sink(port: u16) -> Result<Killed, String> {
+    Command::new(SINK)
+        .arg(port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(Killed)
+        .map_err(|e| format!("cannot start {SINK}: {e}"))
+}
+
 /// Runs the benchmark; returns (and prints) its Markdown report. `quick`
 /// makes every part small (a smoke run for CI).
 pub(crate) fn run(rounds: usize, quick: bool) -> Result<String, String> {
     build()?;
-    let sink = Killed(
-        Command::new(SINK)
-            .arg(SINK_PORT.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot start {SINK}: {e}"))?,
-    );
+    let sink = start_sink(SINK_PORT)?;
     std::thread::sleep(Duration::from_millis(200));
     let scale = if quick { 20 } else { 1 };
     let mut report = String::new();

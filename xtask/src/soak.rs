@@ -15,10 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::cost::Killed;
+use crate::cost::{Killed, start_sink};
 
 const EXAMPLE: &str = "target/release/examples/axum_service";
-const SINK: &str = "target/release/sentry_sink";
 const LOAD: &str = "target/release/load";
 const SINK_PORT: u16 = 3398;
 const SERVICE_PORT: u16 = 3312;
@@ -165,14 +164,7 @@ fn run(session_rate: &str, minutes: u64, dir: &std::path::Path) -> Result<Run, S
 /// Runs the soak; returns (and prints) its Markdown report.
 pub(crate) fn soak(minutes: u64) -> Result<String, String> {
     build()?;
-    let _sink = Killed(
-        Command::new(SINK)
-            .arg(SINK_PORT.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot start {SINK}: {e}"))?,
-    );
+    let _sink = start_sink(SINK_PORT)?;
     let dir = std::env::temp_dir().join(format!("sentry-profiling-soak-{}", std::process::id()));
     let off = run("0", minutes, &dir)?;
     let on = run("1", minutes, &dir)?;

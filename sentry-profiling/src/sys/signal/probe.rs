@@ -7,8 +7,8 @@
 //! created after it, so a probe answers for the thread that makes it: the
 //! sampler thread probes what it calls itself.
 
-use super::send::QueuedSigInfo;
-use super::timer::KernelSigEvent;
+use super::send::{QueuedSigInfo, queue_signal};
+use super::timer::{KernelSigEvent, create_on_cpu_clock};
 use super::*;
 
 /// `sigev_notify` value of a timer that notifies nobody.
@@ -39,19 +39,8 @@ pub(crate) fn probe_signal() -> Result<(), i32> {
         value: usize::MAX,
         _rest: [0; 96],
     };
-    // SAFETY: rt_tgsigqueueinfo reads a 128-byte siginfo from a valid
-    // pointer; `QueuedSigInfo` is exactly that size and lives for the call.
     // Signal 0 is never delivered.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_rt_tgsigqueueinfo,
-            pid as libc::c_long,
-            tid as libc::c_long,
-            0 as libc::c_long,
-            std::ptr::from_ref(&info),
-        )
-    };
-    if rc == 0 { Ok(()) } else { Err(last_errno()) }
+    queue_signal(pid, tid, &info)
 }
 
 /// Whether the calling thread may create and set a CPU-time timer, as
@@ -67,23 +56,7 @@ pub(crate) fn probe_cpu_timer() -> Result<(), (&'static str, i32)> {
         tid: 0,
         _pad: [0; 11],
     };
-    // The thread's scheduler CPU clock, as `CpuTimer::create` uses.
-    let clock = ((!tid) << 3) | 6;
-    let mut id: i32 = -1;
-    // SAFETY: timer_create reads a 64-byte sigevent from a valid pointer
-    // (`KernelSigEvent` is exactly that) and writes the timer id to a valid
-    // i32.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_timer_create,
-            clock as libc::c_long,
-            std::ptr::from_ref(&event),
-            std::ptr::from_mut(&mut id),
-        )
-    };
-    if rc != 0 {
-        return Err(("timer_create", last_errno()));
-    }
+    let id = create_on_cpu_clock(tid, &event).map_err(|e| ("timer_create", e))?;
     let zero = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -59,6 +59,17 @@ pub(crate) fn send_sample_signal(tid: i32, slot: &Slot) -> Result<(), SendError>
         value: slot.index as usize,
         _rest: [0; 96],
     };
+    match queue_signal(pid, tid, &info) {
+        Ok(()) => Ok(()),
+        Err(libc::ESRCH) => Err(SendError::ThreadGone),
+        Err(libc::EAGAIN) => Err(SendError::QueueFull),
+        Err(e) => Err(SendError::Os(e)),
+    }
+}
+
+/// `rt_tgsigqueueinfo` of `info` (its `signo` the signal) to thread `tid` of
+/// process `pid`; `Err` holds the `errno`.
+pub(super) fn queue_signal(pid: i32, tid: i32, info: &QueuedSigInfo) -> Result<(), i32> {
     // SAFETY: rt_tgsigqueueinfo reads a 128-byte siginfo from a valid pointer;
     // `QueuedSigInfo` is exactly that size and lives for the call.
     let rc = unsafe {
@@ -66,16 +77,13 @@ pub(crate) fn send_sample_signal(tid: i32, slot: &Slot) -> Result<(), SendError>
             libc::SYS_rt_tgsigqueueinfo,
             pid as libc::c_long,
             tid as libc::c_long,
-            sig as libc::c_long,
-            std::ptr::from_ref(&info),
+            info.signo as libc::c_long,
+            std::ptr::from_ref(info),
         )
     };
     if rc == 0 {
-        return Ok(());
-    }
-    match std::io::Error::last_os_error().raw_os_error().unwrap_or(0) {
-        libc::ESRCH => Err(SendError::ThreadGone),
-        libc::EAGAIN => Err(SendError::QueueFull),
-        e => Err(SendError::Os(e)),
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
     }
 }

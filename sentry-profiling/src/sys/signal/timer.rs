@@ -37,6 +37,31 @@ const _: () = {
 #[derive(Debug)]
 pub(crate) struct CpuTimer(i32);
 
+/// `timer_create` on thread `tid`'s scheduler CPU clock (as in
+/// `thread_cpu_time_ns`) with `event`; the timer's id, or the `errno`.
+pub(super) fn create_on_cpu_clock(tid: i32, event: &KernelSigEvent) -> Result<i32, i32> {
+    let clock = ((!tid) << 3) | 6;
+    let mut id: i32 = -1;
+    // SAFETY: timer_create reads a 64-byte sigevent from a valid pointer
+    // (`KernelSigEvent` is exactly that) and writes the timer id to a valid
+    // i32.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_timer_create,
+            clock as libc::c_long,
+            std::ptr::from_ref(event),
+            std::ptr::from_mut(&mut id),
+        )
+    };
+    if rc == 0 {
+        Ok(id)
+    } else {
+        Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL))
+    }
+}
+
 impl CpuTimer {
     /// Creates a timer on thread `tid`'s CPU clock, disarmed. Fails with
     /// the `errno` of `timer_create` (`EAGAIN` when the user's limit of
@@ -54,27 +79,7 @@ impl CpuTimer {
             tid,
             _pad: [0; 11],
         };
-        // The thread's scheduler CPU clock, as in `thread_cpu_time_ns`.
-        let clock = ((!tid) << 3) | 6;
-        let mut id: i32 = -1;
-        // SAFETY: timer_create reads a 64-byte sigevent from a valid pointer
-        // (`KernelSigEvent` is exactly that) and writes the timer id to a
-        // valid i32.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_timer_create,
-                clock as libc::c_long,
-                std::ptr::from_ref(&event),
-                std::ptr::from_mut(&mut id),
-            )
-        };
-        if rc == 0 {
-            Ok(Self(id))
-        } else {
-            Err(std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EINVAL))
-        }
+        create_on_cpu_clock(tid, &event).map(Self)
     }
 
     /// Fires every `period` of the thread's CPU time from now on; a zero
