@@ -31,6 +31,9 @@ static OWNERS: [AtomicU32; MAX_SLOTS] = [const { AtomicU32::new(0) }; MAX_SLOTS]
 /// When each slot was claimed by its current thread (`CLOCK_REALTIME`, ns):
 /// history entries older than that are a previous thread's.
 static CLAIMED_AT: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
+/// Each slot's publication count when its current thread claimed it:
+/// publications before that are a previous thread's, never its losses.
+static CLAIMED_SEQ: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
 /// An address on each slot's thread's stack, taken when it claimed the
 /// slot: the sampler learns the thread's stack mapping from it before its
 /// first capture (a capture of a thread whose stack bounds are unknown
@@ -127,6 +130,10 @@ fn claim(tid: u32) -> u32 {
     t.by_tid.insert(tid, slot);
     drop(table);
     CLAIMED_AT[slot as usize].store(crate::sys::realtime_ns(), Ordering::Relaxed);
+    CLAIMED_SEQ[slot as usize].store(
+        CHANGES[slot as usize].load(Ordering::Relaxed),
+        Ordering::Relaxed,
+    );
     let on_stack = 0u8;
     STACK_HINT[slot as usize].store(
         std::hint::black_box(std::ptr::from_ref(&on_stack)) as usize,
@@ -276,6 +283,27 @@ pub(crate) struct ChangeCursor {
     slots: Vec<SlotCursor>,
 }
 
+impl ChangeCursor {
+    /// A cursor that starts now: what threads published before it (in an
+    /// earlier profiling session of the process, say) is behind it, neither
+    /// read nor counted as lost; each thread's current word is where its
+    /// changes start from.
+    pub(crate) fn starting_now() -> Self {
+        let used = (SLOTS_USED.load(Ordering::Acquire) as usize).min(MAX_SLOTS);
+        let slots = (0..used)
+            .map(|i| {
+                let owner = OWNERS[i].load(Ordering::Acquire);
+                SlotCursor {
+                    owner,
+                    seen: CHANGES[i].load(Ordering::Acquire),
+                    word: (owner != 0).then(|| SLOTS[i].load(Ordering::Relaxed)),
+                }
+            })
+            .collect();
+        Self { slots }
+    }
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 struct SlotCursor {
     /// The thread the slot held when last read (0: none).
@@ -316,7 +344,7 @@ pub(crate) fn read_changes(
             // entries older than its claim are the previous thread's.
             *c = SlotCursor {
                 owner,
-                seen: c.seen,
+                seen: c.seen.max(CLAIMED_SEQ[i].load(Ordering::Relaxed)),
                 word: Some(0),
             };
         }
@@ -357,23 +385,47 @@ pub(crate) fn read_changes(
 mod tests {
     use super::*;
 
+    /// A thread that publishes words 0, 1, 2, 0, 1, … on request, as `tid`.
+    struct Publisher {
+        go: std::sync::mpsc::Sender<u32>,
+        done: std::sync::mpsc::Receiver<()>,
+        thread: std::thread::JoinHandle<()>,
+    }
+
+    impl Publisher {
+        fn start(tid: u32) -> Self {
+            let (go, go_rx) = std::sync::mpsc::channel::<u32>();
+            let (done_tx, done) = std::sync::mpsc::channel::<()>();
+            let thread = std::thread::spawn(move || {
+                for round in go_rx {
+                    for value in 0..round {
+                        publish(u64::from(value % 3), || tid);
+                    }
+                    done_tx.send(()).unwrap();
+                }
+            });
+            Self { go, done, thread }
+        }
+
+        /// Publishes `n` words and waits until they are.
+        fn publish(&self, n: u32) {
+            self.go.send(n).unwrap();
+            self.done.recv().unwrap();
+        }
+
+        fn stop(self) {
+            drop(self.go);
+            self.thread.join().unwrap();
+        }
+    }
+
     #[test]
     fn every_change_is_read_once_in_order() {
         let tid = 4_200_000u32;
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<u32>();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-        let h = std::thread::spawn(move || {
-            for round in go_rx {
-                for value in 0..round {
-                    publish(u64::from(value % 3), || tid);
-                }
-                done_tx.send(()).unwrap();
-            }
-        });
+        let publisher = Publisher::start(tid);
         let mut cursor = ChangeCursor::default();
         let mut run = |n: u32| {
-            go_tx.send(n).unwrap();
-            done_rx.recv().unwrap();
+            publisher.publish(n);
             let mut mine = Vec::new();
             let lost = read_changes(&mut cursor, |t, from, to, _| {
                 if t == tid {
@@ -401,8 +453,33 @@ mod tests {
         assert!(lost >= 200 - HISTORY as u64, "{lost}");
         assert_eq!(late.first().map(|c| c.0), Some(None));
         assert!(late.len() < HISTORY);
-        drop(go_tx);
-        h.join().unwrap();
+        publisher.stop();
+    }
+
+    #[test]
+    fn a_cursor_starting_now_counts_nothing_before_it_as_lost() {
+        let tid = 4_300_000u32;
+        let publisher = Publisher::start(tid);
+        // An earlier session's history, far more than is kept.
+        publisher.publish(500);
+        let mut cursor = ChangeCursor::starting_now();
+        let mut mine = Vec::new();
+        let lost = read_changes(&mut cursor, |t, from, to, _| {
+            if t == tid {
+                mine.push((from, to));
+            }
+        });
+        assert_eq!(lost, 0, "what came before the cursor is not lost");
+        assert!(mine.is_empty());
+        // The last word published was 499 % 3 = 1; then 0, 1, 2.
+        publisher.publish(3);
+        read_changes(&mut cursor, |t, from, to, _| {
+            if t == tid {
+                mine.push((from, to));
+            }
+        });
+        assert_eq!(mine, vec![(Some(1), 0), (Some(0), 1), (Some(1), 2)]);
+        publisher.stop();
     }
 
     #[test]

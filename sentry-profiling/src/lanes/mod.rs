@@ -160,6 +160,14 @@ pub(crate) type ChangeCursor = crate::context::ChangeCursor;
 #[derive(Debug, Default)]
 pub(crate) struct ChangeCursor;
 
+#[cfg(not(profiling_supported))]
+impl ChangeCursor {
+    /// A cursor (there is nothing to read).
+    pub(crate) fn starting_now() -> Self {
+        Self
+    }
+}
+
 /// Reads every thread's context-word changes since the previous call into
 /// the lanes' polls (keeping those of `min_poll_ns` or longer, see
 /// [`Lanes::apply_change`]); returns how many changes it read and how many

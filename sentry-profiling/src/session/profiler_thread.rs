@@ -109,7 +109,7 @@ impl Session {
                 pending: Vec::new(),
                 os_version: crate::kernel_release(),
             }),
-            changes: Default::default(),
+            changes: crate::lanes::ChangeCursor::starting_now(),
             idle_ticks: 0,
         };
         let period = Duration::from_nanos(builder.period_ns);
