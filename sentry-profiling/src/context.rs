@@ -39,6 +39,12 @@ static CLAIMED_SEQ: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_S
 /// first capture (a capture of a thread whose stack bounds are unknown
 /// holds no stack).
 static STACK_HINT: [AtomicUsize; MAX_SLOTS] = [const { AtomicUsize::new(0) }; MAX_SLOTS];
+/// Each slot's publication count when its last thread exited, and when
+/// that thread had claimed it: a reader that had not yet read that thread's
+/// last publications still reads them (see [`read_changes`]).
+static EXITED_SEQ: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
+static EXITED_OWNER: [AtomicU32; MAX_SLOTS] = [const { AtomicU32::new(0) }; MAX_SLOTS];
+static CLAIMED_AT_OF_EXITED: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
 /// How many times each slot's word was published.
 static CHANGES: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
 
@@ -48,10 +54,13 @@ static CHANGES: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS
 /// request's future yields every few milliseconds).
 const HISTORY: usize = 64;
 
-/// One published word and when (`CLOCK_REALTIME`, ns).
+/// One published word and when (`CLOCK_REALTIME`, ns), with, for a poll
+/// of an instrumented future that begins here, when that future was woken
+/// (see [`set_poll_woken`]; 0: not known).
 struct Entry {
     value: AtomicU64,
     since_ns: AtomicU64,
+    woken_ns: AtomicU64,
 }
 
 /// Each slot's latest words: publication `n` is at `n % HISTORY`. Only the
@@ -62,6 +71,7 @@ static HISTORY_TABLE: [[Entry; HISTORY]; MAX_SLOTS] = [const {
         Entry {
             value: AtomicU64::new(0),
             since_ns: AtomicU64::new(0),
+            woken_ns: AtomicU64::new(0),
         }
     }; HISTORY]
 }; MAX_SLOTS];
@@ -97,8 +107,12 @@ impl Drop for SlotGuard {
         // destroyed: from now on that writes nothing, rather than into a
         // slot another thread may claim next.
         let _ = MY_SLOT.try_with(|s| s.set(NONE));
-        SLOTS[self.slot as usize].store(0, Ordering::Relaxed);
-        OWNERS[self.slot as usize].store(0, Ordering::Release);
+        let i = self.slot as usize;
+        EXITED_SEQ[i].store(CHANGES[i].load(Ordering::Relaxed), Ordering::Relaxed);
+        EXITED_OWNER[i].store(self.tid, Ordering::Relaxed);
+        CLAIMED_AT_OF_EXITED[i].store(CLAIMED_AT[i].load(Ordering::Relaxed), Ordering::Relaxed);
+        SLOTS[i].store(0, Ordering::Relaxed);
+        OWNERS[i].store(0, Ordering::Release);
         if crate::sys::in_forked_child() {
             // See `publish`: never wait for a lock held across the fork.
             return;
@@ -114,6 +128,20 @@ impl Drop for SlotGuard {
 thread_local! {
     static MY_SLOT: Cell<u32> = const { Cell::new(UNCLAIMED) };
     static GUARD: Cell<Option<SlotGuard>> = const { Cell::new(None) };
+    /// When the future whose poll this thread is about to begin was woken
+    /// (see [`set_poll_woken`]); taken by the next publication.
+    static POLL_WOKEN: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Says when the instrumented future this thread is about to poll was
+/// woken (`CLOCK_REALTIME`, ns; 1: it was not woken, as for its first
+/// poll): the next word this thread publishes (the request's, as the poll
+/// enters its span) carries it, so the profiler thread knows how long the
+/// request waited for a worker before that poll. 0 takes it back (the
+/// span was already entered, and no word was published).
+#[inline]
+pub(crate) fn set_poll_woken(woken_ns: u64) {
+    let _ = POLL_WOKEN.try_with(|w| w.set(woken_ns));
 }
 
 fn claim(tid: u32) -> u32 {
@@ -172,6 +200,8 @@ pub(crate) fn publish(value: u64, tid: impl FnOnce() -> u32) {
         entry
             .since_ns
             .store(crate::sys::realtime_ns(), Ordering::Relaxed);
+        let woken = POLL_WOKEN.try_with(|w| w.replace(0)).unwrap_or(0);
+        entry.woken_ns.store(woken, Ordering::Relaxed);
         CHANGES[i].store(n.wrapping_add(1), Ordering::Release);
     }
 }
@@ -316,16 +346,17 @@ struct SlotCursor {
 }
 
 /// Reports, in each thread's order, every context word published since the
-/// previous call with the same cursor, as `report(tid, from, to, at_ns)`:
-/// thread `tid` changed its word from `from` (`None`: not known, its
-/// publication was lost; a thread's first word is reported from 0) to `to`
-/// at `at_ns` (`CLOCK_REALTIME`). Returns how many publications were
+/// previous call with the same cursor, as `report(tid, from, to, at_ns,
+/// woken_ns)`: thread `tid` changed its word from `from` (`None`: not
+/// known, its publication was lost; a thread's first word is reported from
+/// 0) to `to` at `at_ns` (`CLOCK_REALTIME`), beginning a poll of a future
+/// woken at `woken_ns` (see [`set_poll_woken`]; 0: not known). Returns how many publications were
 /// overwritten before they could be read (a thread changes its word more
 /// than `HISTORY` times between two calls). Reads only atomics: never
 /// blocks a publishing thread.
 pub(crate) fn read_changes(
     cursor: &mut ChangeCursor,
-    mut report: impl FnMut(u32, Option<u64>, u64, u64),
+    mut report: impl FnMut(u32, Option<u64>, u64, u64, u64),
 ) -> u64 {
     let used = (SLOTS_USED.load(Ordering::Acquire) as usize).min(MAX_SLOTS);
     if cursor.slots.len() < used {
@@ -334,8 +365,21 @@ pub(crate) fn read_changes(
     let mut lost = 0;
     for (i, c) in cursor.slots.iter_mut().enumerate().take(used) {
         let owner = OWNERS[i].load(Ordering::Acquire);
-        if owner == 0 {
+        if c.owner != 0 && c.owner != owner {
+            // The thread read last time has exited (and the slot may hold
+            // another one now): what it published before it exited is
+            // still read (a runtime's workers exit right after their last
+            // polls, often before the next read), up to where it stopped.
+            // (If another thread came and went since, its record replaced
+            // this one's: that tail is not known.)
+            if EXITED_OWNER[i].load(Ordering::Relaxed) == c.owner {
+                let exited_at = EXITED_SEQ[i].load(Ordering::Relaxed);
+                let claimed_at = CLAIMED_AT_OF_EXITED[i].load(Ordering::Relaxed);
+                lost += read_entries(i, c, exited_at, claimed_at, &mut report);
+            }
             c.owner = 0;
+        }
+        if owner == 0 {
             continue;
         }
         let claimed_at = CLAIMED_AT[i].load(Ordering::Relaxed);
@@ -349,35 +393,54 @@ pub(crate) fn read_changes(
             };
         }
         let changes = CHANGES[i].load(Ordering::Acquire);
-        // The entry the next publication writes is left out of the kept
-        // ones, as in `word_at`.
-        let oldest_kept = changes.saturating_sub(HISTORY as u64 - 1);
-        if c.seen < oldest_kept {
-            lost += oldest_kept - c.seen;
-            c.seen = oldest_kept;
-            c.word = None;
-        }
-        for n in c.seen..changes {
-            let entry = &HISTORY_TABLE[i][n as usize % HISTORY];
-            let value = entry.value.load(Ordering::Relaxed);
-            let since = entry.since_ns.load(Ordering::Relaxed);
-            std::sync::atomic::fence(Ordering::Acquire);
-            if CHANGES[i].load(Ordering::Relaxed) >= n + HISTORY as u64 {
-                // Overwritten while read.
-                lost += 1;
-                c.word = None;
-                continue;
-            }
-            if since < claimed_at {
-                continue;
-            }
-            if c.word != Some(value) {
-                report(owner, c.word, value, since);
-            }
-            c.word = Some(value);
-        }
-        c.seen = changes;
+        lost += read_entries(i, c, changes, claimed_at, &mut report);
     }
+    lost
+}
+
+/// Reads slot `i`'s publications from `c.seen` up to `until` as
+/// [`read_changes`] reports them (those before `claimed_at` are a previous
+/// thread's, and skipped); returns how many were overwritten before they
+/// could be read.
+fn read_entries(
+    i: usize,
+    c: &mut SlotCursor,
+    until: u64,
+    claimed_at: u64,
+    report: &mut impl FnMut(u32, Option<u64>, u64, u64, u64),
+) -> u64 {
+    let mut lost = 0;
+    // The entry the next publication writes is left out of the kept ones,
+    // as in `word_at`.
+    let oldest_kept = CHANGES[i]
+        .load(Ordering::Acquire)
+        .saturating_sub(HISTORY as u64 - 1);
+    if c.seen < oldest_kept.min(until) {
+        lost += oldest_kept.min(until) - c.seen;
+        c.seen = oldest_kept.min(until);
+        c.word = None;
+    }
+    for n in c.seen..until {
+        let entry = &HISTORY_TABLE[i][n as usize % HISTORY];
+        let value = entry.value.load(Ordering::Relaxed);
+        let since = entry.since_ns.load(Ordering::Relaxed);
+        let woken = entry.woken_ns.load(Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Acquire);
+        if CHANGES[i].load(Ordering::Relaxed) >= n + HISTORY as u64 {
+            // Overwritten while read.
+            lost += 1;
+            c.word = None;
+            continue;
+        }
+        if since < claimed_at {
+            continue;
+        }
+        if c.word != Some(value) {
+            report(c.owner, c.word, value, since, woken);
+        }
+        c.word = Some(value);
+    }
+    c.seen = c.seen.max(until);
     lost
 }
 
@@ -427,7 +490,7 @@ mod tests {
         let mut run = |n: u32| {
             publisher.publish(n);
             let mut mine = Vec::new();
-            let lost = read_changes(&mut cursor, |t, from, to, _| {
+            let lost = read_changes(&mut cursor, |t, from, to, _, _| {
                 if t == tid {
                     mine.push((from, to));
                 }
@@ -457,6 +520,42 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_that_exits_before_the_read_still_has_its_words_read() {
+        let tid = 4_400_000u32;
+        let mut cursor = ChangeCursor::default();
+        let (go_tx, go) = std::sync::mpsc::channel::<()>();
+        let (ready, ready_rx) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::spawn(move || {
+            publish(7, || tid);
+            ready.send(()).unwrap();
+            go.recv().unwrap();
+            // A poll of a future woken at 123, then back to no request;
+            // then the thread exits, before any read.
+            set_poll_woken(123);
+            publish(8, || tid);
+            publish(0, || tid);
+        });
+        ready_rx.recv().unwrap();
+        let mut mine = Vec::new();
+        let mut read = |cursor: &mut ChangeCursor| {
+            read_changes(cursor, |t, from, to, _, woken| {
+                if t == tid {
+                    mine.push((from, to, woken));
+                }
+            })
+        };
+        read(&mut cursor);
+        go_tx.send(()).unwrap();
+        h.join().unwrap();
+        assert_eq!(read(&mut cursor), 0);
+        assert_eq!(
+            mine,
+            vec![(Some(0), 7, 0), (Some(7), 8, 123), (Some(8), 0, 0)],
+            "the exited thread's last words, with the wake its poll carried"
+        );
+    }
+
+    #[test]
     fn a_cursor_starting_now_counts_nothing_before_it_as_lost() {
         let tid = 4_300_000u32;
         let publisher = Publisher::start(tid);
@@ -464,7 +563,7 @@ mod tests {
         publisher.publish(500);
         let mut cursor = ChangeCursor::starting_now();
         let mut mine = Vec::new();
-        let lost = read_changes(&mut cursor, |t, from, to, _| {
+        let lost = read_changes(&mut cursor, |t, from, to, _, _| {
             if t == tid {
                 mine.push((from, to));
             }
@@ -473,7 +572,7 @@ mod tests {
         assert!(mine.is_empty());
         // The last word published was 499 % 3 = 1; then 0, 1, 2.
         publisher.publish(3);
-        read_changes(&mut cursor, |t, from, to, _| {
+        read_changes(&mut cursor, |t, from, to, _, _| {
             if t == tid {
                 mine.push((from, to));
             }
