@@ -17,6 +17,7 @@ pub use crate::lanes::{LaneLink, is_lane, new_lane};
 pub use crate::chunk::{Chunk, ChunkSample};
 pub use crate::encode::sentry_chunk::{ChunkMeta, EncodedChunk, encode_chunk};
 pub use crate::thread_word::{current_thread_id, set_thread_context, thread_context};
+pub use crate::transaction_tags::TOKIO_MEASUREMENTS;
 pub use crate::transport::{OS_THREAD_ID, OS_THREAD_NAME};
 
 /// pprof's `profile.proto` message types (as the `pprof_file` export
@@ -71,6 +72,46 @@ pub fn running_profiler_id() -> Option<std::sync::Arc<str>> {
         None
     }
 }
+
+/// The current session's long-poll threshold in nanoseconds (see
+/// `ProfilingIntegration::long_poll_threshold`); the default without a
+/// session.
+pub fn long_poll_ns() -> u64 {
+    crate::session::current().map_or_else(
+        || crate::options::DEFAULT_LONG_POLL_THRESHOLD.as_nanos() as u64,
+        |rt| rt.long_poll_ns(),
+    )
+}
+
+/// An instrumented request's poll ran past the long-poll threshold.
+pub fn long_poll_seen() {
+    if let Some(rt) = crate::session::current() {
+        rt.long_poll_seen();
+    }
+}
+
+/// `CLOCK_REALTIME` in nanoseconds: the clock of samples, context-word
+/// changes and wake times.
+#[inline]
+pub fn wall_ns() -> u64 {
+    now_ns()
+}
+
+/// The poll this thread is about to begin (by entering its request's span)
+/// is of an instrumented future woken at `woken_ns` ([`NOT_WOKEN`]: not
+/// woken, its first poll): the context word the span publishes carries it,
+/// and the profiler thread shows the time from the wake to the poll as
+/// queued. Call it right before entering the span, and with 0 right after
+/// (an entry that published nothing leaves it set).
+#[inline]
+pub fn set_poll_woken(woken_ns: u64) {
+    #[cfg(profiling_supported)]
+    crate::context::set_poll_woken(woken_ns);
+    #[cfg(not(profiling_supported))]
+    let _ = woken_ns;
+}
+
+pub use crate::lanes::NOT_WOKEN;
 
 /// The configured lifecycle of the current session.
 pub fn lifecycle() -> Option<crate::ProfileLifecycle> {

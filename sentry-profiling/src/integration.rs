@@ -48,6 +48,7 @@ pub struct ProfilingIntegration {
     profiles_sample_rate: Option<f64>,
     profiles_sampler: Option<ProfilesSampler>,
     http_timeout: Duration,
+    long_poll: Duration,
     /// Whether [`ProfilingIntegration::apply`] put this integration into the
     /// options (wrapping their transport); see [`NOT_APPLIED`].
     applied: bool,
@@ -84,6 +85,7 @@ impl std::fmt::Debug for ProfilingIntegration {
             .field("profiles_sample_rate", &self.profiles_sample_rate)
             .field("profiles_sampler", &self.profiles_sampler.is_some())
             .field("http_timeout", &self.http_timeout)
+            .field("long_poll_threshold", &self.long_poll)
             .finish_non_exhaustive()
     }
 }
@@ -110,6 +112,7 @@ impl ProfilingIntegration {
             profiles_sample_rate: None,
             profiles_sampler: None,
             http_timeout: DEFAULT_HTTP_TIMEOUT,
+            long_poll: crate::options::DEFAULT_LONG_POLL_THRESHOLD,
             applied: false,
             runtime: Arc::new(OnceLock::new()),
         }
@@ -274,6 +277,19 @@ impl ProfilingIntegration {
         self
     }
 
+    /// The shortest poll of an instrumented request (`sentry-profiling-tracing`'s
+    /// `http_layer()`, `spawn_in_span`, `.profiled()`) counted as a long
+    /// poll: one that kept its Tokio worker from every other task for that
+    /// long. Counted in [`crate::ProfilerStats::long_polls`] and in each
+    /// request's `tokio.long_polls` data. Default 10 ms
+    /// ([`crate::DEFAULT_LONG_POLL_THRESHOLD`]); zero is taken as
+    /// the default.
+    #[must_use]
+    pub fn long_poll_threshold(mut self, threshold: Duration) -> Self {
+        self.long_poll = threshold;
+        self
+    }
+
     /// Adds this integration to `options` and wraps their transport, so that
     /// transactions carry the profile context and the last chunk is sent at
     /// shutdown. Applies `sentry::apply_defaults` first (as `sentry::init`
@@ -384,6 +400,11 @@ impl ProfilingIntegration {
             exports: self.exports.clone(),
             file_retention: self.file_retention,
             v1: self.v1_config()?,
+            long_poll: if self.long_poll.is_zero() {
+                crate::options::DEFAULT_LONG_POLL_THRESHOLD
+            } else {
+                self.long_poll
+            },
             service_name: std::env::current_exe()
                 .ok()
                 .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))

@@ -161,6 +161,10 @@ pub const DEFAULT_PROFILE_SESSION_SAMPLE_RATE: f64 = 0.0;
 /// Default longest chunk: 60 s.
 pub const DEFAULT_CHUNK_DURATION: std::time::Duration = crate::chunk::MAX_CHUNK_DURATION;
 
+/// Default shortest poll counted as a long poll (see
+/// `ProfilingIntegration::long_poll_threshold`): 10 ms.
+pub const DEFAULT_LONG_POLL_THRESHOLD: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Default limit on each request to Sentry when the crate delivers
 /// envelopes itself (see `ProfilingIntegration::http_timeout`): 30 s.
 pub const DEFAULT_HTTP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);

@@ -25,7 +25,8 @@ use std::fmt;
 use serde_json::Value;
 
 pub use crate::encode::synthetic::{
-    RUNNING_REQUEST_ADDRESS, RUNNING_REQUEST_FUNCTION, SUSPENDED_ADDRESS, UNCAPTURED_ADDRESS,
+    AWAITING_ADDRESS, QUEUED_ADDRESS, RUNNING_REQUEST_ADDRESS, RUNNING_REQUEST_FUNCTION,
+    SUSPENDED_ADDRESS, UNCAPTURED_ADDRESS,
 };
 pub use crate::lanes::LANE_BASE;
 
@@ -33,8 +34,17 @@ pub use crate::lanes::LANE_BASE;
 /// was not captured in time.
 pub const UNCAPTURED_FUNCTION: &str = crate::lanes::UNCAPTURED_FUNCTION;
 
-/// The function name of a suspended lane's synthetic frame.
+/// The function name of a suspended lane's synthetic frame (a request whose
+/// wakes are not known: not instrumented by `sentry-profiling-tracing`).
 pub const SUSPENDED_FUNCTION: &str = crate::lanes::SUSPENDED_FUNCTION;
+
+/// The function name of the synthetic frame of a request woken and waiting
+/// for a Tokio worker to poll it.
+pub const QUEUED_FUNCTION: &str = crate::lanes::QUEUED_FUNCTION;
+
+/// The function name of the synthetic frame of a request awaiting (not
+/// ready: a database, a downstream call, a timer).
+pub const AWAITING_FUNCTION: &str = crate::lanes::AWAITING_FUNCTION;
 
 /// Synthetic frames are written at addresses below this one, where Linux
 /// never maps anything (see [`Frame::is_synthetic`]).

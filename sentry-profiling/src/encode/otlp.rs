@@ -193,6 +193,12 @@ impl Dictionary {
                     any_value::Value::StringValue(name.to_string()),
                 ));
             }
+            if s.long_poll {
+                attribute_indices.push(self.attribute(
+                    crate::encode::view::LONG_POLL_LABEL,
+                    any_value::Value::BoolValue(true),
+                ));
+            }
             samples.push(otlp::Sample {
                 stack_index: stack_idx[s.stack],
                 attribute_indices,

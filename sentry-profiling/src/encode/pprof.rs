@@ -298,6 +298,8 @@ impl PprofBuilder {
             self.string("span_id"),
             self.string("span_name"),
             self.string("trace_id"),
+            self.string(crate::encode::view::LONG_POLL_LABEL),
+            self.string("true"),
         ];
         for s in &view.samples {
             self.first_ns = Some(
@@ -334,6 +336,13 @@ impl PprofBuilder {
                 labels.push(Label {
                     key: keys[4],
                     str: self.string(&link.trace_id.to_string()),
+                    num: 0,
+                });
+            }
+            if s.long_poll {
+                labels.push(Label {
+                    key: keys[5],
+                    str: keys[6],
                     num: 0,
                 });
             }

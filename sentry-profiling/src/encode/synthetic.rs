@@ -1,6 +1,8 @@
-//! Frames that no code address stands for: a suspended lane's
-//! `(suspended: awaiting or queued)`, a worker's `(running a request)`, and
-//! request time whose stack was not captured in time.
+//! Frames that no code address stands for: a waiting lane's `(queued for a
+//! Tokio worker)` and `(awaiting)` (or the undivided `(suspended: awaiting
+//! or queued)` for a request whose wakes are not known), a worker's
+//! `(running a request)`, and request time whose stack was not captured in
+//! time.
 //!
 //! Sentry symbolicates native chunks by sending every frame to Symbolicator,
 //! whose frame schema requires an `instruction_addr` (a frame without one
@@ -17,7 +19,10 @@
 use std::sync::Arc;
 
 use crate::chunk::Chunk;
-use crate::lanes::{SUSPENDED_FRAME, SUSPENDED_FUNCTION, UNCAPTURED_FRAME, UNCAPTURED_FUNCTION};
+use crate::lanes::{
+    AWAITING_FRAME, AWAITING_FUNCTION, QUEUED_FRAME, QUEUED_FUNCTION, SUSPENDED_FRAME,
+    SUSPENDED_FUNCTION, UNCAPTURED_FRAME, UNCAPTURED_FUNCTION,
+};
 
 /// Marker (inside a chunk) of the frame standing for a worker's OS thread
 /// polling a request's lane.
@@ -37,6 +42,13 @@ pub const RUNNING_REQUEST_ADDRESS: u64 = 0x2;
 /// was not captured in time.
 pub const UNCAPTURED_ADDRESS: u64 = 0x3;
 
+/// The `instruction_addr` written for the frame of a request queued for a
+/// Tokio worker.
+pub const QUEUED_ADDRESS: u64 = 0x4;
+
+/// The `instruction_addr` written for the frame of a request awaiting.
+pub const AWAITING_ADDRESS: u64 = 0x5;
+
 /// The address written for, and the function name of, a synthetic frame;
 /// `None` for a real code address.
 pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
@@ -44,6 +56,8 @@ pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
         SUSPENDED_FRAME => Some((SUSPENDED_ADDRESS, SUSPENDED_FUNCTION)),
         RUNNING_REQUEST_FRAME => Some((RUNNING_REQUEST_ADDRESS, RUNNING_REQUEST_FUNCTION)),
         UNCAPTURED_FRAME => Some((UNCAPTURED_ADDRESS, UNCAPTURED_FUNCTION)),
+        QUEUED_FRAME => Some((QUEUED_ADDRESS, QUEUED_FUNCTION)),
+        AWAITING_FRAME => Some((AWAITING_ADDRESS, AWAITING_FUNCTION)),
         _ => None,
     }
 }
@@ -101,7 +115,13 @@ mod tests {
 
     #[test]
     fn synthetic_addresses_lie_below_every_mapping() {
-        for marker in [SUSPENDED_FRAME, RUNNING_REQUEST_FRAME] {
+        for marker in [
+            SUSPENDED_FRAME,
+            RUNNING_REQUEST_FRAME,
+            UNCAPTURED_FRAME,
+            QUEUED_FRAME,
+            AWAITING_FRAME,
+        ] {
             let (addr, name) = synthetic_frame(marker).unwrap();
             assert!(addr < 4096, "{name} at {addr:#x}");
         }

@@ -37,7 +37,15 @@ pub(crate) struct ViewSample {
     pub stack: usize,
     /// The root span it ran for, if any.
     pub link: Option<Arc<LaneLink>>,
+    /// Taken inside a long poll of its request (see
+    /// [`Lanes::long_polls`]): labelled [`LONG_POLL_LABEL`].
+    pub long_poll: bool,
 }
+
+/// The pprof label and OTLP attribute (`"true"`) on samples taken inside a
+/// poll of a request longer than the long-poll threshold: what blocked a
+/// Tokio worker.
+pub(crate) const LONG_POLL_LABEL: &str = "tokio.long_poll";
 
 /// One chunk, resolved.
 #[derive(Debug, Clone, Default)]
@@ -103,6 +111,7 @@ impl ProfileView {
                 .collect();
             view.stacks.push(ids);
         }
+        let long_polls = lanes.long_polls();
         let mut samples: Vec<ViewSample> = chunk
             .samples()
             .iter()
@@ -112,6 +121,7 @@ impl ProfileView {
                 thread_name: chunk.thread_name(s.thread_id).cloned(),
                 stack: s.stack as usize,
                 link: lanes.link(s.context).cloned(),
+                long_poll: long_polls.holds(s.context, s.thread_id, s.timestamp_ns),
             })
             // A fill-in sample means something only with its lane.
             .filter(|s| s.thread_id.is_some() || s.link.is_some())

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::table::{Held, Lanes, Poll};
-use super::{SUSPENDED_FRAME, UNCAPTURED_FRAME};
+use super::{AWAITING_FRAME, QUEUED_FRAME, SUSPENDED_FRAME, UNCAPTURED_FRAME};
 use crate::chunk::Chunk;
 
 /// The stack of the sample of `samples` (a lane's, by time: time, thread,
@@ -122,7 +122,14 @@ impl Lanes {
                 times.sort_unstable();
             }
         }
-        let suspended: Arc<[u64]> = Arc::from(&[SUSPENDED_FRAME][..]);
+        let waiting: [Arc<[u64]>; 3] =
+            [SUSPENDED_FRAME, QUEUED_FRAME, AWAITING_FRAME].map(|frame| Arc::from(&[frame][..]));
+        let waiting_stack = |frame: u64| {
+            waiting
+                .iter()
+                .find(|s| s[0] == frame)
+                .unwrap_or(&waiting[0])
+        };
         let mut added = 0;
         for (&lane, info) in &self.lanes {
             let lane_end = info.end_ns.unwrap_or(u64::MAX);
@@ -135,6 +142,22 @@ impl Lanes {
                 .copied()
                 .collect();
             let polled = Held::new(polls.iter().map(|p| (p.start_ns, ends(p))).collect());
+            let queued = info.queued_stretches();
+            // Where each queued stretch begins (a wake while the request
+            // was awaiting), a `(queued)` sample, so that Sentry splits the
+            // time between two polls at the wake. A wake during a poll
+            // queues the request from that poll's end, whose edge below
+            // already shows it.
+            for &(woken, _) in &info.queued {
+                if woken >= from_ns.max(info.start_ns)
+                    && woken <= until_ns
+                    && woken < lane_end
+                    && !polled.holds(woken)
+                {
+                    chunk.push_synthetic(woken, lane, waiting_stack(QUEUED_FRAME));
+                    added += 1;
+                }
+            }
             for p in &polls {
                 if p.start_ns < from_ns.max(info.start_ns) || p.start_ns > until_ns {
                     continue;
@@ -196,7 +219,11 @@ impl Lanes {
                 // Polled again soon after (or still, by another thread
                 // running a task of the same request): no gap to show.
                 if end < lane_end && end <= until_ns && !polled.holds(end.saturating_add(close)) {
-                    chunk.push_synthetic(end, lane, &suspended);
+                    chunk.push_synthetic(
+                        end,
+                        lane,
+                        waiting_stack(info.waiting_frame(&queued, end)),
+                    );
                     added += 1;
                 }
             }

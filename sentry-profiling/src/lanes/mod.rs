@@ -75,6 +75,28 @@ pub(crate) const UNCAPTURED_FRAME: u64 = u64::MAX - 2;
 /// The function name shown for [`UNCAPTURED_FRAME`].
 pub(crate) const UNCAPTURED_FUNCTION: &str = "(running: no stack captured in time)";
 
+/// The code address standing, in a fill-in sample, for time an
+/// instrumented request was woken but not yet polled: its task waited for
+/// a Tokio worker (the runtime was saturated, or a worker was blocked by
+/// someone else's long poll).
+pub(crate) const QUEUED_FRAME: u64 = u64::MAX - 3;
+
+/// The function name shown for [`QUEUED_FRAME`].
+pub(crate) const QUEUED_FUNCTION: &str = "(queued for a Tokio worker)";
+
+/// The code address standing, in a fill-in sample, for time an
+/// instrumented request was not ready: it awaited a database, a
+/// downstream call, a timer.
+pub(crate) const AWAITING_FRAME: u64 = u64::MAX - 4;
+
+/// The function name shown for [`AWAITING_FRAME`].
+pub(crate) const AWAITING_FUNCTION: &str = "(awaiting)";
+
+/// `Change::woken_ns` of a poll of an instrumented future that was not
+/// woken (its first poll): the request's wakes are known, this poll had
+/// none.
+pub const NOT_WOKEN: u64 = 1;
+
 static NEXT_LANE: AtomicU64 = AtomicU64::new(LANE_BASE);
 
 /// Allocates a new lane id.
@@ -143,6 +165,10 @@ pub(crate) struct Change {
     pub(crate) to: u64,
     /// When the new word was published (`CLOCK_REALTIME`, ns).
     pub(crate) at_ns: u64,
+    /// For the first poll of an instrumented future on this thread, when
+    /// that future was woken ([`NOT_WOKEN`]: it was not; 0: not an
+    /// instrumented future's poll).
+    pub(crate) woken_ns: u64,
 }
 
 /// The shortest poll whose edges are worth samples of their own: a tenth of
@@ -181,12 +207,13 @@ pub(crate) fn read_polls(
     #[cfg(profiling_supported)]
     {
         let (mut changes, mut beyond_bound) = (0, 0);
-        let lost = crate::context::read_changes(cursor, |tid, from, to, at_ns| {
+        let lost = crate::context::read_changes(cursor, |tid, from, to, at_ns, woken_ns| {
             let change = Change {
                 tid,
                 from,
                 to,
                 at_ns,
+                woken_ns,
             };
             changes += 1;
             beyond_bound += u64::from(!lanes.apply_change(change, min_poll_ns));

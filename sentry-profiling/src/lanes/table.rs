@@ -7,7 +7,10 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
-use super::{Change, LaneEvent, LaneLink, SUSPENDED_FRAME, ThreadAttribution};
+use super::{
+    AWAITING_FRAME, Change, LaneEvent, LaneLink, NOT_WOKEN, QUEUED_FRAME, SUSPENDED_FRAME,
+    ThreadAttribution,
+};
 use crate::chunk::{Chunk, ChunkSample};
 
 #[derive(Debug, Clone)]
@@ -25,6 +28,35 @@ pub(super) struct Lane {
     /// Whether any thread was seen entering the lane: its polls are known
     /// (those too short to be kept were short).
     pub(super) polls_known: bool,
+    /// The stretches in which an instrumented future of the request was
+    /// woken and waited for a worker to poll it (wake to poll start), long
+    /// enough to be kept (see [`Lanes::apply_change`]).
+    pub(super) queued: Vec<(u64, u64)>,
+    /// Whether the request's futures say when they are woken (the
+    /// instrumented ones do): its time between polls is then either queued
+    /// or awaiting, not the undivided `(suspended)`.
+    pub(super) wakes_known: bool,
+}
+
+impl Lane {
+    /// The frame a fill-in at `t`, a moment the request was not polled,
+    /// shows: queued if an instrumented future of it was woken and not yet
+    /// polled then, awaiting if its wakes are known and none was pending,
+    /// and the undivided `(suspended)` otherwise.
+    pub(super) fn waiting_frame(&self, queued: &Held, t: u64) -> u64 {
+        if !self.wakes_known {
+            SUSPENDED_FRAME
+        } else if queued.holds(t) {
+            QUEUED_FRAME
+        } else {
+            AWAITING_FRAME
+        }
+    }
+
+    /// The lane's queued stretches, for [`Lane::waiting_frame`].
+    pub(super) fn queued_stretches(&self) -> Held {
+        Held::new(self.queued.clone())
+    }
 }
 
 /// One poll of a request: thread `tid` ran it from `start_ns` to `end_ns`
@@ -103,9 +135,36 @@ pub(crate) struct Lanes {
     /// Lanes whose end is known (still kept until the chunk holding their
     /// end is written).
     pub(super) finished: usize,
+    /// A poll at least this long is a long poll (see [`Lanes::long_polls`];
+    /// 0: the default threshold).
+    long_poll_ns: u64,
+}
+
+/// The long polls of the lanes: by (lane, thread), the stretches in which
+/// that thread polled that request for at least the long-poll threshold.
+#[derive(Debug, Default)]
+pub(crate) struct LongPolls {
+    by_poller: HashMap<(u64, u32), Vec<(u64, u64)>>,
+}
+
+impl LongPolls {
+    /// Whether thread `tid`, at `t`, was inside a long poll of `lane`.
+    pub(crate) fn holds(&self, lane: u64, tid: u32, t: u64) -> bool {
+        self.by_poller
+            .get(&(lane, tid))
+            .is_some_and(|polls| polls.iter().any(|&(from, to)| from <= t && t <= to))
+    }
 }
 
 impl Lanes {
+    /// An empty table whose long polls are those of `long_poll_ns` or more.
+    pub(crate) fn with_long_poll_ns(long_poll_ns: u64) -> Self {
+        Self {
+            long_poll_ns,
+            ..Self::default()
+        }
+    }
+
     /// Lanes known: open ones and finished ones not yet written out.
     pub(crate) fn len(&self) -> usize {
         self.lanes.len()
@@ -136,6 +195,8 @@ impl Lanes {
                         transaction_end_ns: 0,
                         polls: Vec::new(),
                         polls_known: false,
+                        queued: Vec::new(),
+                        wakes_known: false,
                     },
                 );
                 false
@@ -182,6 +243,7 @@ impl Lanes {
             from,
             to,
             at_ns,
+            woken_ns,
         } = change;
         // Without the word before (it was lost), when the thread left the
         // poll it was in is not known: that poll is forgotten.
@@ -205,8 +267,52 @@ impl Lanes {
         if let Some(l) = self.lanes.get_mut(&to) {
             l.polls_known = true;
             self.open.insert(tid, (to, at_ns));
+            if woken_ns != 0 {
+                l.wakes_known = true;
+            }
+            // The future waited for a worker from its wake to this poll; a
+            // wait shorter than `min_poll_ns` moves no fill-in of a period
+            // grid, and is not kept.
+            if woken_ns > NOT_WOKEN && at_ns.saturating_sub(woken_ns) >= min_poll_ns {
+                if l.queued.len() < MAX_POLLS_PER_LANE {
+                    l.queued.push((woken_ns, at_ns));
+                } else {
+                    kept = false;
+                }
+            }
         }
         kept
+    }
+
+    /// The polls at least the long-poll threshold long: finished ones, and
+    /// running ones from their start up to now (a poll still running counts
+    /// once it has run that long).
+    pub(crate) fn long_polls(&self) -> LongPolls {
+        let threshold = if self.long_poll_ns == 0 {
+            crate::options::DEFAULT_LONG_POLL_THRESHOLD.as_nanos() as u64
+        } else {
+            self.long_poll_ns
+        };
+        let now = super::now_ns();
+        let mut long = LongPolls::default();
+        let finished = self.lanes.iter().flat_map(|(&lane, l)| {
+            l.polls
+                .iter()
+                .filter_map(move |p| Some((lane, p.tid, p.start_ns, p.end_ns?)))
+        });
+        let open = self
+            .open
+            .iter()
+            .map(|(&tid, &(lane, start))| (lane, tid, start, now));
+        for (lane, tid, start, end) in finished.chain(open) {
+            if end.saturating_sub(start) >= threshold {
+                long.by_poller
+                    .entry((lane, tid))
+                    .or_default()
+                    .push((start, end));
+            }
+        }
+        long
     }
 
     /// The polls of each lane still running (a thread is in it now).
@@ -290,7 +396,9 @@ impl Lanes {
         }
         let held = self.held_stretches(chunk);
         let open = self.open_polls();
-        let stack: Arc<[u64]> = Arc::from(&[SUSPENDED_FRAME][..]);
+        let stacks: [Arc<[u64]>; 3] =
+            [SUSPENDED_FRAME, QUEUED_FRAME, AWAITING_FRAME].map(|frame| Arc::from(&[frame][..]));
+        let stack_of = |frame: u64| stacks.iter().find(|s| s[0] == frame).unwrap_or(&stacks[0]);
         for (&lane, info) in &self.lanes {
             if overlapping_only
                 && (info.end_ns.is_some_and(|e| e < from_ns) || info.start_ns > until_ns)
@@ -312,6 +420,7 @@ impl Lanes {
                 )
             });
             let held = polled.as_ref().or(held.get(&lane));
+            let queued = info.queued_stretches();
             // The grid starts where both the lane and the chunk have begun.
             // Anchoring it at the chunk's start (rather than at the next
             // point of the lane's own grid) matters for a lane older than
@@ -332,7 +441,7 @@ impl Lanes {
                     if filled.added >= MAX_FILLS_PER_CHUNK {
                         filled.capped += 1;
                     } else {
-                        chunk.push_synthetic(t, lane, &stack);
+                        chunk.push_synthetic(t, lane, stack_of(info.waiting_frame(&queued, t)));
                         filled.added += 1;
                         pushed += 1;
                         last = Some(t);
@@ -369,7 +478,7 @@ impl Lanes {
                     }
                     let taken = last == Some(t) || times.binary_search(&t).is_ok();
                     if !taken {
-                        chunk.push_synthetic(t, lane, &stack);
+                        chunk.push_synthetic(t, lane, stack_of(info.waiting_frame(&queued, t)));
                         filled.added += 1;
                         count += 1;
                         last = Some(t);
@@ -463,6 +572,7 @@ impl Lanes {
             // Polls that ended before `ns` are behind every chunk still to
             // be written.
             lane.polls.retain(|p| p.end_ns.is_some_and(|e| e >= ns));
+            lane.queued.retain(|&(_, polled)| polled >= ns);
         }
         self.lanes.retain(|_, l| match l.end_ns {
             Some(e) => {
@@ -643,11 +753,17 @@ mod tests {
     }
 
     fn poll_change(tid: u32, from: u64, to: u64, at_ns: u64) -> Change {
+        woken_change(tid, from, to, at_ns, 0)
+    }
+
+    /// A poll of an instrumented future, woken at `woken_ns`.
+    fn woken_change(tid: u32, from: u64, to: u64, at_ns: u64, woken_ns: u64) -> Change {
         Change {
             tid,
             from: Some(from),
             to,
             at_ns,
+            woken_ns,
         }
     }
 
@@ -691,6 +807,7 @@ mod tests {
             from: None,
             to: b,
             at_ns: 50,
+            woken_ns: 0,
         };
         assert!(lanes.apply_change(lost, min));
         assert_eq!(polls(&lanes, a), vec![poll(7, 10, Some(20))]);
@@ -775,6 +892,89 @@ mod tests {
             keys[before..]
                 .iter()
                 .all(|k| k.as_ref().is_some_and(|(id, _)| *id == lane))
+        );
+    }
+
+    #[test]
+    fn an_instrumented_request_splits_its_waits_into_queued_and_awaiting() {
+        // An instrumented request: polled by worker 7 over [1_000, 6_000]
+        // (its first poll, not woken), then awaiting until its wake at
+        // 30_000, queued until worker 8 polls it at 52_000 (to 57_000), and
+        // woken during that poll, so queued from its end until worker 7
+        // polls it at 75_000 (to 80_000); it ends at 80_000.
+        let period = 10_000;
+        let mut lanes = Lanes::with_long_poll_ns(4_000);
+        let lane = started(&mut lanes, 1_000);
+        for (tid, from, to, at, woken) in [
+            (7, 0, lane, 1_000, NOT_WOKEN),
+            (7, lane, 0, 6_000, 0),
+            (8, 0, lane, 52_000, 30_000),
+            (8, lane, 0, 57_000, 0),
+            (7, 0, lane, 75_000, 57_000),
+            (7, lane, 0, 80_000, 0),
+        ] {
+            assert!(lanes.apply_change(woken_change(tid, from, to, at, woken), period / 10));
+        }
+        lanes.apply(LaneEvent::Finished {
+            lane,
+            end_ns: 80_000,
+        });
+        let mut chunk = Chunk::new();
+        chunk.push(&sample_at(1_000, 7, &[0xabc], lane));
+        chunk.push(&sample_at(53_000, 8, &[0xdef], lane));
+        lanes.fill_suspended(&mut chunk, period, 1_000_000);
+        let fills: Vec<(u64, u32, Vec<u64>)> = samples_from(&chunk, 2);
+        assert_eq!(
+            fills,
+            vec![
+                (11_000, 0, vec![AWAITING_FRAME]),
+                (21_000, 0, vec![AWAITING_FRAME]),
+                (31_000, 0, vec![QUEUED_FRAME]),
+                (41_000, 0, vec![QUEUED_FRAME]),
+                (61_000, 0, vec![QUEUED_FRAME]),
+                (71_000, 0, vec![QUEUED_FRAME]),
+                (80_000, 0, vec![AWAITING_FRAME]),
+            ]
+        );
+        let before = chunk.len();
+        lanes.add_poll_edges(&mut chunk, period, 0, 1_000_000);
+        let edges: Vec<(u64, u32, Vec<u64>)> = samples_from(&chunk, before)
+            .into_iter()
+            .filter(|s| s.1 == 0)
+            .collect();
+        assert_eq!(
+            edges,
+            vec![
+                // The first poll's end: nothing had woken it.
+                (6_000, 0, vec![AWAITING_FRAME]),
+                // The wake, between two polls.
+                (30_000, 0, vec![QUEUED_FRAME]),
+                // Woken during the poll: queued from its end.
+                (57_000, 0, vec![QUEUED_FRAME]),
+            ]
+        );
+        // Every poll here is at least 4_000 long: long polls, by thread.
+        let long = lanes.long_polls();
+        assert!(long.holds(lane, 7, 3_000));
+        assert!(long.holds(lane, 8, 55_000));
+        assert!(!long.holds(lane, 7, 55_000));
+        assert!(!long.holds(lane, 8, 3_000));
+    }
+
+    #[test]
+    fn a_request_whose_wakes_are_not_known_stays_suspended() {
+        let period = 10_000;
+        let mut lanes = Lanes::default();
+        let lane = started(&mut lanes, 1_000);
+        assert!(lanes.apply_change(poll_change(7, 0, lane, 1_000), period / 10));
+        assert!(lanes.apply_change(poll_change(7, lane, 0, 2_000), period / 10));
+        let mut chunk = Chunk::new();
+        chunk.push(&sample_at(1_000, 7, &[0xabc], lane));
+        lanes.fill_suspended(&mut chunk, period, 30_000);
+        assert!(
+            samples_from(&chunk, 1)
+                .iter()
+                .all(|s| s.2 == vec![SUSPENDED_FRAME])
         );
     }
 

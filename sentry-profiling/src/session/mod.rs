@@ -109,6 +109,8 @@ pub(crate) struct SessionConfig {
     pub(crate) service_name: String,
     /// Transaction-based (V1) profiling instead of continuous chunks.
     pub(crate) v1: Option<V1Config>,
+    /// A poll of an instrumented request at least this long is a long poll.
+    pub(crate) long_poll: Duration,
 }
 
 /// How long `sentry::init` waits for the sampler to be ready, at most.
@@ -409,6 +411,20 @@ impl Session {
                 Some(pending.without_profile())
             }
         }
+    }
+
+    /// The configured long-poll threshold, in nanoseconds.
+    pub(crate) fn long_poll_ns(&self) -> u64 {
+        self.config()
+            .map_or(crate::options::DEFAULT_LONG_POLL_THRESHOLD, |c| c.long_poll)
+            .as_nanos()
+            .try_into()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Counts a long poll of an instrumented request.
+    pub(crate) fn long_poll_seen(&self) {
+        self.counters.long_polls.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The configured attribution.

@@ -20,6 +20,7 @@ pub(crate) struct Counters {
     pub(super) lane_fill_ins: AtomicU64,
     pub(super) lane_fill_ins_capped: AtomicU64,
     pub(super) lane_polls_lost: AtomicU64,
+    pub(super) long_polls: AtomicU64,
     pub(super) chunks_cut_early: AtomicU64,
     pub(super) export_sent: AtomicU64,
     pub(super) export_failed: AtomicU64,
@@ -87,6 +88,12 @@ pub struct ProfilerStats {
     /// shown from their samples alone, without the exact edges of those
     /// polls.
     pub lane_polls_lost: u64,
+    /// Polls of instrumented requests (`sentry-profiling-tracing`'s
+    /// `http_layer()`, `spawn_in_span`, `.profiled()`) that ran longer than
+    /// [`ProfilingIntegration::long_poll_threshold`](crate::ProfilingIntegration::long_poll_threshold)
+    /// without yielding: each blocked its Tokio worker, and every task
+    /// queued behind it, for that long.
+    pub long_polls: u64,
     /// Chunks written before their full duration because as many requests
     /// as one chunk holds had finished in them.
     pub chunks_cut_early: u64,
@@ -166,6 +173,7 @@ impl Session {
             lane_fill_ins: c.lane_fill_ins.load(Ordering::Relaxed),
             lane_fill_ins_capped: c.lane_fill_ins_capped.load(Ordering::Relaxed),
             lane_polls_lost: c.lane_polls_lost.load(Ordering::Relaxed),
+            long_polls: c.long_polls.load(Ordering::Relaxed),
             chunks_cut_early: c.chunks_cut_early.load(Ordering::Relaxed),
             exports_sent: c.export_sent.load(Ordering::Relaxed),
             exports_failed: c.export_failed.load(Ordering::Relaxed),
