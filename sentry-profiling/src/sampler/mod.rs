@@ -260,6 +260,16 @@ impl Sampler {
         self.shared.dozing.load(Ordering::Acquire)
     }
 
+    /// Ends the sampler thread's doze, if it dozes: a request has just
+    /// begun after a quiet spell, and a request that blocks its worker
+    /// (in a system call, using no CPU time, so no timer capture would
+    /// wake the sampler) must be looked at from its start.
+    pub(crate) fn end_doze(&self) {
+        if self.is_dozing() {
+            sys::wake_completion_waiters();
+        }
+    }
+
     /// Names the thread that reads the samples: it is woken when a doze
     /// ends early (see [`Sampler::is_dozing`]).
     pub(crate) fn set_reader(&self, reader: std::thread::Thread) {

@@ -364,7 +364,15 @@ impl Worker {
             Awaited::GaveUp => flush(&self.tx, c, t, &self.requests, false),
             Awaited::Nothing => {}
         }
-        if !t.schedule.check_due(tick_no) {
+        // A thread inside a request right now (its context word a lane) is
+        // looked at every tick, however long it waited before: a worker idle
+        // for seconds that takes a request and blocks in it (a long poll in
+        // a system call, which no timer capture reveals) must be found
+        // blocked there, not assumed to wait where it used to.
+        let in_request = t
+            .context_slot
+            .is_some_and(|s| crate::lanes::is_lane(crate::context::read_for(s, t.info.tid)));
+        if !in_request && !t.schedule.check_due(tick_no) {
             return;
         }
         let cpu = sys::thread_cpu_time_ns(t.info.tid);
@@ -392,7 +400,9 @@ impl Worker {
                 flush(&self.tx, c, t, &self.requests, false);
                 t.place.ran_uncaptured(t.last_stack.as_ref());
                 t.schedule.ran(tick_no);
-                if !t.asking.is_unresponsive() && t.schedule.probe(tick_no, PROBE_EVERY) {
+                if !t.asking.is_unresponsive()
+                    && (t.schedule.probe(tick_no, PROBE_EVERY) || in_request)
+                {
                     if let Look::Waiting(stack, context) = self.look_blocked(idx, c) {
                         learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
                     }
@@ -401,7 +411,11 @@ impl Worker {
             Clock::Stayed => {
                 t.ledger.alive_ns = t.ledger.alive_ns.max(tick.ts);
                 let unresponsive = t.asking.is_unresponsive();
-                if !t.place.is_current() && !unresponsive && !t.schedule.ask_due(tick_no) {
+                if !t.place.is_current()
+                    && !unresponsive
+                    && !in_request
+                    && !t.schedule.ask_due(tick_no)
+                {
                     // It waited in the same place the last times it was
                     // asked: take it to be there again.
                     t.place.assume_waiting();

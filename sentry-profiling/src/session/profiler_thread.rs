@@ -88,7 +88,7 @@ impl Session {
             chunk: Chunk::new(),
             symbolizer: config.symbolize.then(Symbolizer::new),
             chunk_duration: config.chunk_duration,
-            lanes: Lanes::default(),
+            lanes: Lanes::with_long_poll_ns(self.long_poll_ns()),
             lane_events,
             attribution: config.attribution,
             period_ns: 1_000_000_000 / u64::from(config.sampler.frequency_hz.max(1)),
@@ -170,6 +170,12 @@ impl Session {
                 self.lanes.set_dozing(false);
             }
             if builder.read_lane_events() > 0 {
+                if !busy {
+                    // Woken from a doze by a request's start (or by what
+                    // the spell's first read found): the sampler, dozing
+                    // too perhaps, looks at the application again.
+                    sampler.end_doze();
+                }
                 quiet_reads = 0;
             } else {
                 quiet_reads = quiet_reads.saturating_add(1);
