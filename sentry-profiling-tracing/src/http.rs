@@ -184,6 +184,7 @@ where
             pending: Some(pending),
             request: None,
             tag_target: None,
+            outer: None,
         }
     }
 }
@@ -203,6 +204,9 @@ pin_project_lite::pin_project! {
         // The transaction to tag with the thread: ours, or one that was
         // already on the scope (from `sentry-tower`).
         tag_target: Option<TransactionOrSpan>,
+        // A transaction that was already on the scope, which its owner
+        // finishes when the response is ready.
+        outer: Option<TransactionOrSpan>,
     }
 
     impl<F> PinnedDrop for ProfilingHttpFuture<F> {
@@ -238,9 +242,13 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         if let Some(p) = this.pending.take() {
-            *this.request = Some(start_request(p, this.tag_target));
+            let request = start_request(p, this.tag_target);
+            if request.transaction.is_none() {
+                this.outer.clone_from(this.tag_target);
+            }
+            *this.request = Some(request);
         }
-        let Some(request) = this.request.as_ref() else {
+        let Some(request) = this.request.as_mut() else {
             // Polled again after completion: the inner future says what
             // that means.
             return this
@@ -251,7 +259,7 @@ where
         let inner = this.inner;
         let tag_target = this.tag_target;
         let name = this.name.as_str();
-        let poll = request.run(|| {
+        let poll = request.poll(cx, |cx| {
             // Tag the transaction with its lane (the root span's, which the
             // layer has just made this thread's context word) once the root
             // span has started the profiler, before the handler runs: a
@@ -291,6 +299,10 @@ where
                 if let Some(tx) = &request.transaction {
                     tx.set_data("http.response.status_code", Value::from(code.as_u16()));
                     tx.set_status(map_status(code));
+                } else if let Some(outer) = this.outer.take() {
+                    // A transaction reused from sentry-tower ends when this
+                    // returns: it gets the handler's polls.
+                    request.record_polls(&outer);
                 }
                 // The request goes on while the server polls the body: the
                 // body now holds the root span and the transaction, and
@@ -358,10 +370,13 @@ fn start_request(p: Pending, tag_target: &mut Option<TransactionOrSpan>) -> Requ
             Some(event)
         })
     });
+    // Wakes and poll totals while a profiling session runs.
+    let tracker = sentry_profiling::hooks::attribution().map(|_| crate::poll::PollTracker::new());
     RequestScope {
         span,
         hub,
         transaction,
+        tracker,
     }
 }
 

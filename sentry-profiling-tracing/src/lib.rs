@@ -46,12 +46,24 @@
 
 mod http;
 mod layer;
+mod poll;
+mod profiled;
 #[cfg(feature = "tokio")]
 mod spawn;
+
+/// The data keys of an instrumented request's poll totals, on its
+/// transaction (and on the child span of a [`ProfiledExt::profiled`]
+/// future): why it waited, in milliseconds, and how it was polled.
+pub mod data {
+    pub use crate::poll::{
+        AWAITING, LONG_POLLS, LONGEST_POLL, LONGEST_POLL_START, POLLED, POLLS, QUEUED,
+    };
+}
 
 pub use http::{
     ProfilingBody, ProfilingHttpFuture, ProfilingHttpLayer, ProfilingHttpService, http_layer,
 };
 pub use layer::{ProfilingLayer, layer};
+pub use profiled::{Profiled, ProfiledExt};
 #[cfg(feature = "tokio")]
 pub use spawn::{spawn_blocking_in_span, spawn_in_span};

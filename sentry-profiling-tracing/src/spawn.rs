@@ -9,10 +9,12 @@
 //! `span.in_scope(f)`) fixes that; these helpers make it the one-word
 //! change from Tokio's own calls.
 
-use tracing::Instrument;
+use crate::ProfiledExt;
 
 /// `tokio::spawn(future)` with the current span entered around every poll
-/// of `future`, so its CPU shows in the request's profile.
+/// of `future`, so its CPU shows in the request's profile, and its wakes
+/// noted, so the time it waits for a worker shows as queued (see
+/// [`ProfiledExt::profiled`]).
 ///
 /// The span stays open until the task finishes, so a task that outlives the
 /// request keeps the request's transaction open (Sentry sends a
@@ -25,12 +27,12 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    tokio::spawn(future.instrument(tracing::Span::current()))
+    tokio::spawn(future.profiled())
 }
 
 /// `tokio::task::spawn_blocking(f)` with the current span entered while
 /// `f` runs on the blocking pool, so its CPU shows in the request's
-/// profile.
+/// profile, and the time it waited for a blocking thread shown as queued.
 ///
 /// Panics like `tokio::task::spawn_blocking` outside a Tokio runtime.
 pub fn spawn_blocking_in_span<F, R>(f: F) -> tokio::task::JoinHandle<R>
@@ -39,5 +41,13 @@ where
     R: Send + 'static,
 {
     let span = tracing::Span::current();
-    tokio::task::spawn_blocking(move || span.in_scope(f))
+    let spawned_ns = sentry_profiling::hooks::wall_ns();
+    tokio::task::spawn_blocking(move || {
+        // From the spawn to the start on a blocking thread, the work was
+        // queued; the word the span publishes carries that.
+        sentry_profiling::hooks::set_poll_woken(spawned_ns);
+        let _entered = span.enter();
+        sentry_profiling::hooks::set_poll_woken(0);
+        f()
+    })
 }

@@ -88,10 +88,97 @@ pub(crate) fn profile_context(key: &str, id: &str) -> Context {
     Context::Other(ctx)
 }
 
+/// The poll totals `sentry-profiling-tracing` records on a request's
+/// transaction (`contexts.trace.data`), with the unit each has as a Sentry
+/// measurement: five custom measurements, all valid for Relay (names of
+/// letters, digits, `_` and `.`, none a built-in one), within Sentry's
+/// default budget of ten per transaction.
+pub const TOKIO_MEASUREMENTS: [(&str, &str); 5] = [
+    ("tokio.awaiting", "millisecond"),
+    ("tokio.longest_poll", "millisecond"),
+    ("tokio.polled", "millisecond"),
+    ("tokio.polls", "none"),
+    ("tokio.queued", "millisecond"),
+];
+
+/// A transaction as JSON, with its poll totals (see [`TOKIO_MEASUREMENTS`])
+/// copied into `measurements` as well.
+///
+/// The SDK's typed transaction (sentry-types 0.49) has no `measurements`
+/// field, so a transaction the SDK serialises carries the totals as trace
+/// data only (Sentry keeps them as the transaction's attributes); where this
+/// crate writes the transaction itself (transaction profiles, the envelope
+/// directory) they also become measurements.
+pub(crate) fn transaction_json(tx: &sentry_core::protocol::Transaction<'_>) -> Option<Vec<u8>> {
+    let data = match tx.contexts.get("trace") {
+        Some(Context::Trace(t)) => Some(&t.data),
+        _ => None,
+    };
+    let measurements: serde_json::Map<String, serde_json::Value> = TOKIO_MEASUREMENTS
+        .iter()
+        .filter_map(|&(name, unit)| {
+            let value = data?
+                .get(name)?
+                .as_f64()
+                .filter(|v| v.is_finite() && *v >= 0.0)?;
+            Some((
+                name.to_owned(),
+                serde_json::json!({ "value": value, "unit": unit }),
+            ))
+        })
+        .collect();
+    if measurements.is_empty() {
+        return serde_json::to_vec(tx).ok();
+    }
+    let mut json = serde_json::to_value(tx).ok()?;
+    let object = json.as_object_mut()?;
+    let existing = object
+        .entry("measurements")
+        .or_insert_with(|| serde_json::Value::Object(Default::default()));
+    if let Some(existing) = existing.as_object_mut() {
+        for (name, value) in measurements {
+            existing.entry(name).or_insert(value);
+        }
+    }
+    serde_json::to_vec(&json).ok()
+}
+
+/// An envelope's bytes as the SDK writes them, except that its
+/// transactions carrying poll totals are written with them as measurements
+/// too (see [`transaction_json`]).
+pub(crate) fn envelope_bytes(envelope: &sentry_core::Envelope) -> std::io::Result<Vec<u8>> {
+    use sentry_core::protocol::EnvelopeItem;
+    let has_totals = |tx: &sentry_core::protocol::Transaction<'_>| {
+        matches!(tx.contexts.get("trace"), Some(Context::Trace(t))
+            if TOKIO_MEASUREMENTS.iter().any(|(name, _)| t.data.contains_key(*name)))
+    };
+    let mut bytes = Vec::new();
+    if !envelope
+        .items()
+        .any(|i| matches!(i, EnvelopeItem::Transaction(tx) if has_totals(tx)))
+    {
+        envelope.to_writer(&mut bytes)?;
+        return Ok(bytes);
+    }
+    let mut rest = sentry_core::Envelope::new().with_headers(envelope.headers().clone());
+    let mut transactions = Vec::new();
+    for item in envelope.items() {
+        match item {
+            EnvelopeItem::Transaction(tx) => transactions.push(tx),
+            other => rest.add_item(other.clone()),
+        }
+    }
+    rest.to_writer(&mut bytes)?;
+    for tx in transactions {
+        write_transaction(&mut bytes, tx);
+    }
+    Ok(bytes)
+}
+
 /// Appends a transaction item to raw envelope bytes (transaction profiles,
 /// whose `profile` item has no typed envelope item in the SDK).
 pub(crate) fn write_transaction(bytes: &mut Vec<u8>, tx: &sentry_core::protocol::Transaction<'_>) {
-    let Ok(json) = serde_json::to_vec(tx) else {
+    let Some(json) = transaction_json(tx) else {
         return;
     };
     bytes.extend_from_slice(

@@ -13,7 +13,9 @@ use std::task::{Context, Poll};
 
 use http_body::{Body, Frame, SizeHint};
 use sentry_core::protocol::SpanStatus;
-use sentry_core::{Hub, Transaction};
+use sentry_core::{Hub, Transaction, TransactionOrSpan};
+
+use crate::poll::PollTracker;
 
 /// What a request holds from its first poll until its response body ends:
 /// the root span (whose lane its samples go to), the hub its polls run
@@ -25,16 +27,42 @@ pub(super) struct RequestScope {
     pub(super) span: tracing::Span,
     pub(super) hub: Arc<Hub>,
     pub(super) transaction: Option<Transaction>,
+    /// When the request's polls were woken, and their totals (see
+    /// `poll.rs`); `None` while no profiling session runs.
+    pub(super) tracker: Option<PollTracker>,
 }
 
 impl RequestScope {
-    /// Runs `f` as part of the request: under its hub, with its root span
-    /// entered (which makes the request's lane this thread's context word).
-    pub(super) fn run<R>(&self, f: impl FnOnce() -> R) -> R {
-        Hub::run(Arc::clone(&self.hub), || {
-            let _entered = self.span.enter();
-            f()
-        })
+    /// Runs one poll of the request: `f` runs under its hub, with its root
+    /// span entered (which makes the request's lane this thread's context
+    /// word), and is handed the context to poll with (whose waker notes
+    /// when the request is woken).
+    pub(super) fn poll<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        f: impl FnOnce(&mut Context<'_>) -> R,
+    ) -> R {
+        let (span, hub) = (&self.span, &self.hub);
+        let run = |cx: &mut Context<'_>| {
+            Hub::run(Arc::clone(hub), || {
+                let _entered = span.enter();
+                f(cx)
+            })
+        };
+        match &mut self.tracker {
+            Some(tracker) => tracker.poll(cx, run),
+            None => run(cx),
+        }
+    }
+
+    /// Writes the request's poll totals on `target` (see
+    /// [`crate::poll::PollTotals::record`]).
+    pub(super) fn record_polls(&self, target: &TransactionOrSpan) {
+        if let Some(tracker) = &self.tracker {
+            tracker
+                .totals()
+                .record(target, sentry_profiling::hooks::wall_ns());
+        }
     }
 
     /// Ends the request: closes the root span (ending its lane, and letting
@@ -45,6 +73,9 @@ impl RequestScope {
     /// the transaction before it is sent. Must not be called with the span
     /// entered.
     pub(super) fn end(self, status: Option<SpanStatus>) {
+        if let Some(tx) = &self.transaction {
+            self.record_polls(&TransactionOrSpan::Transaction(tx.clone()));
+        }
         let RequestScope {
             span, transaction, ..
         } = self;
@@ -111,11 +142,11 @@ impl<B: Body> Body for ProfilingBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
-        let Some(request) = this.request.as_ref() else {
+        let Some(request) = this.request.as_mut() else {
             return this.inner.poll_frame(cx);
         };
         let mut inner = this.inner;
-        let (poll, end) = request.run(|| {
+        let (poll, end) = request.poll(cx, |cx| {
             let poll = inner.as_mut().poll_frame(cx);
             // Whether this poll ended the body, and with which status. A
             // server stops polling a body that says it has ended (one

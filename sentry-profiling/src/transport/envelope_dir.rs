@@ -359,10 +359,8 @@ impl Shared {
             .map(|d| d.as_millis())
             .unwrap_or_default();
         let path = self.dir.join(format!("{seq:06}-{millis}.envelope"));
-        let mut bytes = Vec::new();
-        let result = envelope
-            .to_writer(&mut bytes)
-            .and_then(|()| std::fs::write(&path, &bytes));
+        let result = crate::transaction_tags::envelope_bytes(envelope)
+            .and_then(|bytes| std::fs::write(&path, &bytes));
         match result {
             Ok(()) => {
                 self.written.fetch_add(1, Ordering::Relaxed);

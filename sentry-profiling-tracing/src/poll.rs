@@ -1,0 +1,282 @@
+//! Why a request waited: each instrumented future (the request's in
+//! `http_layer()`, its response body, the tasks of `spawn_in_span` and
+//! `.profiled()`) wraps the waker of every poll in one of its own, which
+//! notes when the future is woken before passing the wake on. Between a
+//! wake and the next poll the request is *queued* (its task is runnable,
+//! but no Tokio worker polls it yet: the runtime is saturated, or a worker
+//! is blocked by another task's long poll); between the end of a poll and
+//! the wake that follows it, it is *awaiting* (not ready: a database, a
+//! downstream call, a timer).
+//!
+//! Two things use that. Each poll's wake time travels with the context word
+//! the poll's span publishes (`hooks::set_poll_woken`), so the profiler
+//! thread draws the request's waits as `(queued for a Tokio worker)` and
+//! `(awaiting)` in its lane; and the future keeps per-request totals
+//! ([`PollTotals`]), which go on the request's transaction (or child span)
+//! as `tokio.*` data when it ends.
+//!
+//! The wake path is one clock read, one compare-and-swap and the wake of
+//! the task's own waker: no lock, no allocation (the wrapping waker is one
+//! allocation per request, made at its first poll, and the task's waker is
+//! cloned only when it changes).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Wake, Waker};
+
+use atomic_waker::AtomicWaker;
+use sentry_core::TransactionOrSpan;
+use sentry_core::protocol::Value;
+use sentry_profiling::hooks;
+
+/// What an instrumented future's waker shares with the future.
+#[derive(Debug, Default)]
+struct WakeState {
+    /// When the future was first woken since its last poll began
+    /// (`CLOCK_REALTIME`, ns; 0: not woken since).
+    woken_ns: AtomicU64,
+    /// The waker of the task that polls the future, as of its latest poll.
+    task: AtomicWaker,
+}
+
+impl Wake for WakeState {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Only the first wake after a poll began counts: the request has
+        // been runnable since then.
+        if self.woken_ns.load(Ordering::Relaxed) == 0 {
+            let _ = self.woken_ns.compare_exchange(
+                0,
+                hooks::wall_ns().max(hooks::NOT_WOKEN + 1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        // Taking the task's waker wakes the task once; a later wake before
+        // the next poll finds it scheduled already, and that poll registers
+        // the waker again.
+        self.task.wake();
+    }
+}
+
+/// Per-request poll totals, kept by the future that polls (no atomics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PollTotals {
+    /// Polls so far.
+    pub(crate) polls: u64,
+    /// Time spent inside polls, ns.
+    pub(crate) polled_ns: u64,
+    /// Time from wakes to the polls they caused, ns.
+    pub(crate) queued_ns: u64,
+    /// The longest poll, ns, and when it began (`CLOCK_REALTIME`, ns).
+    pub(crate) longest_ns: u64,
+    pub(crate) longest_start_ns: u64,
+    /// Polls at least the long-poll threshold long.
+    pub(crate) long_polls: u64,
+    /// When the first poll began, and the latest one ended.
+    pub(crate) first_start_ns: u64,
+    pub(crate) last_end_ns: u64,
+}
+
+impl PollTotals {
+    /// The time neither polled nor queued, from the first poll's start to
+    /// `end_ns`: the request awaited.
+    pub(crate) fn awaiting_ns(&self, end_ns: u64) -> u64 {
+        end_ns
+            .saturating_sub(self.first_start_ns)
+            .saturating_sub(self.polled_ns)
+            .saturating_sub(self.queued_ns)
+    }
+
+    /// Writes the totals as `tokio.*` data of `span` (a transaction, or a
+    /// child span), the request having ended at `end_ns`: milliseconds as
+    /// floating-point numbers, counts as integers.
+    pub(crate) fn record(&self, span: &TransactionOrSpan, end_ns: u64) {
+        if self.polls == 0 {
+            return;
+        }
+        let ms = |ns: u64| Value::from(ns as f64 / 1e6);
+        span.set_data(POLLS, Value::from(self.polls));
+        span.set_data(POLLED, ms(self.polled_ns));
+        span.set_data(QUEUED, ms(self.queued_ns));
+        span.set_data(AWAITING, ms(self.awaiting_ns(end_ns)));
+        span.set_data(LONGEST_POLL, ms(self.longest_ns));
+        if self.long_polls > 0 {
+            span.set_data(LONG_POLLS, Value::from(self.long_polls));
+            span.set_data(
+                LONGEST_POLL_START,
+                Value::from(self.longest_start_ns as f64 / 1e9),
+            );
+        }
+    }
+}
+
+/// Data key: how many times the request's future was polled.
+pub const POLLS: &str = "tokio.polls";
+/// Data key: milliseconds spent inside those polls (running, or preempted
+/// in them).
+pub const POLLED: &str = "tokio.polled";
+/// Data key: milliseconds from wakes to the polls they caused: waiting for
+/// a Tokio worker.
+pub const QUEUED: &str = "tokio.queued";
+/// Data key: milliseconds neither polled nor queued: waiting for what it
+/// awaited.
+pub const AWAITING: &str = "tokio.awaiting";
+/// Data key: the longest poll, in milliseconds.
+pub const LONGEST_POLL: &str = "tokio.longest_poll";
+/// Data key (only when there were some): polls at least the long-poll
+/// threshold long.
+pub const LONG_POLLS: &str = "tokio.long_polls";
+/// Data key (only with long polls): when the longest poll began, in seconds
+/// since the Unix epoch.
+pub const LONGEST_POLL_START: &str = "tokio.longest_poll.start";
+
+/// An instrumented future's wake tracking and poll totals.
+#[derive(Debug)]
+pub(crate) struct PollTracker {
+    state: Arc<WakeState>,
+    /// The wrapping waker handed to the inner future (made at the first
+    /// poll).
+    waker: Option<Waker>,
+    totals: PollTotals,
+    long_poll_ns: u64,
+}
+
+impl PollTracker {
+    pub(crate) fn new() -> Self {
+        Self {
+            state: Arc::default(),
+            waker: None,
+            totals: PollTotals::default(),
+            long_poll_ns: hooks::long_poll_ns(),
+        }
+    }
+
+    /// The totals so far.
+    pub(crate) fn totals(&self) -> &PollTotals {
+        &self.totals
+    }
+
+    /// Runs one poll: `enter` is called with the context (wrapping `cx`'s
+    /// waker) to hand the inner future; it must enter the request's span
+    /// (publishing its context word, which carries the wake time) before
+    /// polling.
+    pub(crate) fn poll<R>(
+        &mut self,
+        cx: &Context<'_>,
+        enter: impl FnOnce(&mut Context<'_>) -> R,
+    ) -> R {
+        self.state.task.register(cx.waker());
+        let start = hooks::wall_ns();
+        let woken = self.state.woken_ns.swap(0, Ordering::Relaxed);
+        let first = self.totals.polls == 0;
+        // A wake during the previous poll queues the request from that
+        // poll's end.
+        let queued_from = if first || woken == 0 {
+            None
+        } else {
+            Some(woken.max(self.totals.last_end_ns))
+        };
+        if let Some(from) = queued_from {
+            self.totals.queued_ns += start.saturating_sub(from);
+        }
+        hooks::set_poll_woken(queued_from.unwrap_or(hooks::NOT_WOKEN));
+        let waker = self
+            .waker
+            .get_or_insert_with(|| Waker::from(Arc::clone(&self.state)));
+        let mut inner_cx = Context::from_waker(waker);
+        let out = enter(&mut inner_cx);
+        hooks::set_poll_woken(0);
+        let end = hooks::wall_ns();
+        let took = end.saturating_sub(start);
+        let t = &mut self.totals;
+        if first {
+            t.first_start_ns = start;
+        }
+        t.polls += 1;
+        t.polled_ns += took;
+        t.last_end_ns = end;
+        if took > t.longest_ns {
+            t.longest_ns = took;
+            t.longest_start_ns = start;
+        }
+        if took >= self.long_poll_ns {
+            t.long_polls += 1;
+            hooks::long_poll_seen();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Counts wakes of the task.
+    #[derive(Default)]
+    struct Task(AtomicUsize);
+
+    impl Wake for Task {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn the_measured_totals_are_the_ones_recorded() {
+        let recorded = [POLLS, POLLED, QUEUED, AWAITING, LONGEST_POLL];
+        for (name, _) in hooks::TOKIO_MEASUREMENTS {
+            assert!(recorded.contains(&name), "{name}");
+        }
+        assert_eq!(recorded.len(), hooks::TOKIO_MEASUREMENTS.len());
+    }
+
+    #[test]
+    fn wakes_reach_the_task_and_split_queued_from_polled() {
+        let task = Arc::new(Task::default());
+        let task_waker = Waker::from(Arc::clone(&task));
+        let cx = Context::from_waker(&task_waker);
+        let mut tracker = PollTracker::new();
+        let mut kept = None;
+        tracker.poll(&cx, |inner| kept = Some(inner.waker().clone()));
+        let kept = kept.unwrap();
+        assert_eq!(tracker.totals().polls, 1);
+        assert_eq!(tracker.totals().queued_ns, 0, "a first poll is not queued");
+        // Woken, then polled 20 ms later: 20 ms queued.
+        kept.wake_by_ref();
+        assert_eq!(task.0.load(Ordering::Relaxed), 1, "the task was woken");
+        // A second wake before the poll changes nothing.
+        kept.wake_by_ref();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        tracker.poll(&cx, |_| ());
+        let queued = tracker.totals().queued_ns;
+        assert!((20_000_000..200_000_000).contains(&queued), "{queued}");
+        // Polled without a wake of ours: nothing more queued.
+        tracker.poll(&cx, |_| ());
+        assert_eq!(tracker.totals().queued_ns, queued);
+        assert_eq!(tracker.totals().polls, 3);
+        // A wake inside a poll queues the request from that poll's end.
+        tracker.poll(&cx, |inner| {
+            inner.waker().wake_by_ref();
+            std::thread::sleep(std::time::Duration::from_millis(15));
+        });
+        assert!(tracker.totals().longest_ns >= 15_000_000);
+        assert!(tracker.totals().long_polls >= 1 || tracker.long_poll_ns > 15_000_000);
+        let before = tracker.totals().queued_ns;
+        tracker.poll(&cx, |_| ());
+        assert!(
+            tracker.totals().queued_ns - before < 10_000_000,
+            "the poll's own 15 ms are not queued"
+        );
+        let end = tracker.totals().last_end_ns;
+        let t = tracker.totals();
+        assert_eq!(
+            t.awaiting_ns(end),
+            (end - t.first_start_ns) - t.polled_ns - t.queued_ns
+        );
+    }
+}
