@@ -18,7 +18,9 @@ use sentry_core::protocol::Envelope;
 pub use sentry_profiling_examples::{EnvelopeItem, ParsedEnvelope, parse_envelope};
 use serde_json::Value;
 
-pub use relay::{ChunkItem, relay_violations};
+pub use relay::{
+    ChunkItem, SENTRY_CUSTOM_MEASUREMENT_LIMIT, measurement_violations, relay_violations,
+};
 
 /// The README's Rust snippets, compiled as this crate's doctests: this
 /// crate depends on everything the README's dependency list names (sentry
@@ -142,10 +144,24 @@ where
     F: FnOnce(std::net::SocketAddr, Shutdown) -> Fut,
     Fut: std::future::Future<Output = T>,
 {
+    run_service_on(2, options, app, drive)
+}
+
+/// [`run_service_with`] on a runtime of `workers` worker threads.
+pub fn run_service_on<T, F, Fut>(
+    workers: usize,
+    options: sentry::ClientOptions,
+    app: axum::Router,
+    drive: F,
+) -> T
+where
+    F: FnOnce(std::net::SocketAddr, Shutdown) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
     let guard = sentry::init(options);
     sentry_profiling_examples::init_tracing();
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .expect("runtime");
