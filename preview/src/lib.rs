@@ -15,6 +15,12 @@
 //! queued for a worker, drawn grey), each with its flame graph; one flame
 //! graph per transaction name (all its transactions merged, as Sentry's
 //! aggregate flame graph); one per OS thread; and the profiler's counters.
+//! Requests instrumented by `sentry-profiling-tracing`'s `http_layer()`
+//! carry their poll totals: the page shows each one's time polled, queued
+//! for a Tokio worker and awaiting, the same summed per transaction name
+//! (much time queued: the runtime is short of workers; much awaiting: the
+//! requests wait on I/O), and the run's longest polls, each with the
+//! stacks its request's lane shows during it.
 //! It has no external resources: the data is embedded, and a few hundred
 //! lines of inline script draw the flame graphs as SVG when they are
 //! opened.
@@ -33,6 +39,7 @@ mod envelope;
 mod flame;
 mod model;
 mod names;
+mod polls;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -44,6 +51,7 @@ pub use envelope::{EnvelopeItem, ParsedEnvelope, envelope_bytes, parse_envelope}
 
 use flame::Flame;
 use model::Run;
+use polls::{MAX_LONGEST_POLLS, NameTotals, PollTotals};
 use sentry_profiling::sentry_view::is_lane_thread_id;
 
 /// The page's file name in the envelope directory.
@@ -61,8 +69,13 @@ pub const STATS_FILE: &str = "profiler-stats.json";
 /// of strings), shown at the top of the page and in [`Summary::warnings`].
 pub const WARNINGS_KEY: &str = "warnings";
 
-/// The frame fill-in samples of a suspended request carry.
-const WAITING_PREFIX: &str = "(suspended";
+/// Whether `name` is a frame of the fill-in samples of a request that
+/// waits: `(suspended: awaiting or queued)` for a request whose wakes are
+/// not tracked, `(queued for a Tokio worker)` and `(awaiting)` for one
+/// whose are (the names `sentry_profiling`'s lanes give them).
+fn is_waiting(name: &str) -> bool {
+    name.starts_with("(suspended") || name == "(queued for a Tokio worker)" || name == "(awaiting)"
+}
 
 /// Transactions that get a flame graph of their own, at most (the slowest
 /// ones); the rest are listed, and counted in their name's flame graph.
@@ -243,7 +256,7 @@ fn page_data(run: &Run, mut stats: Option<Map<String, Value>>, dir: &Path) -> (S
         .list
         .iter()
         .enumerate()
-        .filter(|(_, n)| n.starts_with(WAITING_PREFIX))
+        .filter(|(_, n)| is_waiting(n))
         .map(|(i, _)| i as u32)
         .collect();
     let mut summary = Summary {
@@ -269,12 +282,16 @@ fn page_data(run: &Run, mut stats: Option<Map<String, Value>>, dir: &Path) -> (S
     let mut stack = Vec::new();
 
     // Each transaction's flame graph, by Sentry's rule, and per name all of
-    // its transactions merged (as Sentry's aggregate flame graph).
-    let mut routes: BTreeMap<&str, (usize, Flame)> = BTreeMap::new();
+    // its transactions merged (as Sentry's aggregate flame graph) and their
+    // poll totals summed.
+    let mut routes: BTreeMap<&str, (usize, Flame, NameTotals)> = BTreeMap::new();
     let mut rows: Vec<(&model::Transaction, Flame)> = Vec::with_capacity(run.transactions.len());
     for tx in &run.transactions {
         let route = routes.entry(tx.name.as_str()).or_default();
         route.0 += 1;
+        if let Some(totals) = &tx.polls {
+            route.2.add(totals, tx.duration_ns());
+        }
         let mut flame = Flame::default();
         if let Some(w) = &tx.window {
             for s in run.shown(&w.profiler_id, &w.thread_id, w.start_ns, w.end_ns) {
@@ -309,16 +326,45 @@ fn page_data(run: &Run, mut stats: Option<Map<String, Value>>, dir: &Path) -> (S
             "c": flame.samples(),
             "w": ms(waited),
             "t": tx.window.as_ref().map(|w| w.thread_id.as_str()),
+            "p": tx.polls.map(PollTotals::to_json),
         });
         tx_out.push(with_tree(&row, &tree));
     }
-    let mut routes: Vec<(&str, (usize, Flame))> = routes.into_iter().collect();
-    routes.sort_by_key(|(_, (_, f))| std::cmp::Reverse(f.total()));
+    let mut routes: Vec<(&str, (usize, Flame, NameTotals))> = routes.into_iter().collect();
+    routes.sort_by_key(|(_, (_, f, _))| std::cmp::Reverse(f.total()));
     let routes_out: Vec<String> = routes
         .into_iter()
-        .map(|(name, (count, flame))| {
-            let row = json!({"n": name, "k": count, "c": flame.samples(), "d": ms(flame.total())});
+        .map(|(name, (count, flame, totals))| {
+            let row = json!({
+                "n": name,
+                "k": count,
+                "c": flame.samples(),
+                "d": ms(flame.total()),
+                "p": totals.to_json(),
+            });
             with_tree(&row, &flame.to_json(MIN_NODE_SHARE))
+        })
+        .collect();
+
+    // The run's longest polls. Their trees cover one poll each (a handful
+    // of samples), so they stay out of the flame graph budget.
+    let polls_out: Vec<String> = polls::longest_polls(run, MAX_LONGEST_POLLS)
+        .into_iter()
+        .map(|p| {
+            let (stack, weight) = p.heaviest.unwrap_or_default();
+            let row = json!({
+                "n": p.tx.name,
+                "id": p.tx.trace_id,
+                "t": p.tx.window.as_ref().map(|w| w.thread_id.as_str()),
+                "d": ms(p.end_ns - p.start_ns),
+                "x": p.totals.long_polls,
+                "at": ms(p.start_ns.saturating_sub(p.tx.start_ns)),
+                "td": ms(p.tx.duration_ns()),
+                "c": p.flame.samples(),
+                "s": stack,
+                "w": ms(weight),
+            });
+            with_tree(&row, &p.flame.to_json(MIN_NODE_SHARE))
         })
         .collect();
 
@@ -393,6 +439,7 @@ fn page_data(run: &Run, mut stats: Option<Map<String, Value>>, dir: &Path) -> (S
     for (key, rows) in [
         ("tx", tx_out),
         ("routes", routes_out),
+        ("polls", polls_out),
         ("threads", threads_out),
     ] {
         let _ = write!(data, ",\"{key}\":[{}]", rows.join(","));
@@ -520,6 +567,129 @@ mod tests {
             "the warning is shown, not as a counter: {html}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `tx` (from [`transaction`]) named `name`, with `totals` in its trace
+    /// data and `measured` as its `measurements`.
+    fn with_totals(tx: &str, name: &str, totals: Value, measured: Value) -> String {
+        let mut tx: Value = serde_json::from_str(tx).unwrap();
+        tx["transaction"] = name.into();
+        for (k, v) in totals.as_object().unwrap() {
+            tx["contexts"]["trace"]["data"][k] = v.clone();
+        }
+        tx["measurements"] = measured;
+        tx.to_string()
+    }
+
+    /// The data the page embeds.
+    fn page_json(html: &str) -> Value {
+        let start = html.find("id=\"data\">").unwrap() + "id=\"data\">".len();
+        let end = start + html[start..].find("</script>").unwrap();
+        serde_json::from_str(&html[start..end]).unwrap()
+    }
+
+    #[test]
+    fn poll_totals_are_shown_per_transaction_and_summed_per_name() {
+        let dir = temp_dir("totals");
+        let p = "d".repeat(32);
+        let lane = "1000000000";
+        let tx = |start: f64, end: f64| transaction(&p, lane, start, end);
+        let measured =
+            |value: f64| json!({"tokio.queued": {"value": value, "unit": "millisecond"}});
+        let items = [
+            (
+                "profile_chunk",
+                chunk(&p, &[(10.0, lane, 0), (10.1, lane, 1)]),
+            ),
+            // Two requests of `GET /db` that await, one carrying its
+            // queued time as a measurement only, and one of it without
+            // totals (not counted in the means).
+            (
+                "transaction",
+                with_totals(
+                    &tx(10.0, 10.1),
+                    "GET /db",
+                    json!({"tokio.polls": 3, "tokio.polled": 10.0, "tokio.queued": 2.0,
+                           "tokio.awaiting": 88.0, "tokio.longest_poll": 6.0}),
+                    Value::Null,
+                ),
+            ),
+            (
+                "transaction",
+                with_totals(
+                    &tx(10.0, 10.3),
+                    "GET /db",
+                    json!({"tokio.polls": 5, "tokio.polled": 20.0, "tokio.awaiting": 272.0,
+                           "tokio.longest_poll": 14.0, "tokio.long_polls": 1,
+                           "tokio.longest_poll.start": 10.1}),
+                    measured(8.0),
+                ),
+            ),
+            (
+                "transaction",
+                with_totals(&tx(10.0, 10.05), "GET /db", json!({}), Value::Null),
+            ),
+            // A request of `GET /cpu` that mostly waited for a worker.
+            (
+                "transaction",
+                with_totals(
+                    &tx(10.0, 10.1),
+                    "GET /cpu",
+                    json!({"tokio.polls": 2, "tokio.polled": 30.0, "tokio.queued": 60.0,
+                           "tokio.awaiting": 10.0, "tokio.longest_poll": 25.0,
+                           "tokio.long_polls": 1, "tokio.longest_poll.start": 10.0}),
+                    measured(1.0),
+                ),
+            ),
+        ];
+        std::fs::write(dir.join("1.envelope"), envelope(&items)).unwrap();
+        let data = page_json(build(&dir).unwrap().html());
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let route = |name: &str| {
+            data["routes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["n"] == name)
+                .unwrap()["p"]
+                .clone()
+        };
+        // Trace data wins over a measurement of the same key.
+        assert_eq!(
+            route("GET /db"),
+            json!({"k": 2, "d": 400.0, "n": 8, "p": 30.0, "q": 10.0, "a": 360.0,
+                   "l": 14.0, "x": 1, "qs": 0.025})
+        );
+        assert_eq!(route("GET /cpu")["qs"], 0.6);
+        let untracked = data["tx"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["p"].is_null())
+            .count();
+        assert_eq!(untracked, 1, "a transaction without totals shows none");
+
+        // The longest polls, slowest first, each with its transaction.
+        let polls = data["polls"].as_array().unwrap();
+        let listed: Vec<(&str, f64)> = polls
+            .iter()
+            .map(|p| (p["n"].as_str().unwrap(), p["d"].as_f64().unwrap()))
+            .collect();
+        assert_eq!(listed, [("GET /cpu", 25.0), ("GET /db", 14.0)]);
+        assert_eq!(polls[1]["at"], 100.0, "it began 100 ms into its request");
+    }
+
+    #[test]
+    fn a_requests_waits_count_as_waiting_whether_or_not_its_wakes_are_tracked() {
+        for name in [
+            "(suspended: awaiting or queued)",
+            "(queued for a Tokio worker)",
+            "(awaiting)",
+        ] {
+            assert!(is_waiting(name), "{name}");
+        }
+        assert!(!is_waiting("(running: no stack captured in time)"));
     }
 
     #[test]

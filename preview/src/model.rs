@@ -12,6 +12,7 @@ use sentry_profiling::sentry_view::{
 use serde_json::Value;
 
 use crate::envelope::{envelope_files, parse_envelope};
+use crate::polls::PollTotals;
 
 /// A transaction as the page lists it.
 #[derive(Debug, Clone)]
@@ -24,6 +25,10 @@ pub(crate) struct Transaction {
     /// What links it to a profile; `None` when it carries no
     /// `profiler_id` or `thread.id` (Sentry shows it no profile).
     pub(crate) window: Option<TransactionWindow>,
+    /// `contexts.trace.trace_id`, to find the transaction in Sentry.
+    pub(crate) trace_id: Option<String>,
+    /// Its poll totals, when `http_layer()` recorded them.
+    pub(crate) polls: Option<PollTotals>,
 }
 
 impl Transaction {
@@ -137,6 +142,8 @@ impl Run {
             start_ns,
             end_ns,
             window: TransactionWindow::from_value(v).ok(),
+            trace_id: text(trace.and_then(|t| t.get("trace_id"))),
+            polls: PollTotals::from_transaction(v),
         });
         Ok(())
     }
