@@ -197,6 +197,44 @@ mod tests {
     /// the last of duplicate keys (Relay's `Value` is a `BTreeMap` filled
     /// in order, as is serde_json's) sees a profile context.
     #[test]
+    fn poll_totals_become_measurements_where_the_crate_writes_the_transaction() {
+        let mut tx = sentry_core::protocol::Transaction::default();
+        let mut trace = sentry_core::protocol::TraceContext::default();
+        trace.data.insert("tokio.polls".into(), Value::from(3));
+        trace.data.insert("tokio.queued".into(), Value::from(1.5));
+        trace
+            .data
+            .insert("tokio.awaiting".into(), Value::from(-1.0));
+        trace.data.insert("other".into(), Value::from(7));
+        tx.contexts
+            .insert("trace".into(), Context::Trace(Box::new(trace)));
+        let json: serde_json::Value =
+            serde_json::from_slice(&transaction_json(&tx).unwrap()).unwrap();
+        let m = &json["measurements"];
+        assert_eq!(
+            m["tokio.polls"],
+            serde_json::json!({"value": 3.0, "unit": "none"})
+        );
+        assert_eq!(
+            m["tokio.queued"],
+            serde_json::json!({"value": 1.5, "unit": "millisecond"})
+        );
+        assert!(
+            m.get("tokio.awaiting").is_none(),
+            "a negative value is left out"
+        );
+        assert!(m.get("other").is_none());
+        // The data stays as it was.
+        assert_eq!(json["contexts"]["trace"]["data"]["tokio.polls"], 3);
+        // Without totals, the SDK's own serialisation.
+        let plain = sentry_core::protocol::Transaction::default();
+        assert_eq!(
+            transaction_json(&plain).unwrap(),
+            serde_json::to_vec(&plain).unwrap()
+        );
+    }
+
+    #[test]
     fn contexts_profile_type() {
         let mut tx = sentry_core::protocol::Transaction::default();
         tx.contexts.insert(
