@@ -63,6 +63,10 @@ struct SpanLane {
     /// created (`sentry-tower`'s, for example, with tower-http's
     /// `TraceLayer` inside it); only on root spans.
     transaction: Option<Transaction>,
+    /// What the layer decided at the span's first entry; `None` before it.
+    /// Kept here rather than as an extension of its own: each extension is
+    /// a boxed allocation and a map insertion on every request.
+    state: Option<SpanState>,
 }
 
 /// What the layer decided at a span's first entry.
@@ -279,6 +283,7 @@ where
                     lane: new_lane(),
                     name: Some(name.unwrap_or(Cow::Borrowed(meta.name()))),
                     transaction,
+                    state: None,
                 });
                 return;
             }
@@ -287,6 +292,7 @@ where
             lane,
             name: None,
             transaction: None,
+            state: None,
         });
     }
 
@@ -302,7 +308,7 @@ where
                 self.enter_outside_requests(id);
                 return;
             };
-            (l.lane, ext.get::<SpanState>().is_some())
+            (l.lane, l.state.is_some())
         };
         let set = CONTEXT_STACK.with(|s| {
             let mut s = s.borrow_mut();
@@ -396,13 +402,12 @@ where
             }
         }
         drop(ext);
-        let mut ext = span.extensions_mut();
-        if lane == 0 {
-            if let Some(l) = ext.get_mut::<SpanLane>() {
+        if let Some(l) = span.extensions_mut().get_mut::<SpanLane>() {
+            if lane == 0 {
                 l.lane = 0;
             }
+            l.state = Some(state);
         }
-        ext.insert(state);
     }
 
     fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
@@ -414,13 +419,14 @@ where
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(&id) else { return };
         let ext = span.extensions();
-        let Some(state) = ext.get::<SpanState>() else {
+        let Some(l) = ext.get::<SpanLane>() else {
+            return;
+        };
+        let Some(state) = l.state else {
             return;
         };
         if state.holds_lane {
-            if let Some(l) = ext.get::<SpanLane>() {
-                sentry_profiling::hooks::lane_finished(l.lane);
-            }
+            sentry_profiling::hooks::lane_finished(l.lane);
         }
         if state.holds_profiler {
             sentry_profiling::hooks::root_span_finished();
