@@ -3,9 +3,11 @@
 //! and the per-thread context word that tells each sample which request was
 //! running.
 
-use std::borrow::Cow;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
+use std::sync::Arc;
+
+use rustc_hash::{FxBuildHasher, FxHashSet};
 
 use sentry_core::protocol::Value;
 use sentry_core::{Hub, Transaction, TransactionOrSpan};
@@ -57,8 +59,9 @@ impl<S> std::fmt::Debug for ProfilingLayer<S> {
 struct SpanLane {
     lane: u64,
     /// The root span's display name (its `otel.name` field, else its
-    /// static name, borrowed); only on root spans.
-    name: Option<Cow<'static, str>>,
+    /// static name), shared with this thread's other requests of that name
+    /// (see [`intern`]); only on root spans.
+    name: Option<Arc<str>>,
     /// The Sentry transaction already on the scope when the root span was
     /// created (`sentry-tower`'s, for example, with tower-http's
     /// `TraceLayer` inside it); only on root spans.
@@ -135,6 +138,36 @@ thread_local! {
     static CONTEXT_STACK: RefCell<ContextStack> = const { RefCell::new(ContextStack::new()) };
     /// The kernel name of this thread, read once.
     static THREAD_NAME: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// The root-span names this thread has seen (see [`intern`]).
+    static NAMES: RefCell<FxHashSet<Arc<str>>> = const { RefCell::new(FxHashSet::with_hasher(FxBuildHasher)) };
+    /// The buffer an `otel.name` field is formatted into before it is
+    /// interned (taken out while in use, so a field whose formatting opens
+    /// a span of its own finds it empty rather than borrowed).
+    static NAME_BUFFER: Cell<String> = const { Cell::new(String::new()) };
+}
+
+/// Root-span names kept per thread, at most: past it the set starts over,
+/// so a service whose names are unbounded (a route without a template)
+/// keeps a bounded set and pays one allocation per name, as without it.
+const MAX_INTERNED_NAMES: usize = 512;
+
+/// A root span's name, shared: a request's name goes into its lane link
+/// (which the profiler thread keeps until its chunk is written) and is
+/// read again at its first entry, and a service has few distinct names, so
+/// each thread keeps one copy of each instead of allocating it per request
+/// (and having the profiler thread free it).
+fn intern(name: &str) -> Arc<str> {
+    NAMES.with_borrow_mut(|names| {
+        if let Some(n) = names.get(name) {
+            return Arc::clone(n);
+        }
+        if names.len() >= MAX_INTERNED_NAMES {
+            names.clear();
+        }
+        let n: Arc<str> = Arc::from(name);
+        names.insert(Arc::clone(&n));
+        n
+    })
 }
 
 fn thread_name() -> String {
@@ -212,21 +245,45 @@ pub(crate) fn is_tagged(span: &TransactionOrSpan) -> bool {
     }
 }
 
-/// Finds a span's `otel.name` field.
-struct OtelName(Option<String>);
+/// Finds a span's `otel.name` field, written into `buf`.
+struct OtelName<'a> {
+    buf: &'a mut String,
+    found: bool,
+}
 
-impl Visit for OtelName {
+impl Visit for OtelName<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "otel.name" {
-            self.0 = Some(value.to_owned());
+            self.buf.clear();
+            self.buf.push_str(value);
+            self.found = true;
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         if field.name() == "otel.name" {
-            self.0 = Some(format!("{value:?}"));
+            use std::fmt::Write;
+            self.buf.clear();
+            // Writing into a `String` fails only if the value's own
+            // formatting does; whatever it wrote is kept, as `format!`
+            // would have panicked instead.
+            let _ = write!(self.buf, "{value:?}");
+            self.found = true;
         }
     }
+}
+
+/// A root span's `otel.name` field, interned; `None` without one.
+fn otel_name(attrs: &Attributes<'_>) -> Option<Arc<str>> {
+    let mut buf = NAME_BUFFER.take();
+    let mut name = OtelName {
+        buf: &mut buf,
+        found: false,
+    };
+    attrs.record(&mut name);
+    let found = name.found.then(|| intern(&buf));
+    NAME_BUFFER.set(buf);
+    found
 }
 
 impl<S> ProfilingLayer<S> {
@@ -262,12 +319,9 @@ where
                     return;
                 }
                 let meta = attrs.metadata();
-                // Only a span that declares `otel.name` is visited (and its
-                // name copied).
+                // Only a span that declares `otel.name` is visited.
                 let name = if meta.fields().field("otel.name").is_some() {
-                    let mut name = OtelName(None);
-                    attrs.record(&mut name);
-                    name.0.map(Cow::Owned)
+                    otel_name(attrs)
                 } else {
                     None
                 };
@@ -281,7 +335,7 @@ where
                 };
                 span.extensions_mut().insert(SpanLane {
                     lane: new_lane(),
-                    name: Some(name.unwrap_or(Cow::Borrowed(meta.name()))),
+                    name: Some(name.unwrap_or_else(|| intern(meta.name()))),
                     transaction,
                     state: None,
                 });
@@ -330,7 +384,8 @@ where
             holds_lane: false,
         };
         let ext = span.extensions();
-        let lane_name = ext.get::<SpanLane>().and_then(|l| l.name.as_deref());
+        let shared_name = ext.get::<SpanLane>().and_then(|l| l.name.as_ref());
+        let lane_name = shared_name.map(|n| &**n);
         let outer = ext.get::<SpanLane>().and_then(|l| l.transaction.as_ref());
         // The span `http_layer()` opens under its transaction: its own
         // Sentry span (if `sentry-tracing` made one) is removed before
@@ -361,7 +416,7 @@ where
                     state.holds_lane = sentry_profiling::hooks::lane_started(
                         lane,
                         LaneLink {
-                            name: lane_name.unwrap_or_default().into(),
+                            name: shared_name.cloned().unwrap_or_default(),
                             trace_id: ctx.trace_id,
                             span_id: ctx.span_id,
                         },
