@@ -396,19 +396,28 @@ where
             Some(tx) if http_root => Some(TransactionOrSpan::Transaction(tx.clone())),
             _ => Hub::current().configure_scope(|scope| scope.get_span()),
         };
-        let running = sentry_profiling::hooks::running_profiler_id();
-        if span.parent().is_none() {
+        // The profiler id, read once per first entry: it is shared by
+        // every thread, and each copy touches its reference count.
+        let mut running = None;
+        // A registry look-up each time: asked once.
+        let is_root = span.parent().is_none();
+        if is_root {
             #[expect(
                 deprecated,
                 reason = "`true` reliably means the transaction will be sent, which is what the trace lifecycle needs"
             )]
             let sampled = sentry_span.as_ref().is_some_and(|s| s.is_sampled());
-            state.holds_profiler = sampled
-                && sentry_profiling::hooks::root_span_started(lane, lane_name.unwrap_or_default())
-                    .is_some();
+            if sampled {
+                running =
+                    sentry_profiling::hooks::root_span_started(lane, lane_name.unwrap_or_default());
+                state.holds_profiler = running.is_some();
+            }
+            if running.is_none() {
+                running = sentry_profiling::hooks::running_profiler_id();
+            }
             // Either lifecycle: a sampled root span seen while the profiler
             // runs gets its lane.
-            if sampled && (state.holds_profiler || running.is_some()) {
+            if sampled && running.is_some() {
                 if let Some(s) = &sentry_span {
                     // A child span's trace context is its transaction's: the
                     // link names the transaction, the request's root span.
@@ -427,7 +436,7 @@ where
         // A root span without a registered lane (not sampled, not profiled,
         // or refused because too many requests are in flight) stays on its
         // OS threads: its word is 0, and its later children are left alone.
-        let lane = if span.parent().is_none() && !state.holds_lane {
+        let lane = if is_root && !state.holds_lane {
             let word = CONTEXT_STACK.with(|s| s.borrow_mut().replace(id.into_u64(), 0));
             if let Some(word) = word {
                 sentry_profiling::hooks::set_thread_context(word);
@@ -436,7 +445,9 @@ where
         } else {
             lane
         };
-        let running = running.or_else(sentry_profiling::hooks::running_profiler_id);
+        if !is_root {
+            running = sentry_profiling::hooks::running_profiler_id();
+        }
         if let (Some(s), Some(profiler_id)) = (&sentry_span, running) {
             // The span `http_layer()` opens under its transaction is removed
             // before sending (it only repeats the transaction): tagging it
