@@ -3,9 +3,11 @@
 //! and the per-thread context word that tells each sample which request was
 //! running.
 
-use std::borrow::Cow;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
+use std::sync::Arc;
+
+use rustc_hash::{FxBuildHasher, FxHashSet};
 
 use sentry_core::protocol::Value;
 use sentry_core::{Hub, Transaction, TransactionOrSpan};
@@ -57,12 +59,17 @@ impl<S> std::fmt::Debug for ProfilingLayer<S> {
 struct SpanLane {
     lane: u64,
     /// The root span's display name (its `otel.name` field, else its
-    /// static name, borrowed); only on root spans.
-    name: Option<Cow<'static, str>>,
+    /// static name), shared with this thread's other requests of that name
+    /// (see [`intern`]); only on root spans.
+    name: Option<Arc<str>>,
     /// The Sentry transaction already on the scope when the root span was
     /// created (`sentry-tower`'s, for example, with tower-http's
     /// `TraceLayer` inside it); only on root spans.
     transaction: Option<Transaction>,
+    /// What the layer decided at the span's first entry; `None` before it.
+    /// Kept here rather than as an extension of its own: each extension is
+    /// a boxed allocation and a map insertion on every request.
+    state: Option<SpanState>,
 }
 
 /// What the layer decided at a span's first entry.
@@ -131,6 +138,36 @@ thread_local! {
     static CONTEXT_STACK: RefCell<ContextStack> = const { RefCell::new(ContextStack::new()) };
     /// The kernel name of this thread, read once.
     static THREAD_NAME: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// The root-span names this thread has seen (see [`intern`]).
+    static NAMES: RefCell<FxHashSet<Arc<str>>> = const { RefCell::new(FxHashSet::with_hasher(FxBuildHasher)) };
+    /// The buffer an `otel.name` field is formatted into before it is
+    /// interned (taken out while in use, so a field whose formatting opens
+    /// a span of its own finds it empty rather than borrowed).
+    static NAME_BUFFER: Cell<String> = const { Cell::new(String::new()) };
+}
+
+/// Root-span names kept per thread, at most: past it the set starts over,
+/// so a service whose names are unbounded (a route without a template)
+/// keeps a bounded set and pays one allocation per name, as without it.
+const MAX_INTERNED_NAMES: usize = 512;
+
+/// A root span's name, shared: a request's name goes into its lane link
+/// (which the profiler thread keeps until its chunk is written) and is
+/// read again at its first entry, and a service has few distinct names, so
+/// each thread keeps one copy of each instead of allocating it per request
+/// (and having the profiler thread free it).
+fn intern(name: &str) -> Arc<str> {
+    NAMES.with_borrow_mut(|names| {
+        if let Some(n) = names.get(name) {
+            return Arc::clone(n);
+        }
+        if names.len() >= MAX_INTERNED_NAMES {
+            names.clear();
+        }
+        let n: Arc<str> = Arc::from(name);
+        names.insert(Arc::clone(&n));
+        n
+    })
 }
 
 fn thread_name() -> String {
@@ -208,21 +245,45 @@ pub(crate) fn is_tagged(span: &TransactionOrSpan) -> bool {
     }
 }
 
-/// Finds a span's `otel.name` field.
-struct OtelName(Option<String>);
+/// Finds a span's `otel.name` field, written into `buf`.
+struct OtelName<'a> {
+    buf: &'a mut String,
+    found: bool,
+}
 
-impl Visit for OtelName {
+impl Visit for OtelName<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "otel.name" {
-            self.0 = Some(value.to_owned());
+            self.buf.clear();
+            self.buf.push_str(value);
+            self.found = true;
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         if field.name() == "otel.name" {
-            self.0 = Some(format!("{value:?}"));
+            use std::fmt::Write;
+            self.buf.clear();
+            // Writing into a `String` fails only if the value's own
+            // formatting does; whatever it wrote is kept, as `format!`
+            // would have panicked instead.
+            let _ = write!(self.buf, "{value:?}");
+            self.found = true;
         }
     }
+}
+
+/// A root span's `otel.name` field, interned; `None` without one.
+fn otel_name(attrs: &Attributes<'_>) -> Option<Arc<str>> {
+    let mut buf = NAME_BUFFER.take();
+    let mut name = OtelName {
+        buf: &mut buf,
+        found: false,
+    };
+    attrs.record(&mut name);
+    let found = name.found.then(|| intern(&buf));
+    NAME_BUFFER.set(buf);
+    found
 }
 
 impl<S> ProfilingLayer<S> {
@@ -258,12 +319,9 @@ where
                     return;
                 }
                 let meta = attrs.metadata();
-                // Only a span that declares `otel.name` is visited (and its
-                // name copied).
+                // Only a span that declares `otel.name` is visited.
                 let name = if meta.fields().field("otel.name").is_some() {
-                    let mut name = OtelName(None);
-                    attrs.record(&mut name);
-                    name.0.map(Cow::Owned)
+                    otel_name(attrs)
                 } else {
                     None
                 };
@@ -277,8 +335,9 @@ where
                 };
                 span.extensions_mut().insert(SpanLane {
                     lane: new_lane(),
-                    name: Some(name.unwrap_or(Cow::Borrowed(meta.name()))),
+                    name: Some(name.unwrap_or_else(|| intern(meta.name()))),
                     transaction,
+                    state: None,
                 });
                 return;
             }
@@ -287,6 +346,7 @@ where
             lane,
             name: None,
             transaction: None,
+            state: None,
         });
     }
 
@@ -302,7 +362,7 @@ where
                 self.enter_outside_requests(id);
                 return;
             };
-            (l.lane, ext.get::<SpanState>().is_some())
+            (l.lane, l.state.is_some())
         };
         let set = CONTEXT_STACK.with(|s| {
             let mut s = s.borrow_mut();
@@ -324,7 +384,8 @@ where
             holds_lane: false,
         };
         let ext = span.extensions();
-        let lane_name = ext.get::<SpanLane>().and_then(|l| l.name.as_deref());
+        let shared_name = ext.get::<SpanLane>().and_then(|l| l.name.as_ref());
+        let lane_name = shared_name.map(|n| &**n);
         let outer = ext.get::<SpanLane>().and_then(|l| l.transaction.as_ref());
         // The span `http_layer()` opens under its transaction: its own
         // Sentry span (if `sentry-tracing` made one) is removed before
@@ -335,19 +396,28 @@ where
             Some(tx) if http_root => Some(TransactionOrSpan::Transaction(tx.clone())),
             _ => Hub::current().configure_scope(|scope| scope.get_span()),
         };
-        let running = sentry_profiling::hooks::running_profiler_id();
-        if span.parent().is_none() {
+        // The profiler id, read once per first entry: it is shared by
+        // every thread, and each copy touches its reference count.
+        let mut running = None;
+        // A registry look-up each time: asked once.
+        let is_root = span.parent().is_none();
+        if is_root {
             #[expect(
                 deprecated,
                 reason = "`true` reliably means the transaction will be sent, which is what the trace lifecycle needs"
             )]
             let sampled = sentry_span.as_ref().is_some_and(|s| s.is_sampled());
-            state.holds_profiler = sampled
-                && sentry_profiling::hooks::root_span_started(lane, lane_name.unwrap_or_default())
-                    .is_some();
+            if sampled {
+                running =
+                    sentry_profiling::hooks::root_span_started(lane, lane_name.unwrap_or_default());
+                state.holds_profiler = running.is_some();
+            }
+            if running.is_none() {
+                running = sentry_profiling::hooks::running_profiler_id();
+            }
             // Either lifecycle: a sampled root span seen while the profiler
             // runs gets its lane.
-            if sampled && (state.holds_profiler || running.is_some()) {
+            if sampled && running.is_some() {
                 if let Some(s) = &sentry_span {
                     // A child span's trace context is its transaction's: the
                     // link names the transaction, the request's root span.
@@ -355,7 +425,7 @@ where
                     state.holds_lane = sentry_profiling::hooks::lane_started(
                         lane,
                         LaneLink {
-                            name: lane_name.unwrap_or_default().into(),
+                            name: shared_name.cloned().unwrap_or_default(),
                             trace_id: ctx.trace_id,
                             span_id: ctx.span_id,
                         },
@@ -366,7 +436,7 @@ where
         // A root span without a registered lane (not sampled, not profiled,
         // or refused because too many requests are in flight) stays on its
         // OS threads: its word is 0, and its later children are left alone.
-        let lane = if span.parent().is_none() && !state.holds_lane {
+        let lane = if is_root && !state.holds_lane {
             let word = CONTEXT_STACK.with(|s| s.borrow_mut().replace(id.into_u64(), 0));
             if let Some(word) = word {
                 sentry_profiling::hooks::set_thread_context(word);
@@ -375,7 +445,9 @@ where
         } else {
             lane
         };
-        let running = running.or_else(sentry_profiling::hooks::running_profiler_id);
+        if !is_root {
+            running = sentry_profiling::hooks::running_profiler_id();
+        }
         if let (Some(s), Some(profiler_id)) = (&sentry_span, running) {
             // The span `http_layer()` opens under its transaction is removed
             // before sending (it only repeats the transaction): tagging it
@@ -396,13 +468,12 @@ where
             }
         }
         drop(ext);
-        let mut ext = span.extensions_mut();
-        if lane == 0 {
-            if let Some(l) = ext.get_mut::<SpanLane>() {
+        if let Some(l) = span.extensions_mut().get_mut::<SpanLane>() {
+            if lane == 0 {
                 l.lane = 0;
             }
+            l.state = Some(state);
         }
-        ext.insert(state);
     }
 
     fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
@@ -414,13 +485,14 @@ where
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(&id) else { return };
         let ext = span.extensions();
-        let Some(state) = ext.get::<SpanState>() else {
+        let Some(l) = ext.get::<SpanLane>() else {
+            return;
+        };
+        let Some(state) = l.state else {
             return;
         };
         if state.holds_lane {
-            if let Some(l) = ext.get::<SpanLane>() {
-                sentry_profiling::hooks::lane_finished(l.lane);
-            }
+            sentry_profiling::hooks::lane_finished(l.lane);
         }
         if state.holds_profiler {
             sentry_profiling::hooks::root_span_finished();

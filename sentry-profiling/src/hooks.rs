@@ -47,8 +47,12 @@ pub fn set_envelope_dir_write_delay(
 pub fn root_span_started(lane: u64, name: &str) -> Option<std::sync::Arc<str>> {
     // The lane begins now, before the profiler resumes: resuming wakes
     // the sampler thread, which on a busy machine can take this
-    // thread's core for a while, and the lane must cover that time.
-    ROOT_STARTED.with(|c| c.set((lane, now_ns())));
+    // thread's core for a while, and the lane must cover that time. A
+    // root span created on this thread already has an earlier start (its
+    // creation, which `lane_started` prefers), so the clock is not read.
+    if crate::lanes::LANE_CREATED.with(std::cell::Cell::get).0 != lane {
+        ROOT_STARTED.with(|c| c.set((lane, now_ns())));
+    }
     let rt = crate::session::current()?;
     rt.root_started(lane, name)
         .then(|| rt.shared_profiler_id())
@@ -162,16 +166,17 @@ pub fn lane_started(lane: u64, link: LaneLink) -> bool {
     };
     // The lane began when its root span was created or, created on
     // another thread, when it was first entered here (before the
-    // profiler resumed); whatever came first on this thread.
-    let mut start_ns = now_ns();
-    for (l, t) in [
+    // profiler resumed); whatever came first on this thread. Both were
+    // read from the clock earlier, so it is read again only when neither
+    // is this lane's.
+    let start_ns = [
         crate::lanes::LANE_CREATED.with(std::cell::Cell::get),
         ROOT_STARTED.with(std::cell::Cell::get),
-    ] {
-        if l == lane {
-            start_ns = start_ns.min(t);
-        }
-    }
+    ]
+    .into_iter()
+    .filter_map(|(l, t)| (l == lane).then_some(t))
+    .min()
+    .unwrap_or_else(now_ns);
     rt.lane_started(lane, std::sync::Arc::new(link), start_ns)
 }
 

@@ -233,10 +233,10 @@ impl Transport for ProfilingTransport {
             self.inner.send_envelope(envelope);
             return;
         }
-        let envelope = drop_http_root_spans(envelope);
         if self.runtime.v1().is_some() {
             // Transaction-based profiling: the profiler thread attaches the
             // profile and sends the envelope on.
+            let envelope = drop_http_root_spans(envelope);
             let unprofiled = match crate::transaction_profile::intercept(envelope) {
                 Intercepted::Profile(p) => self.runtime.v1_enqueue(Box::new(p)),
                 Intercepted::Pass(envelope) => Some(envelope),
@@ -251,7 +251,7 @@ impl Transport for ProfilingTransport {
                 self.warn_if_unprofiled(&envelope);
                 link_transactions(envelope, id)
             }
-            None => envelope,
+            None => drop_http_root_spans(envelope),
         };
         self.inner.send_envelope(envelope);
     }
@@ -298,41 +298,17 @@ pub(crate) const HTTP_ROOT_SPAN_MARK: &str = "sentry_profiling.http_root";
 /// in `envelope`, attaching their children to the transaction itself.
 /// Envelopes without such a span pass unchanged.
 pub(crate) fn drop_http_root_spans(envelope: Envelope) -> Envelope {
-    let marked = |t: &sentry_core::protocol::Transaction<'_>| {
-        t.spans
-            .iter()
-            .any(|s| s.data.contains_key(HTTP_ROOT_SPAN_MARK))
-    };
     let any = envelope
         .items()
-        .any(|i| matches!(i, EnvelopeItem::Transaction(t) if marked(t)));
+        .any(|i| matches!(i, EnvelopeItem::Transaction(t) if has_http_root_span(t)));
     if !any {
         return envelope;
     }
     let mut out = Envelope::new().with_headers(envelope.headers().clone());
     for item in envelope.into_items() {
         match item {
-            EnvelopeItem::Transaction(mut tx) if marked(&tx) => {
-                let root = match tx.contexts.get("trace") {
-                    Some(Context::Trace(tc)) => Some(tc.span_id),
-                    _ => None,
-                };
-                let removed: Vec<_> = tx
-                    .spans
-                    .iter()
-                    .filter(|s| s.data.contains_key(HTTP_ROOT_SPAN_MARK))
-                    .map(|s| (s.span_id, s.parent_span_id))
-                    .collect();
-                tx.spans
-                    .retain(|s| !s.data.contains_key(HTTP_ROOT_SPAN_MARK));
-                for span in &mut tx.spans {
-                    if let Some((_, parent)) = removed
-                        .iter()
-                        .find(|(id, _)| Some(*id) == span.parent_span_id)
-                    {
-                        span.parent_span_id = parent.or(root);
-                    }
-                }
+            EnvelopeItem::Transaction(mut tx) => {
+                remove_http_root_spans(&mut tx);
                 out.add_item(EnvelopeItem::Transaction(tx));
             }
             other => out.add_item(other),
@@ -341,13 +317,53 @@ pub(crate) fn drop_http_root_spans(envelope: Envelope) -> Envelope {
     out
 }
 
+/// Whether a transaction holds a span marked [`HTTP_ROOT_SPAN_MARK`].
+fn has_http_root_span(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
+    tx.spans
+        .iter()
+        .any(|s| s.data.contains_key(HTTP_ROOT_SPAN_MARK))
+}
+
+/// Removes a transaction's spans marked [`HTTP_ROOT_SPAN_MARK`], attaching
+/// their children to the transaction itself (see [`drop_http_root_spans`]).
+fn remove_http_root_spans(tx: &mut sentry_core::protocol::Transaction<'_>) {
+    let removed: Vec<_> = tx
+        .spans
+        .iter()
+        .filter(|s| s.data.contains_key(HTTP_ROOT_SPAN_MARK))
+        .map(|s| (s.span_id, s.parent_span_id))
+        .collect();
+    if removed.is_empty() {
+        return;
+    }
+    let root = match tx.contexts.get("trace") {
+        Some(Context::Trace(tc)) => Some(tc.span_id),
+        _ => None,
+    };
+    // The marked spans are known by id now: the data of each span is not
+    // searched a second time.
+    tx.spans
+        .retain(|s| !removed.iter().any(|(id, _)| *id == s.span_id));
+    for span in &mut tx.spans {
+        if let Some((_, parent)) = removed
+            .iter()
+            .find(|(id, _)| Some(*id) == span.parent_span_id)
+        {
+            span.parent_span_id = parent.or(root);
+        }
+    }
+}
+
 /// Whether the profiler tagged this transaction (see the tracing layer).
 fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
     matches!(tx.contexts.get("trace"), Some(Context::Trace(t)) if t.data.contains_key("thread.id"))
 }
 
 /// Adds `contexts.profile.profiler_id` to profiled transactions, settles
-/// their thread tags and reports their windows to their lanes.
+/// their thread tags and reports their windows to their lanes; and, as
+/// [`drop_http_root_spans`] does, removes the spans marked
+/// [`HTTP_ROOT_SPAN_MARK`]: the envelope is taken apart and rebuilt once
+/// for both, on the application's thread that finished the transaction.
 ///
 /// The transactions stay typed `EnvelopeItem::Transaction`s: the client's
 /// transport (the SDK's, or the application's own) sees them as
@@ -362,9 +378,9 @@ fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
 /// thread with one), so only the OS-thread keys are removed here (see
 /// [`OS_THREAD_ID`]).
 pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelope {
-    let profiled = envelope
-        .items()
-        .any(|i| matches!(i, EnvelopeItem::Transaction(t) if is_profiled(t)));
+    let profiled = envelope.items().any(
+        |i| matches!(i, EnvelopeItem::Transaction(t) if is_profiled(t) || has_http_root_span(t)),
+    );
     if !profiled {
         return envelope;
     }
@@ -373,6 +389,7 @@ pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelo
     for item in envelope.into_items() {
         match item {
             EnvelopeItem::Transaction(mut tx) if is_profiled(&tx) => {
+                remove_http_root_spans(&mut tx);
                 settle_lane(&mut tx, Duration::ZERO);
                 // The transaction may begin before its lane and end after it
                 // (on a busy machine, many milliseconds): Sentry shows the
@@ -386,6 +403,10 @@ pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelo
                     "profile".into(),
                     profile_context("profiler_id", profiler_id),
                 );
+                out.add_item(EnvelopeItem::Transaction(tx));
+            }
+            EnvelopeItem::Transaction(mut tx) => {
+                remove_http_root_spans(&mut tx);
                 out.add_item(EnvelopeItem::Transaction(tx));
             }
             other => out.add_item(other),
@@ -445,6 +466,37 @@ mod tests {
             .map(|s| (s.span_id, s.parent_span_id))
             .collect();
         assert_eq!(spans, vec![(child, Some(root)), (grandchild, Some(child))]);
+    }
+
+    #[test]
+    fn linking_also_drops_the_http_root_span() {
+        let (root, marked, child) = (SpanId::default(), SpanId::default(), SpanId::default());
+        let mut trace = TraceContext {
+            span_id: root,
+            ..Default::default()
+        };
+        trace
+            .data
+            .insert("thread.id".into(), Value::String("1000000007".into()));
+        let mut tx = Transaction::default();
+        tx.contexts
+            .insert("trace".into(), Context::Trace(Box::new(trace)));
+        tx.spans = vec![span(marked, root, true), span(child, marked, false)];
+        let mut envelope = Envelope::new();
+        envelope.add_item(tx);
+        let out = link_transactions(envelope, "0123456789abcdef0123456789abcdef");
+        let Some(EnvelopeItem::Transaction(tx)) = out.items().next() else {
+            panic!("the transaction is kept");
+        };
+        let spans: Vec<_> = tx
+            .spans
+            .iter()
+            .map(|s| (s.span_id, s.parent_span_id))
+            .collect();
+        assert_eq!(spans, vec![(child, Some(root))]);
+        assert!(
+            matches!(tx.contexts.get("profile"), Some(Context::Other(m)) if m.get("profiler_id").is_some())
+        );
     }
 
     #[test]
