@@ -93,23 +93,40 @@ impl PollTotals {
 
     /// Writes the totals as `tokio.*` data of `span` (a transaction, or a
     /// child span), the request having ended at `end_ns`: milliseconds as
-    /// floating-point numbers, counts as integers.
+    /// floating-point numbers, counts as integers; all under one lock of
+    /// the span.
     pub(crate) fn record(&self, span: &TransactionOrSpan, end_ns: u64) {
         if self.polls == 0 {
             return;
         }
         let ms = |ns: u64| Value::from(ns as f64 / 1e6);
-        span.set_data(POLLS, Value::from(self.polls));
-        span.set_data(POLLED, ms(self.polled_ns));
-        span.set_data(QUEUED, ms(self.queued_ns));
-        span.set_data(AWAITING, ms(self.awaiting_ns(end_ns)));
-        span.set_data(LONGEST_POLL, ms(self.longest_ns));
+        let mut entries = [
+            (POLLS, Value::from(self.polls)),
+            (POLLED, ms(self.polled_ns)),
+            (QUEUED, ms(self.queued_ns)),
+            (AWAITING, ms(self.awaiting_ns(end_ns))),
+            (LONGEST_POLL, ms(self.longest_ns)),
+            (LONG_POLLS, Value::Null),
+            (LONGEST_POLL_START, Value::Null),
+        ];
         if self.long_polls > 0 {
-            span.set_data(LONG_POLLS, Value::from(self.long_polls));
-            span.set_data(
-                LONGEST_POLL_START,
-                Value::from(self.longest_start_ns as f64 / 1e9),
-            );
+            entries[5].1 = Value::from(self.long_polls);
+            entries[6].1 = Value::from(self.longest_start_ns as f64 / 1e9);
+        }
+        let entries = entries.into_iter().filter(|(_, v)| !v.is_null());
+        match span {
+            TransactionOrSpan::Transaction(tx) => {
+                let mut data = tx.data();
+                for (key, value) in entries {
+                    data.set_data(key.into(), value);
+                }
+            }
+            TransactionOrSpan::Span(s) => {
+                let mut data = s.data();
+                for (key, value) in entries {
+                    data.set_data(key.to_owned(), value);
+                }
+            }
         }
     }
 }
@@ -188,9 +205,15 @@ impl PollTracker {
             .waker
             .get_or_insert_with(|| Waker::from(Arc::clone(&self.state)));
         let mut inner_cx = Context::from_waker(waker);
+        hooks::take_last_published_ns();
         let out = enter(&mut inner_cx);
         hooks::set_poll_woken(0);
-        let end = hooks::wall_ns();
+        // The span's exit published the thread's word back, and read the
+        // clock then: the poll's end (read here only when it did not).
+        let end = match hooks::take_last_published_ns() {
+            0 => hooks::wall_ns(),
+            published => published.max(start),
+        };
         let took = end.saturating_sub(start);
         let t = &mut self.totals;
         if first {

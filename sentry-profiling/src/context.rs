@@ -131,6 +131,8 @@ thread_local! {
     /// When the future whose poll this thread is about to begin was woken
     /// (see [`set_poll_woken`]); taken by the next publication.
     static POLL_WOKEN: Cell<u64> = const { Cell::new(0) };
+    /// See [`take_last_published_ns`].
+    static LAST_PUBLISHED_NS: Cell<u64> = const { Cell::new(0) };
 }
 
 /// Says when the instrumented future this thread is about to poll was
@@ -192,18 +194,32 @@ pub(crate) fn publish(value: u64, tid: impl FnOnce() -> u32) {
     }
     if slot != NONE {
         let i = slot as usize;
+        // Unchanged (a child span of the request entered or left): nothing
+        // to record, and no clock to read.
+        if SLOTS[i].load(Ordering::Relaxed) == value {
+            return;
+        }
         SLOTS[i].store(value, Ordering::Relaxed);
         // Only the slot's owner writes it: no read-modify-write needed.
         let n = CHANGES[i].load(Ordering::Relaxed);
         let entry = &HISTORY_TABLE[i][n as usize % HISTORY];
+        let now = crate::sys::realtime_ns();
         entry.value.store(value, Ordering::Relaxed);
-        entry
-            .since_ns
-            .store(crate::sys::realtime_ns(), Ordering::Relaxed);
+        entry.since_ns.store(now, Ordering::Relaxed);
         let woken = POLL_WOKEN.try_with(|w| w.replace(0)).unwrap_or(0);
         entry.woken_ns.store(woken, Ordering::Relaxed);
         CHANGES[i].store(n.wrapping_add(1), Ordering::Release);
+        let _ = LAST_PUBLISHED_NS.try_with(|c| c.set(now));
     }
+}
+
+/// When this thread last published a new word (`CLOCK_REALTIME`, ns; 0:
+/// not since the last call), and forgets it: an instrumented future takes
+/// the end of its poll from the publication its span's exit made, rather
+/// than reading the clock again.
+#[inline]
+pub(crate) fn take_last_published_ns() -> u64 {
+    LAST_PUBLISHED_NS.try_with(|c| c.replace(0)).unwrap_or(0)
 }
 
 /// How many slots were claimed so far (see [`CLAIMS`]).

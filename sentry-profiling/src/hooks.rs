@@ -117,6 +117,21 @@ pub fn set_poll_woken(woken_ns: u64) {
 
 pub use crate::lanes::NOT_WOKEN;
 
+/// When this thread last published a new context word (0: not since the
+/// last call), and forgets it: the end of a poll whose span's exit changed
+/// the word, without another clock read.
+#[inline]
+pub fn take_last_published_ns() -> u64 {
+    #[cfg(profiling_supported)]
+    {
+        crate::context::take_last_published_ns()
+    }
+    #[cfg(not(profiling_supported))]
+    {
+        0
+    }
+}
+
 /// The configured lifecycle of the current session.
 pub fn lifecycle() -> Option<crate::ProfileLifecycle> {
     crate::session::current().map(|rt| rt.lifecycle())
