@@ -350,6 +350,9 @@ fn start_request(p: Pending, tag_target: &mut Option<TransactionOrSpan>) -> Requ
     // a second transaction. That child would only repeat the transaction:
     // it is marked `sentry_profiling.http_root`, and the integration's
     // transport removes it (its children become the transaction's).
+    if let Some(TransactionOrSpan::Transaction(tx)) = tag_target.as_ref() {
+        crate::layer::offer_http_root_transaction(Some(tx.clone()));
+    }
     let span = Hub::run(Arc::clone(&hub), || {
         tracing::info_span!(
             parent: None,
@@ -361,6 +364,7 @@ fn start_request(p: Pending, tag_target: &mut Option<TransactionOrSpan>) -> Requ
             sentry_profiling.http_root = true,
         )
     });
+    crate::layer::offer_http_root_transaction(None);
     let request = p.request;
     hub.configure_scope(|s| {
         s.add_event_processor(move |mut event| {
@@ -371,7 +375,7 @@ fn start_request(p: Pending, tag_target: &mut Option<TransactionOrSpan>) -> Requ
         })
     });
     // Wakes and poll totals while a profiling session runs.
-    let tracker = sentry_profiling::hooks::attribution().map(|_| crate::poll::PollTracker::new());
+    let tracker = crate::poll::PollTracker::if_profiling();
     RequestScope {
         span,
         hub,

@@ -133,7 +133,16 @@ impl ContextStack {
     }
 }
 
+/// Offers the transaction of the root span `http_layer()` is about to
+/// create on this thread to the layer (see `on_new_span`); taken back with
+/// `None` once the span exists, whether or not the layer took it.
+pub(crate) fn offer_http_root_transaction(tx: Option<Transaction>) {
+    HTTP_ROOT_TRANSACTION.with(|t| *t.borrow_mut() = tx);
+}
+
 thread_local! {
+    /// See [`offer_http_root_transaction`].
+    static HTTP_ROOT_TRANSACTION: RefCell<Option<Transaction>> = const { RefCell::new(None) };
     /// The context words of the spans entered on this thread.
     static CONTEXT_STACK: RefCell<ContextStack> = const { RefCell::new(ContextStack::new()) };
     /// The kernel name of this thread, read once.
@@ -329,9 +338,20 @@ where
                 // transaction, and the child is what the scope holds once
                 // the span is entered; Sentry links the transaction by its
                 // own `thread.id`, so it is kept to be tagged too.
-                let transaction = match Hub::current().configure_scope(|s| s.get_span()) {
-                    Some(TransactionOrSpan::Transaction(tx)) => Some(tx),
-                    _ => None,
+                // `http_layer()` hands its root span's transaction over
+                // directly, sparing the copy of the scope `configure_scope`
+                // makes.
+                let offered = if meta.fields().field(HTTP_ROOT_FIELD).is_some() {
+                    HTTP_ROOT_TRANSACTION.with(|t| t.borrow_mut().take())
+                } else {
+                    None
+                };
+                let transaction = match offered {
+                    Some(tx) => Some(tx),
+                    None => match Hub::current().configure_scope(|s| s.get_span()) {
+                        Some(TransactionOrSpan::Transaction(tx)) => Some(tx),
+                        _ => None,
+                    },
                 };
                 span.extensions_mut().insert(SpanLane {
                     lane: new_lane(),

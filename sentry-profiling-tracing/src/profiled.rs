@@ -57,7 +57,7 @@ pub trait ProfiledExt: Future + Sized {
         Profiled {
             inner: self,
             span: tracing::Span::current(),
-            tracker: sentry_profiling::hooks::attribution().map(|_| PollTracker::new()),
+            tracker: PollTracker::if_profiling(),
             sentry_span,
         }
     }

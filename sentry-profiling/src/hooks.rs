@@ -78,13 +78,10 @@ pub fn running_profiler_id() -> Option<std::sync::Arc<str>> {
 }
 
 /// The current session's long-poll threshold in nanoseconds (see
-/// `ProfilingIntegration::long_poll_threshold`); the default without a
-/// session.
-pub fn long_poll_ns() -> u64 {
-    crate::session::current().map_or_else(
-        || crate::options::DEFAULT_LONG_POLL_THRESHOLD.as_nanos() as u64,
-        |rt| rt.long_poll_ns(),
-    )
+/// `ProfilingIntegration::long_poll_threshold`); `None` without a
+/// session, when instrumented futures note nothing.
+pub fn long_poll_ns() -> Option<u64> {
+    crate::session::current().map(|rt| rt.long_poll_ns())
 }
 
 /// An instrumented request's poll ran past the long-poll threshold.
