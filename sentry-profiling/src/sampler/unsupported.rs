@@ -93,6 +93,9 @@ impl Sampler {
         false
     }
 
+    /// No-op: it never dozes.
+    pub(crate) fn end_doze(&self) {}
+
     /// No-op: nothing is sampled.
     pub(crate) fn set_reader(&self, _reader: std::thread::Thread) {}
 
