@@ -170,12 +170,12 @@ impl Session {
                 self.lanes.set_dozing(false);
             }
             if builder.read_lane_events() > 0 {
-                if !busy {
-                    // Woken from a doze by a request's start (or by what
-                    // the spell's first read found): the sampler, dozing
-                    // too perhaps, looks at the application again.
-                    sampler.end_doze();
-                }
+                // A request started, or a thread entered or left one: a
+                // dozing sampler (the application used no CPU for a few
+                // ticks, which a worker blocked in a request's poll does
+                // not either) looks at the application again. A no-op
+                // unless it dozes.
+                sampler.end_doze();
                 quiet_reads = 0;
             } else {
                 quiet_reads = quiet_reads.saturating_add(1);
