@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap as HashMap;
 
-use super::table::{Held, Lanes, Poll};
-use super::{AWAITING_FRAME, QUEUED_FRAME, SUSPENDED_FRAME, UNCAPTURED_FRAME};
+use super::table::{Held, Lanes, Poll, WaitingStacks};
+use super::{QUEUED_FRAME, UNCAPTURED_FRAME};
 use crate::chunk::Chunk;
 
 /// The stack of the sample of `samples` (a lane's, by time: time, thread,
@@ -122,14 +122,7 @@ impl Lanes {
                 times.sort_unstable();
             }
         }
-        let waiting: [Arc<[u64]>; 3] =
-            [SUSPENDED_FRAME, QUEUED_FRAME, AWAITING_FRAME].map(|frame| Arc::from(&[frame][..]));
-        let waiting_stack = |frame: u64| {
-            waiting
-                .iter()
-                .find(|s| s[0] == frame)
-                .unwrap_or(&waiting[0])
-        };
+        let waiting = WaitingStacks::new();
         let mut added = 0;
         for (&lane, info) in &self.lanes {
             let lane_end = info.end_ns.unwrap_or(u64::MAX);
@@ -154,7 +147,7 @@ impl Lanes {
                     && woken < lane_end
                     && !polled.holds(woken)
                 {
-                    chunk.push_synthetic(woken, lane, waiting_stack(QUEUED_FRAME));
+                    chunk.push_synthetic(woken, lane, waiting.of(QUEUED_FRAME));
                     added += 1;
                 }
             }
@@ -219,11 +212,7 @@ impl Lanes {
                 // Polled again soon after (or still, by another thread
                 // running a task of the same request): no gap to show.
                 if end < lane_end && end <= until_ns && !polled.holds(end.saturating_add(close)) {
-                    chunk.push_synthetic(
-                        end,
-                        lane,
-                        waiting_stack(info.waiting_frame(&queued, end)),
-                    );
+                    chunk.push_synthetic(end, lane, waiting.of(info.waiting_frame(&queued, end)));
                     added += 1;
                 }
             }

@@ -59,6 +59,21 @@ impl Lane {
     }
 }
 
+/// The one-frame stacks of a waiting lane's samples (see
+/// [`Lane::waiting_frame`]), made once per fill.
+pub(super) struct WaitingStacks([Arc<[u64]>; 3]);
+
+impl WaitingStacks {
+    pub(super) fn new() -> Self {
+        Self([SUSPENDED_FRAME, QUEUED_FRAME, AWAITING_FRAME].map(|frame| Arc::from(&[frame][..])))
+    }
+
+    /// The stack of `frame`, one of the three waiting frames.
+    pub(super) fn of(&self, frame: u64) -> &Arc<[u64]> {
+        self.0.iter().find(|s| s[0] == frame).unwrap_or(&self.0[0])
+    }
+}
+
 /// One poll of a request: thread `tid` ran it from `start_ns` to `end_ns`
 /// (`None`: still running it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -396,9 +411,7 @@ impl Lanes {
         }
         let held = self.held_stretches(chunk);
         let open = self.open_polls();
-        let stacks: [Arc<[u64]>; 3] =
-            [SUSPENDED_FRAME, QUEUED_FRAME, AWAITING_FRAME].map(|frame| Arc::from(&[frame][..]));
-        let stack_of = |frame: u64| stacks.iter().find(|s| s[0] == frame).unwrap_or(&stacks[0]);
+        let stacks = WaitingStacks::new();
         for (&lane, info) in &self.lanes {
             if overlapping_only
                 && (info.end_ns.is_some_and(|e| e < from_ns) || info.start_ns > until_ns)
@@ -441,7 +454,7 @@ impl Lanes {
                     if filled.added >= MAX_FILLS_PER_CHUNK {
                         filled.capped += 1;
                     } else {
-                        chunk.push_synthetic(t, lane, stack_of(info.waiting_frame(&queued, t)));
+                        chunk.push_synthetic(t, lane, stacks.of(info.waiting_frame(&queued, t)));
                         filled.added += 1;
                         pushed += 1;
                         last = Some(t);
@@ -478,7 +491,7 @@ impl Lanes {
                     }
                     let taken = last == Some(t) || times.binary_search(&t).is_ok();
                     if !taken {
-                        chunk.push_synthetic(t, lane, stack_of(info.waiting_frame(&queued, t)));
+                        chunk.push_synthetic(t, lane, stacks.of(info.waiting_frame(&queued, t)));
                         filled.added += 1;
                         count += 1;
                         last = Some(t);

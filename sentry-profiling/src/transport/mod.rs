@@ -432,6 +432,36 @@ mod tests {
         s
     }
 
+    /// An envelope holding one transaction with root span `root`, trace
+    /// data `data` and `spans`.
+    fn envelope_of(root: SpanId, data: &[(&str, &str)], spans: Vec<Span>) -> Envelope {
+        let mut trace = TraceContext {
+            span_id: root,
+            ..Default::default()
+        };
+        for (k, v) in data {
+            trace.data.insert((*k).into(), Value::String((*v).into()));
+        }
+        let mut tx = Transaction::default();
+        tx.contexts
+            .insert("trace".into(), Context::Trace(Box::new(trace)));
+        tx.spans = spans;
+        let mut envelope = Envelope::new();
+        envelope.add_item(tx);
+        envelope
+    }
+
+    /// The (span, parent) pairs of `out`'s transaction.
+    fn span_links(out: &Envelope) -> Vec<(SpanId, Option<SpanId>)> {
+        let Some(EnvelopeItem::Transaction(tx)) = out.items().next() else {
+            panic!("the transaction is kept");
+        };
+        tx.spans
+            .iter()
+            .map(|s| (s.span_id, s.parent_span_id))
+            .collect()
+    }
+
     #[test]
     fn http_root_span_is_dropped_and_its_children_reparented() {
         let (root, marked, child, grandchild) = (
@@ -441,58 +471,32 @@ mod tests {
             SpanId::default(),
         );
         assert!(root != marked && marked != child && child != grandchild);
-        let mut tx = Transaction::default();
-        tx.contexts.insert(
-            "trace".into(),
-            Context::Trace(Box::new(TraceContext {
-                span_id: root,
-                ..Default::default()
-            })),
+        let envelope = envelope_of(
+            root,
+            &[],
+            vec![
+                span(marked, root, true),
+                span(child, marked, false),
+                span(grandchild, child, false),
+            ],
         );
-        tx.spans = vec![
-            span(marked, root, true),
-            span(child, marked, false),
-            span(grandchild, child, false),
-        ];
-        let mut envelope = Envelope::new();
-        envelope.add_item(tx);
-        let out = drop_http_root_spans(envelope);
-        let Some(EnvelopeItem::Transaction(tx)) = out.items().next() else {
-            panic!("the transaction is kept");
-        };
-        let spans: Vec<_> = tx
-            .spans
-            .iter()
-            .map(|s| (s.span_id, s.parent_span_id))
-            .collect();
+        let spans = span_links(&drop_http_root_spans(envelope));
         assert_eq!(spans, vec![(child, Some(root)), (grandchild, Some(child))]);
     }
 
     #[test]
     fn linking_also_drops_the_http_root_span() {
         let (root, marked, child) = (SpanId::default(), SpanId::default(), SpanId::default());
-        let mut trace = TraceContext {
-            span_id: root,
-            ..Default::default()
-        };
-        trace
-            .data
-            .insert("thread.id".into(), Value::String("1000000007".into()));
-        let mut tx = Transaction::default();
-        tx.contexts
-            .insert("trace".into(), Context::Trace(Box::new(trace)));
-        tx.spans = vec![span(marked, root, true), span(child, marked, false)];
-        let mut envelope = Envelope::new();
-        envelope.add_item(tx);
+        let envelope = envelope_of(
+            root,
+            &[("thread.id", "1000000007")],
+            vec![span(marked, root, true), span(child, marked, false)],
+        );
         let out = link_transactions(envelope, "0123456789abcdef0123456789abcdef");
+        let spans = span_links(&out);
         let Some(EnvelopeItem::Transaction(tx)) = out.items().next() else {
             panic!("the transaction is kept");
         };
-        let spans: Vec<_> = tx
-            .spans
-            .iter()
-            .map(|s| (s.span_id, s.parent_span_id))
-            .collect();
         assert_eq!(spans, vec![(child, Some(root))]);
         assert!(
             matches!(tx.contexts.get("profile"), Some(Context::Other(m)) if m.get("profiler_id").is_some())
