@@ -107,40 +107,50 @@ pub const TOKIO_MEASUREMENTS: [(&str, &str); 5] = [
 /// The SDK's typed transaction (sentry-types 0.49) has no `measurements`
 /// field, so a transaction the SDK serialises carries the totals as trace
 /// data only (Sentry keeps them as the transaction's attributes); where this
-/// crate writes the transaction itself (transaction profiles, the envelope
-/// directory) they also become measurements.
+/// crate writes the transaction itself (its HTTP delivery's transaction
+/// sender, transaction profiles, the envelope directory) they also become
+/// measurements.
 pub(crate) fn transaction_json(tx: &sentry_core::protocol::Transaction<'_>) -> Option<Vec<u8>> {
-    let data = match tx.contexts.get("trace") {
-        Some(Context::Trace(t)) => Some(&t.data),
-        _ => None,
+    let mut json = serde_json::to_vec(tx).ok()?;
+    let Some(Context::Trace(trace)) = tx.contexts.get("trace") else {
+        return Some(json);
     };
-    let measurements: serde_json::Map<String, serde_json::Value> = TOKIO_MEASUREMENTS
+    let mut measurements = TOKIO_MEASUREMENTS
         .iter()
         .filter_map(|&(name, unit)| {
-            let value = data?
+            let value = trace
+                .data
                 .get(name)?
                 .as_f64()
                 .filter(|v| v.is_finite() && *v >= 0.0)?;
-            Some((
-                name.to_owned(),
-                serde_json::json!({ "value": value, "unit": unit }),
-            ))
+            Some((name, value, unit))
         })
-        .collect();
-    if measurements.is_empty() {
-        return serde_json::to_vec(tx).ok();
+        .peekable();
+    // The typed transaction has no `measurements` of its own (a unit test
+    // pins that), so its object closes with the last field: the
+    // measurements go just before the closing brace, with no second pass
+    // over the JSON.
+    if measurements.peek().is_none() || json.last() != Some(&b'}') {
+        return Some(json);
     }
-    let mut json = serde_json::to_value(tx).ok()?;
-    let object = json.as_object_mut()?;
-    let existing = object
-        .entry("measurements")
-        .or_insert_with(|| serde_json::Value::Object(Default::default()));
-    if let Some(existing) = existing.as_object_mut() {
-        for (name, value) in measurements {
-            existing.entry(name).or_insert(value);
+    json.pop();
+    json.extend_from_slice(b",\"measurements\":{");
+    for (i, (name, value, unit)) in measurements.enumerate() {
+        if i > 0 {
+            json.push(b',');
         }
+        // Names and units are fixed identifiers: nothing to escape.
+        json.push(b'"');
+        json.extend_from_slice(name.as_bytes());
+        json.extend_from_slice(b"\":");
+        serde_json::to_writer(
+            &mut json,
+            &serde_json::json!({ "value": value, "unit": unit }),
+        )
+        .ok()?;
     }
-    serde_json::to_vec(&json).ok()
+    json.extend_from_slice(b"}}");
+    Some(json)
 }
 
 /// An envelope's bytes as the SDK writes them, except that its
@@ -208,8 +218,12 @@ mod tests {
         trace.data.insert("other".into(), Value::from(7));
         tx.contexts
             .insert("trace".into(), Context::Trace(Box::new(trace)));
-        let json: serde_json::Value =
-            serde_json::from_slice(&transaction_json(&tx).unwrap()).unwrap();
+        let bytes = transaction_json(&tx).unwrap();
+        // The typed transaction writes no `measurements` of its own (were a
+        // newer sentry-types to add them, the key would appear twice).
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert_eq!(text.matches("\"measurements\"").count(), 1, "{text}");
+        let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         let m = &json["measurements"];
         assert_eq!(
             m["tokio.polls"],

@@ -95,21 +95,24 @@ impl TransportFactory for ProfilingTransportFactory {
                     #[cfg(feature = "http")]
                     chunks: None,
                     #[cfg(feature = "http")]
+                    transactions: None,
+                    #[cfg(feature = "http")]
                     flush_helpers: Default::default(),
                     runtime,
                 })
             }
             #[cfg(feature = "http")]
             InnerFactory::Http(timeout) => {
-                let (inner, chunks) = http::create(options, *timeout, runtime.delivery_counters());
+                let delivery = http::create(options, *timeout, runtime.delivery_counters());
                 runtime.set_sink(Arc::new(SentrySink {
-                    transport: Arc::clone(&inner),
-                    chunks: Some(Arc::clone(&chunks)),
+                    transport: Arc::clone(&delivery.sdk),
+                    chunks: Some(Arc::clone(&delivery.chunks)),
                 }));
                 Arc::new(ProfilingTransport {
                     warned_unprofiled: Default::default(),
-                    inner,
-                    chunks: Some(chunks),
+                    inner: delivery.sdk,
+                    chunks: Some(delivery.chunks),
+                    transactions: Some(delivery.transactions),
                     flush_helpers: Default::default(),
                     runtime,
                 })
@@ -126,6 +129,10 @@ struct ProfilingTransport {
     /// The chunk sender, when the crate delivers chunks itself.
     #[cfg(feature = "http")]
     chunks: Option<Arc<http::ChunkSender>>,
+    /// The transaction sender, when the crate delivers transactions itself
+    /// (with their poll totals as measurements).
+    #[cfg(feature = "http")]
+    transactions: Option<Arc<http::TransactionSender>>,
     /// Flush helper threads still running (see
     /// [`ProfilingTransport::inner_within`]).
     #[cfg(feature = "http")]
@@ -253,6 +260,13 @@ impl Transport for ProfilingTransport {
             }
             None => drop_http_root_spans(envelope),
         };
+        #[cfg(feature = "http")]
+        if let Some(sender) = &self.transactions {
+            if http::Transactions::carries(&envelope) {
+                sender.submit(envelope);
+                return;
+            }
+        }
         self.inner.send_envelope(envelope);
     }
 
@@ -263,8 +277,10 @@ impl Transport for ProfilingTransport {
         // for, so the two share the time rather than splitting it.
         let flushed = self.inner_within(deadline, |t, left| t.flush(left));
         #[cfg(feature = "http")]
-        if let Some(chunks) = &self.chunks {
-            return chunks.flush(deadline.saturating_duration_since(Instant::now())) && flushed;
+        if let (Some(chunks), Some(transactions)) = (&self.chunks, &self.transactions) {
+            let left = || deadline.saturating_duration_since(Instant::now());
+            let transactions = transactions.flush(left());
+            return chunks.flush(left()) && transactions && flushed;
         }
         flushed
     }
@@ -273,15 +289,19 @@ impl Transport for ProfilingTransport {
         let deadline = Instant::now() + timeout;
         self.runtime.shutdown(timeout);
         #[cfg(feature = "http")]
-        if let Some(chunks) = &self.chunks {
-            // The last chunk is queued by now; the sender starts on it
-            // while the client's transport shuts down.
+        if let (Some(chunks), Some(transactions)) = (&self.chunks, &self.transactions) {
+            // The last chunk and transactions are queued by now; the
+            // senders start on them while the client's transport shuts
+            // down.
             chunks.close();
+            transactions.close();
         }
         let done = self.inner_within(deadline, |t, left| t.shutdown(left));
         #[cfg(feature = "http")]
-        if let Some(chunks) = &self.chunks {
-            return chunks.shutdown(deadline.saturating_duration_since(Instant::now())) && done;
+        if let (Some(chunks), Some(transactions)) = (&self.chunks, &self.transactions) {
+            let left = || deadline.saturating_duration_since(Instant::now());
+            let transactions = transactions.shutdown(left());
+            return chunks.shutdown(left()) && transactions && done;
         }
         done
     }

@@ -1,0 +1,367 @@
+//! The crate's own HTTP delivery, used when the client has no transport of
+//! its own: the SDK's reqwest transport built with timeouts for what the SDK
+//! sends (errors, sessions, logs), and two senders of the crate's own, one
+//! for profile chunks and one for transactions.
+//!
+//! The SDK's transport cannot carry chunks well: its rate limiter does not
+//! know the `profile_chunk` category (a raw envelope is only stopped by a
+//! limit on all categories), and its HTTP client has no timeouts, so an
+//! endpoint that accepts a connection and never answers holds its thread
+//! for good. Nor can it carry a transaction's poll totals as Sentry
+//! measurements: sentry-types' typed transaction has no `measurements`, and
+//! a transaction it gets as raw bytes would slip past the `transaction`
+//! rate limit and go uncounted in client reports.
+//!
+//! Each sender ([`sender`]) has one thread, a queue the caller never waits
+//! on, timeouts on every request, and the rate limits of its category.
+//! Every item it does not deliver is counted by reason and logged
+//! sparingly. A lost chunk is reported to Sentry in a client report with a
+//! later chunk; a lost transaction is recorded in the SDK's client report
+//! recorder, which the SDK attaches to its next envelope, as with the SDK's
+//! own transport.
+
+mod limits;
+mod sender;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sentry_core::client_report::{Reason, Recorder};
+use sentry_core::protocol::{Envelope, EnvelopeItem};
+use sentry_core::{Transport, TransportOptions};
+
+use crate::error::log_throttled;
+use crate::session::DeliveryCounters;
+use limits::Loss;
+use sender::{Bounds, Kind, Sender};
+
+/// Chunks waiting to be sent, at most, and their bytes (a single chunk
+/// larger than that is still taken when the queue is empty).
+const CHUNK_BOUNDS: Bounds = Bounds {
+    items: 8,
+    bytes: 64 * 1024 * 1024,
+};
+/// Transactions waiting to be sent, at most, unless the client's options
+/// set `transport_channel_capacity`: about a tenth of a second of a busy
+/// service's transactions, to ride out a slow answer.
+const DEFAULT_QUEUED_TRANSACTIONS: usize = 1024;
+/// The longest time allowed to establish a connection, when the request
+/// timeout is longer.
+const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sends profile chunks.
+pub(crate) type ChunkSender = Sender<Chunks>;
+/// Sends transactions, with their poll totals as measurements.
+pub(crate) type TransactionSender = Sender<Transactions>;
+
+/// The client's transport and the crate's two senders.
+pub(crate) struct Delivery {
+    pub(crate) sdk: Arc<dyn Transport>,
+    pub(crate) chunks: Arc<ChunkSender>,
+    pub(crate) transactions: Arc<TransactionSender>,
+}
+
+/// Builds the client's transport and the senders from the client's
+/// transport options. `timeout` bounds every request.
+pub(crate) fn create(
+    options: TransportOptions,
+    timeout: Duration,
+    counters: Arc<DeliveryCounters>,
+) -> Delivery {
+    let connect_timeout = timeout.min(MAX_CONNECT_TIMEOUT);
+    let settings = ClientSettings {
+        url: options.dsn.envelope_api_url().to_string(),
+        auth: options.dsn.to_auth(Some(&options.user_agent)).to_string(),
+        http_proxy: options.http_proxy.as_deref().map(str::to_owned),
+        https_proxy: options.https_proxy.as_deref().map(str::to_owned),
+        accept_invalid_certs: options.accept_invalid_certs,
+        timeout,
+        connect_timeout,
+    };
+    let recorder = options.client_report_recorder.clone();
+    let queued_transactions = options
+        .transport_channel_capacity
+        .map_or(DEFAULT_QUEUED_TRANSACTIONS, |n| n.get());
+    let mut builder = reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(connect_timeout);
+    builder = settings.apply_async(builder);
+    let sdk: Arc<dyn Transport> = match builder.build() {
+        Ok(client) => Arc::new(
+            sentry::transports::ReqwestHttpTransportOptions::from(options)
+                .with_client(client)
+                .build(),
+        ),
+        Err(e) => {
+            // Only a missing TLS backend makes this fail; the SDK's own
+            // client would fail the same way, so report it and let the SDK
+            // build its default.
+            eprintln!("sentry-profiling: cannot build the HTTP client with timeouts: {e}");
+            Arc::new(sentry::transports::ReqwestHttpTransportOptions::from(options).build())
+        }
+    };
+    let chunks = Sender::start(Chunks { counters }, CHUNK_BOUNDS, settings.clone());
+    let transactions = Sender::start(
+        Transactions {
+            recorder,
+            lost: AtomicU64::new(0),
+        },
+        Bounds {
+            items: queued_transactions,
+            bytes: usize::MAX,
+        },
+        settings,
+    );
+    Delivery {
+        sdk,
+        chunks,
+        transactions,
+    }
+}
+
+/// Profile chunks, as envelope bytes the profiler thread encoded.
+#[derive(Debug)]
+pub(crate) struct Chunks {
+    counters: Arc<DeliveryCounters>,
+}
+
+impl Kind for Chunks {
+    type Item = Vec<u8>;
+    const THREAD: &'static str = "sentry-profiler-send";
+    /// The one Relay assigns to chunks of backend platforms such as `rust`
+    /// (`profile_chunk_ui` is for UI platforms, and its limits do not apply
+    /// here).
+    const CATEGORY: &'static str = "profile_chunk";
+    const GZIP_AT: usize = 0;
+
+    fn size(item: &Vec<u8>) -> usize {
+        item.len()
+    }
+
+    fn body(&self, item: &Vec<u8>, unreported: &[u64; 4]) -> Option<Vec<u8>> {
+        Some(sender::with_report(
+            item.clone(),
+            Self::CATEGORY,
+            unreported,
+        ))
+    }
+
+    fn body_while_limited(&self, _: &Vec<u8>) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn lost(&self, _: Option<&Vec<u8>>, loss: Option<Loss>, why: &str) -> bool {
+        let c = &self.counters;
+        let counter = match loss {
+            Some(Loss::QueueOverflow) => &c.queue_full,
+            Some(Loss::NetworkError) => &c.send_failed,
+            Some(Loss::SendError) => &c.http_error,
+            // A `429` is recorded by the server itself; it is counted here
+            // but never reported again.
+            Some(Loss::RatelimitBackoff) | None => &c.rate_limited,
+        };
+        let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
+        log_throttled(n, || format!("profile chunk dropped: {why} ({n} so far)"));
+        loss.is_some()
+    }
+
+    fn delivered(&self) {
+        self.counters.delivered.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Transactions, as the SDK made them (and the transport linked them):
+/// serialised on the sender thread, with their poll totals as
+/// measurements (see [`crate::transaction_tags::envelope_bytes`]).
+pub(crate) struct Transactions {
+    recorder: Recorder,
+    /// Transactions not delivered, for the log.
+    lost: AtomicU64,
+}
+
+impl Transactions {
+    /// Whether `envelope` is for this sender: it holds a transaction.
+    pub(crate) fn carries(envelope: &Envelope) -> bool {
+        envelope
+            .items()
+            .any(|i| matches!(i, EnvelopeItem::Transaction(_)))
+    }
+}
+
+impl Kind for Transactions {
+    type Item = Envelope;
+    const THREAD: &'static str = "sentry-transport-tx";
+    const CATEGORY: &'static str = "transaction";
+    /// Transactions are a few kilobytes: compressing them would cost more
+    /// CPU than it saves on a fast link, as the SDK's own transport judges.
+    const GZIP_AT: usize = 256 * 1024;
+
+    fn size(_: &Envelope) -> usize {
+        0
+    }
+
+    fn body(&self, item: &Envelope, _: &[u64; 4]) -> Option<Vec<u8>> {
+        match crate::transaction_tags::envelope_bytes(item) {
+            Ok(bytes) => Some(bytes),
+            Err(e) => {
+                self.lost(
+                    Some(item),
+                    Some(Loss::SendError),
+                    &format!("cannot serialise it: {e}"),
+                );
+                None
+            }
+        }
+    }
+
+    /// The envelope's other items (typically the SDK's client report),
+    /// which the `transaction` limit does not stop.
+    fn body_while_limited(&self, item: &Envelope) -> Option<Vec<u8>> {
+        let mut rest = Envelope::new().with_headers(item.headers().clone());
+        for i in item.items() {
+            if !matches!(i, EnvelopeItem::Transaction(_)) {
+                rest.add_item(i.clone());
+            }
+        }
+        rest.items().next()?;
+        let mut bytes = Vec::new();
+        rest.to_writer(&mut bytes).ok()?;
+        Some(bytes)
+    }
+
+    fn lost(&self, item: Option<&Envelope>, loss: Option<Loss>, why: &str) -> bool {
+        let n = self.lost.fetch_add(1, Ordering::Relaxed) + 1;
+        log_throttled(n, || format!("transaction dropped: {why} ({n} so far)"));
+        // A `429` (loss `None`) is recorded by Sentry itself.
+        let (Some(envelope), Some(loss)) = (item, loss) else {
+            return false;
+        };
+        let reason = match loss {
+            Loss::QueueOverflow => Reason::QueueOverflow,
+            Loss::NetworkError => Reason::NetworkError,
+            Loss::SendError => Reason::SendError,
+            Loss::RatelimitBackoff => Reason::RatelimitBackoff,
+        };
+        for i in envelope.items() {
+            // Only the transactions were lost when the limit stops them;
+            // the rest is sent (see `body_while_limited`).
+            if loss != Loss::RatelimitBackoff || matches!(i, EnvelopeItem::Transaction(_)) {
+                self.recorder.record_lost_data(i, reason);
+            }
+        }
+        false
+    }
+
+    fn delivered(&self) {}
+}
+
+/// What both HTTP clients are built from.
+#[derive(Debug, Clone)]
+pub(crate) struct ClientSettings {
+    url: String,
+    auth: String,
+    http_proxy: Option<String>,
+    https_proxy: Option<String>,
+    accept_invalid_certs: bool,
+    timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl ClientSettings {
+    fn proxies(&self) -> Vec<reqwest::Proxy> {
+        let mut proxies = Vec::new();
+        let http = self.http_proxy.as_deref().map(reqwest::Proxy::http);
+        let https = self.https_proxy.as_deref().map(reqwest::Proxy::https);
+        for proxy in [http, https].into_iter().flatten() {
+            match proxy {
+                Ok(p) => proxies.push(p),
+                Err(e) => eprintln!("sentry-profiling: invalid proxy: {e}"),
+            }
+        }
+        proxies
+    }
+
+    fn apply_async(&self, mut builder: reqwest::ClientBuilder) -> reqwest::ClientBuilder {
+        for p in self.proxies() {
+            builder = builder.proxy(p);
+        }
+        builder.danger_accept_invalid_certs(self.accept_invalid_certs)
+    }
+
+    /// The senders' client: timeouts on every request.
+    fn async_client(&self) -> Result<reqwest::Client, reqwest::Error> {
+        let builder = reqwest::Client::builder()
+            .timeout(self.timeout)
+            .connect_timeout(self.connect_timeout);
+        self.apply_async(builder).build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// A loopback listener that accepts connections and never answers: the
+    /// queue fills, the overflow is counted, requests time out, and
+    /// shutdown gives up within its timeout.
+    #[test]
+    fn stalled_endpoint_fills_the_queue_and_shutdown_does_not_wait_for_it() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = std::thread::spawn(move || {
+            // Keep accepted connections open, unanswered, for a while.
+            let mut open = Vec::new();
+            listener.set_nonblocking(true).unwrap();
+            let until = Instant::now() + Duration::from_secs(4);
+            while Instant::now() < until {
+                if let Ok((s, _)) = listener.accept() {
+                    open.push(s);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        let counters = Arc::new(DeliveryCounters::default());
+        let settings = ClientSettings {
+            url: format!("http://127.0.0.1:{port}/api/1/envelope/"),
+            auth: "Sentry sentry_key=public, sentry_version=7".into(),
+            http_proxy: None,
+            https_proxy: None,
+            accept_invalid_certs: false,
+            timeout: Duration::from_millis(700),
+            connect_timeout: Duration::from_millis(700),
+        };
+        let sender = ChunkSender::start(
+            Chunks {
+                counters: Arc::clone(&counters),
+            },
+            CHUNK_BOUNDS,
+            settings,
+        );
+        let started = Instant::now();
+        let mut queued = 0;
+        for _ in 0..CHUNK_BOUNDS.items + 4 {
+            queued += usize::from(sender.submit(b"{}\n".to_vec()));
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "submitting never waits for the network"
+        );
+        assert!(queued <= CHUNK_BOUNDS.items + 1, "{queued} queued");
+        assert!(counters.queue_full.load(Ordering::Relaxed) >= 3);
+        // One request times out...
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while counters.send_failed.load(Ordering::Relaxed) == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(counters.send_failed.load(Ordering::Relaxed) >= 1);
+        // ... and shutdown gives up on the rest within its timeout.
+        let started = Instant::now();
+        assert!(!sender.shutdown(Duration::from_millis(300)));
+        assert!(started.elapsed() < Duration::from_secs(3));
+        assert!(!sender.submit(b"{}\n".to_vec()), "closed");
+        assert_eq!(counters.delivered.load(Ordering::Relaxed), 0);
+        held.join().unwrap();
+    }
+}
