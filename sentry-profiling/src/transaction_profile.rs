@@ -168,7 +168,9 @@ impl V1Pending {
         }
         let mut bytes = Vec::new();
         let _ = rest.to_writer(&mut bytes);
-        crate::transaction_tags::write_transaction(&mut bytes, &self.tx);
+        // Writing to memory fails only for JSON serde cannot write (a map
+        // with non-string keys), which the typed transaction has none of.
+        let _ = crate::transaction_tags::write_transaction(&mut bytes, &self.tx);
         if let Some(json) = profile_item {
             bytes.extend_from_slice(
                 format!(

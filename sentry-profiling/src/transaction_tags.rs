@@ -5,6 +5,7 @@
 //! by the transport (continuous profiling) and by transaction profiles (V1)
 //! alike, so it sits below both.
 
+use std::io::Write as _;
 use std::time::Duration;
 
 use sentry_core::protocol::{Context, Map, Value};
@@ -102,7 +103,7 @@ pub const TOKIO_MEASUREMENTS: [(&str, &str); 5] = [
 ];
 
 /// A transaction as JSON, with its poll totals (see [`TOKIO_MEASUREMENTS`])
-/// copied into `measurements` as well.
+/// copied into `measurements` as well, appended to `out`.
 ///
 /// The SDK's typed transaction (sentry-types 0.49) has no `measurements`
 /// field, so a transaction the SDK serialises carries the totals as trace
@@ -110,10 +111,13 @@ pub const TOKIO_MEASUREMENTS: [(&str, &str); 5] = [
 /// crate writes the transaction itself (its HTTP delivery's transaction
 /// sender, transaction profiles, the envelope directory) they also become
 /// measurements.
-pub(crate) fn transaction_json(tx: &sentry_core::protocol::Transaction<'_>) -> Option<Vec<u8>> {
-    let mut json = serde_json::to_vec(tx).ok()?;
+fn write_transaction_json(
+    out: &mut Vec<u8>,
+    tx: &sentry_core::protocol::Transaction<'_>,
+) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, tx)?;
     let Some(Context::Trace(trace)) = tx.contexts.get("trace") else {
-        return Some(json);
+        return Ok(());
     };
     let mut measurements = TOKIO_MEASUREMENTS
         .iter()
@@ -130,39 +134,40 @@ pub(crate) fn transaction_json(tx: &sentry_core::protocol::Transaction<'_>) -> O
     // pins that), so its object closes with the last field: the
     // measurements go just before the closing brace, with no second pass
     // over the JSON.
-    if measurements.peek().is_none() || json.last() != Some(&b'}') {
-        return Some(json);
+    if measurements.peek().is_none() || out.last() != Some(&b'}') {
+        return Ok(());
     }
-    json.pop();
-    json.extend_from_slice(b",\"measurements\":{");
+    out.pop();
+    out.extend_from_slice(b",\"measurements\":{");
     for (i, (name, value, unit)) in measurements.enumerate() {
         if i > 0 {
-            json.push(b',');
+            out.push(b',');
         }
         // Names and units are fixed identifiers: nothing to escape.
-        json.push(b'"');
-        json.extend_from_slice(name.as_bytes());
-        json.extend_from_slice(b"\":");
-        serde_json::to_writer(
-            &mut json,
-            &serde_json::json!({ "value": value, "unit": unit }),
-        )
-        .ok()?;
+        write!(out, "\"{name}\":{{\"value\":")?;
+        serde_json::to_writer(&mut *out, &value)?;
+        write!(out, ",\"unit\":\"{unit}\"}}")?;
     }
-    json.extend_from_slice(b"}}");
-    Some(json)
+    out.extend_from_slice(b"}}");
+    Ok(())
 }
+
+/// Whether a transaction carries poll totals.
+fn has_totals(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
+    matches!(tx.contexts.get("trace"), Some(Context::Trace(t))
+        if TOKIO_MEASUREMENTS.iter().any(|(name, _)| t.data.contains_key(*name)))
+}
+
+/// A typical transaction envelope's size: room enough that writing one
+/// rarely grows the buffer.
+const ENVELOPE_CAPACITY: usize = 4096;
 
 /// An envelope's bytes as the SDK writes them, except that its
 /// transactions carrying poll totals are written with them as measurements
-/// too (see [`transaction_json`]).
+/// too (see [`write_transaction_json`]).
 pub(crate) fn envelope_bytes(envelope: &sentry_core::Envelope) -> std::io::Result<Vec<u8>> {
     use sentry_core::protocol::EnvelopeItem;
-    let has_totals = |tx: &sentry_core::protocol::Transaction<'_>| {
-        matches!(tx.contexts.get("trace"), Some(Context::Trace(t))
-            if TOKIO_MEASUREMENTS.iter().any(|(name, _)| t.data.contains_key(*name)))
-    };
-    let mut bytes = Vec::new();
+    let mut bytes = Vec::with_capacity(ENVELOPE_CAPACITY);
     if !envelope
         .items()
         .any(|i| matches!(i, EnvelopeItem::Transaction(tx) if has_totals(tx)))
@@ -170,32 +175,42 @@ pub(crate) fn envelope_bytes(envelope: &sentry_core::Envelope) -> std::io::Resul
         envelope.to_writer(&mut bytes)?;
         return Ok(bytes);
     }
-    let mut rest = sentry_core::Envelope::new().with_headers(envelope.headers().clone());
-    let mut transactions = Vec::new();
+    serde_json::to_writer(&mut bytes, envelope.headers())?;
+    bytes.push(b'\n');
+    let mut rest = sentry_core::Envelope::new();
     for item in envelope.items() {
         match item {
-            EnvelopeItem::Transaction(tx) => transactions.push(tx),
+            EnvelopeItem::Transaction(tx) => write_transaction(&mut bytes, tx)?,
+            // Typically the SDK's client report: written by the SDK, less
+            // its (empty) header line.
             other => rest.add_item(other.clone()),
         }
     }
-    rest.to_writer(&mut bytes)?;
-    for tx in transactions {
-        write_transaction(&mut bytes, tx);
+    if rest.items().next().is_some() {
+        let mut others = Vec::new();
+        rest.to_writer(&mut others)?;
+        let body = others.iter().position(|b| *b == b'\n').map_or(0, |i| i + 1);
+        bytes.extend_from_slice(&others[body..]);
     }
     Ok(bytes)
 }
 
-/// Appends a transaction item to raw envelope bytes (transaction profiles,
-/// whose `profile` item has no typed envelope item in the SDK).
-pub(crate) fn write_transaction(bytes: &mut Vec<u8>, tx: &sentry_core::protocol::Transaction<'_>) {
-    let Some(json) = transaction_json(tx) else {
-        return;
-    };
-    bytes.extend_from_slice(
-        format!("{{\"type\":\"transaction\",\"length\":{}}}\n", json.len()).as_bytes(),
-    );
-    bytes.extend_from_slice(&json);
+/// Appends a transaction item to raw envelope bytes (see
+/// [`write_transaction_json`]).
+pub(crate) fn write_transaction(
+    bytes: &mut Vec<u8>,
+    tx: &sentry_core::protocol::Transaction<'_>,
+) -> std::io::Result<()> {
+    let start = bytes.len();
+    write_transaction_json(bytes, tx)?;
+    let len = bytes.len() - start;
+    let mut header = [0u8; 64];
+    let mut cursor = &mut header[..];
+    writeln!(cursor, "{{\"type\":\"transaction\",\"length\":{len}}}")?;
+    let written = 64 - cursor.len();
+    bytes.splice(start..start, header[..written].iter().copied());
     bytes.push(b'\n');
+    Ok(())
 }
 
 #[cfg(test)]
@@ -218,7 +233,8 @@ mod tests {
         trace.data.insert("other".into(), Value::from(7));
         tx.contexts
             .insert("trace".into(), Context::Trace(Box::new(trace)));
-        let bytes = transaction_json(&tx).unwrap();
+        let mut bytes = Vec::new();
+        write_transaction_json(&mut bytes, &tx).unwrap();
         // The typed transaction writes no `measurements` of its own (were a
         // newer sentry-types to add them, the key would appear twice).
         let text = String::from_utf8(bytes.clone()).unwrap();
@@ -242,10 +258,9 @@ mod tests {
         assert_eq!(json["contexts"]["trace"]["data"]["tokio.polls"], 3);
         // Without totals, the SDK's own serialisation.
         let plain = sentry_core::protocol::Transaction::default();
-        assert_eq!(
-            transaction_json(&plain).unwrap(),
-            serde_json::to_vec(&plain).unwrap()
-        );
+        let mut bytes = Vec::new();
+        write_transaction_json(&mut bytes, &plain).unwrap();
+        assert_eq!(bytes, serde_json::to_vec(&plain).unwrap());
     }
 
     #[test]

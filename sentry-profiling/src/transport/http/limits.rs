@@ -187,6 +187,17 @@ mod tests {
         );
     }
 
+    /// Each sender learns its own category's limits (and limits on all).
+    #[test]
+    fn the_transaction_category() {
+        let now = Instant::now();
+        let mut l = RateLimits::new("transaction");
+        l.update(200, Some("60:profile_chunk:org, 5:error:org"), None, now);
+        assert_eq!(l.limited(now), None);
+        l.update(429, Some("30:transaction;span:org:quota"), None, now);
+        assert_eq!(l.limited(now).map(|d| d.as_secs()), Some(30));
+    }
+
     #[test]
     fn retry_after_and_bare_429() {
         assert_eq!(limited_for(429, None, Some("7")), Some(7));

@@ -221,26 +221,37 @@ impl<K: Kind> Sender<K> {
     }
 }
 
-/// The HTTP client and the runtime it runs on, on the sender thread: one
-/// request at a time, with no hop to another thread.
-struct Client {
-    http: reqwest::Client,
-    runtime: tokio::runtime::Runtime,
-}
-
 /// The sender thread: takes items one at a time until closed.
 fn run<K: Kind>(shared: &Shared<K>, settings: &ClientSettings) {
     // Built (and dropped) on this thread: a runtime must not be dropped
     // inside another, and `sentry::init` may run in one.
-    let client = tokio::runtime::Builder::new_current_thread()
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())
-        .and_then(|runtime| {
-            let http = settings.async_client().map_err(|e| e.to_string())?;
-            Ok(Client { http, runtime })
-        });
-    let client = match client {
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!(
+                "sentry-profiling: cannot start the {} thread: {e}",
+                K::THREAD
+            );
+            let mut q = shared.lock();
+            q.closed = true;
+            while let Some(item) = q.items.pop_front() {
+                q.bytes -= K::size(&item);
+                shared.lost(
+                    &mut q,
+                    Some(&item),
+                    Some(Loss::NetworkError),
+                    "no sender thread",
+                );
+            }
+            drop(q);
+            shared.progress.notify_all();
+            return;
+        }
+    };
+    let http = match settings.async_client() {
         Ok(c) => Some(c),
         Err(e) => {
             eprintln!(
@@ -250,47 +261,86 @@ fn run<K: Kind>(shared: &Shared<K>, settings: &ClientSettings) {
             None
         }
     };
-    let mut limits = RateLimits::new(K::CATEGORY);
-    loop {
-        let mut q = shared.lock();
-        while q.items.is_empty() && !q.closed {
-            q = shared.work.wait(q).unwrap_or_else(|e| e.into_inner());
-        }
-        let Some(item) = q.items.pop_front() else {
-            return;
-        };
-        q.bytes -= K::size(&item);
-        if q.abandoned {
-            shared.lost(
-                &mut q,
-                Some(&item),
-                Some(Loss::NetworkError),
-                "not sent before the shutdown timeout",
-            );
-            drop(q);
-            shared.progress.notify_all();
-            continue;
-        }
-        let limited = limits.limited(Instant::now());
-        if let Some(left) = limited {
-            let why = format!("rate limited by Sentry for another {} s", left.as_secs());
-            shared.lost(&mut q, Some(&item), Some(Loss::RatelimitBackoff), &why);
-        }
-        q.busy = true;
-        let reported = q.unreported;
-        drop(q);
+    // One `block_on` for the thread's life, as the SDK's own transport
+    // does: waiting for work blocks the thread (nothing else runs on this
+    // runtime between requests), and a request enters no runtime anew.
+    runtime.block_on(serve(shared, settings, http.as_ref()));
+}
 
-        let body = match limited {
-            Some(_) => shared.kind.body_while_limited(&item),
-            None => shared.kind.body(&item, &reported),
+/// The sender's loop (see [`run`]).
+async fn serve<K: Kind>(
+    shared: &Shared<K>,
+    settings: &ClientSettings,
+    http: Option<&reqwest::Client>,
+) {
+    let mut limits = RateLimits::new(K::CATEGORY);
+    while let Some(next) = shared.next(&limits) {
+        let body = match next.limited {
+            Some(_) => shared.kind.body_while_limited(&next.item),
+            None => shared.kind.body(&next.item, &next.reported),
         };
-        let outcome = match (&client, body) {
+        let outcome = match (http, body) {
             (_, None) => Outcome::Skipped,
-            (Some(client), Some(body)) => post(client, settings, body, K::GZIP_AT, &mut limits),
+            (Some(http), Some(body)) => post(http, settings, body, K::GZIP_AT, &mut limits).await,
             (None, Some(_)) => Outcome::Failed("no HTTP client".into()),
         };
+        shared.settle(next, outcome);
+    }
+}
 
-        let mut q = shared.lock();
+/// An item taken from the queue to be sent.
+struct Next<T> {
+    item: T,
+    /// The time left of a rate limit on the category, if any: the item
+    /// itself is not sent (and counted as such), only what the limit lets
+    /// through.
+    limited: Option<Duration>,
+    /// Losses reported with it (see [`Kind::body`]).
+    reported: [u64; 4],
+}
+
+impl<K: Kind> Shared<K> {
+    /// Waits for the next item to send; `None` once closed and empty.
+    fn next(&self, limits: &RateLimits) -> Option<Next<K::Item>> {
+        let mut q = self.lock();
+        loop {
+            while q.items.is_empty() && !q.closed {
+                q = self.work.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+            let item = q.items.pop_front()?;
+            q.bytes -= K::size(&item);
+            if q.abandoned {
+                self.lost(
+                    &mut q,
+                    Some(&item),
+                    Some(Loss::NetworkError),
+                    "not sent before the shutdown timeout",
+                );
+                self.progress.notify_all();
+                continue;
+            }
+            let limited = limits.limited(Instant::now());
+            if let Some(left) = limited {
+                let why = format!("rate limited by Sentry for another {} s", left.as_secs());
+                self.lost(&mut q, Some(&item), Some(Loss::RatelimitBackoff), &why);
+            }
+            q.busy = true;
+            return Some(Next {
+                item,
+                limited,
+                reported: q.unreported,
+            });
+        }
+    }
+
+    /// Counts what became of an item's request.
+    fn settle(&self, next: Next<K::Item>, outcome: Outcome) {
+        let Next {
+            item,
+            limited,
+            reported,
+        } = next;
+        let mut q = self.lock();
         q.busy = false;
         let report_sent = |q: &mut Queue<K::Item>| {
             for (u, r) in q.unreported.iter_mut().zip(reported) {
@@ -299,31 +349,31 @@ fn run<K: Kind>(shared: &Shared<K>, settings: &ClientSettings) {
         };
         match outcome {
             Outcome::Skipped => {}
-            // The item itself was counted as rate limited above; what was
-            // sent instead took no report.
+            // The item itself was counted as rate limited when taken; what
+            // was sent instead took no report.
             _ if limited.is_some() => {}
             Outcome::Delivered => {
-                shared.kind.delivered();
+                self.kind.delivered();
                 report_sent(&mut q);
             }
             Outcome::RateLimited { report_accepted } => {
                 if report_accepted {
                     report_sent(&mut q);
                 }
-                shared.lost(&mut q, Some(&item), None, "rate limited by Sentry");
+                self.lost(&mut q, Some(&item), None, "rate limited by Sentry");
             }
             Outcome::Status(status) => {
                 let why = format!("Sentry answered HTTP {status}");
-                shared.lost(&mut q, Some(&item), Some(Loss::SendError), &why);
+                self.lost(&mut q, Some(&item), Some(Loss::SendError), &why);
             }
             Outcome::Failed(e) => {
                 let why = format!("request failed: {e}");
-                shared.lost(&mut q, Some(&item), Some(Loss::NetworkError), &why);
+                self.lost(&mut q, Some(&item), Some(Loss::NetworkError), &why);
             }
         }
         drop(q);
         drop(item);
-        shared.progress.notify_all();
+        self.progress.notify_all();
     }
 }
 
@@ -344,15 +394,14 @@ enum Outcome {
 }
 
 /// Posts one envelope and learns the rate limits from the answer.
-fn post(
-    client: &Client,
+async fn post(
+    http: &reqwest::Client,
     settings: &ClientSettings,
     body: Vec<u8>,
     gzip_at: usize,
     limits: &mut RateLimits,
 ) -> Outcome {
-    let request = client
-        .http
+    let request = http
         .post(&settings.url)
         .header("X-Sentry-Auth", &settings.auth)
         .header("Content-Type", "application/x-sentry-envelope");
@@ -363,7 +412,7 @@ fn post(
         Some(compressed) => request.header("Content-Encoding", "gzip").body(compressed),
         None => request.body(body),
     };
-    let answer = client.runtime.block_on(async {
+    let answer = async {
         let response = request.send().await?;
         let status = response.status().as_u16();
         let header = |name: &str| {
@@ -379,7 +428,8 @@ fn post(
         // bounded by the request timeout like the rest of the exchange.
         let _ = response.bytes().await;
         Ok::<_, reqwest::Error>((status, rate_limits, retry_after))
-    });
+    }
+    .await;
     let (status, rate_limits, retry_after) = match answer {
         Ok(a) => a,
         Err(e) => return Outcome::Failed(error_chain(&e)),
