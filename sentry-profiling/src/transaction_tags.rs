@@ -158,16 +158,12 @@ fn has_totals(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
         if TOKIO_MEASUREMENTS.iter().any(|(name, _)| t.data.contains_key(*name)))
 }
 
-/// A typical transaction envelope's size: room enough that writing one
-/// rarely grows the buffer.
-const ENVELOPE_CAPACITY: usize = 4096;
-
 /// An envelope's bytes as the SDK writes them, except that its
 /// transactions carrying poll totals are written with them as measurements
 /// too (see [`write_transaction_json`]).
 pub(crate) fn envelope_bytes(envelope: &sentry_core::Envelope) -> std::io::Result<Vec<u8>> {
     use sentry_core::protocol::EnvelopeItem;
-    let mut bytes = Vec::with_capacity(ENVELOPE_CAPACITY);
+    let mut bytes = Vec::new();
     if !envelope
         .items()
         .any(|i| matches!(i, EnvelopeItem::Transaction(tx) if has_totals(tx)))

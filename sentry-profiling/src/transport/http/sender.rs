@@ -52,6 +52,9 @@ struct Queue<T> {
     abandoned: bool,
     /// Losses not yet reported to Sentry, indexed like [`Loss::ALL`].
     unreported: [u64; 4],
+    /// Callers waiting in [`Sender::flush`]: only they need telling that
+    /// an item was dealt with.
+    flushing: usize,
 }
 
 /// How much a queue holds at most: `items`, and `bytes` (a single item
@@ -120,6 +123,7 @@ impl<K: Kind> Sender<K> {
                 closed: false,
                 abandoned: false,
                 unreported: [0; 4],
+                flushing: 0,
             }),
             work: Condvar::new(),
             progress: Condvar::new(),
@@ -176,10 +180,14 @@ impl<K: Kind> Sender<K> {
     pub(crate) fn flush(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut q = self.shared.lock();
-        while q.busy || !q.items.is_empty() {
+        q.flushing += 1;
+        let done = loop {
+            if !q.busy && q.items.is_empty() {
+                break true;
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return false;
+                break false;
             }
             q = self
                 .shared
@@ -187,8 +195,9 @@ impl<K: Kind> Sender<K> {
                 .wait_timeout(q, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
-        }
-        true
+        };
+        q.flushing -= 1;
+        done
     }
 
     /// Takes no more items; the thread ends once it has dealt with the
@@ -274,17 +283,41 @@ async fn serve<K: Kind>(
     http: Option<&reqwest::Client>,
 ) {
     let mut limits = RateLimits::new(K::CATEGORY);
-    while let Some(next) = shared.next(&limits) {
-        let body = match next.limited {
-            Some(_) => shared.kind.body_while_limited(&next.item),
-            None => shared.kind.body(&next.item, &next.reported),
+    let mut done: Option<Done<K::Item>> = None;
+    loop {
+        let next = shared.next(done.as_ref(), &limits);
+        // An item kept for its loss to be counted is dropped here, outside
+        // the lock callers queue under.
+        drop(done.take());
+        let Some(Next {
+            item,
+            limited,
+            reported,
+        }) = next
+        else {
+            return;
+        };
+        let body = match limited {
+            Some(_) => shared.kind.body_while_limited(&item),
+            None => shared.kind.body(&item, &reported),
         };
         let outcome = match (http, body) {
             (_, None) => Outcome::Skipped,
             (Some(http), Some(body)) => post(http, settings, body, K::GZIP_AT, &mut limits).await,
             (None, Some(_)) => Outcome::Failed("no HTTP client".into()),
         };
-        shared.settle(next, outcome);
+        let lost = limited.is_none()
+            && matches!(
+                outcome,
+                Outcome::RateLimited { .. } | Outcome::Status(_) | Outcome::Failed(_)
+            );
+        done = Some(Done {
+            // Delivered: dropped now, outside the lock.
+            item: lost.then_some(item),
+            limited: limited.is_some(),
+            reported,
+            outcome,
+        });
     }
 }
 
@@ -299,10 +332,25 @@ struct Next<T> {
     reported: [u64; 4],
 }
 
+/// What became of the item sent last.
+struct Done<T> {
+    /// The item, when its loss is still to be counted.
+    item: Option<T>,
+    /// It was counted as rate limited when taken.
+    limited: bool,
+    reported: [u64; 4],
+    outcome: Outcome,
+}
+
 impl<K: Kind> Shared<K> {
-    /// Waits for the next item to send; `None` once closed and empty.
-    fn next(&self, limits: &RateLimits) -> Option<Next<K::Item>> {
+    /// Counts what became of the item sent last, if any, then waits for
+    /// the next item to send (one lock for both); `None` once closed and
+    /// empty.
+    fn next(&self, done: Option<&Done<K::Item>>, limits: &RateLimits) -> Option<Next<K::Item>> {
         let mut q = self.lock();
+        if let Some(done) = done {
+            self.settle(&mut q, done);
+        }
         loop {
             while q.items.is_empty() && !q.closed {
                 q = self.work.wait(q).unwrap_or_else(|e| e.into_inner());
@@ -316,7 +364,7 @@ impl<K: Kind> Shared<K> {
                     Some(Loss::NetworkError),
                     "not sent before the shutdown timeout",
                 );
-                self.progress.notify_all();
+                self.progressed(&q);
                 continue;
             }
             let limited = limits.limited(Instant::now());
@@ -333,47 +381,47 @@ impl<K: Kind> Shared<K> {
         }
     }
 
+    /// Tells flushers, if any, that an item was dealt with.
+    fn progressed(&self, q: &Queue<K::Item>) {
+        if q.flushing > 0 {
+            self.progress.notify_all();
+        }
+    }
+
     /// Counts what became of an item's request.
-    fn settle(&self, next: Next<K::Item>, outcome: Outcome) {
-        let Next {
-            item,
-            limited,
-            reported,
-        } = next;
-        let mut q = self.lock();
+    fn settle(&self, q: &mut Queue<K::Item>, done: &Done<K::Item>) {
         q.busy = false;
         let report_sent = |q: &mut Queue<K::Item>| {
-            for (u, r) in q.unreported.iter_mut().zip(reported) {
+            for (u, r) in q.unreported.iter_mut().zip(done.reported) {
                 *u = u.saturating_sub(r);
             }
         };
-        match outcome {
+        let item = done.item.as_ref();
+        match &done.outcome {
             Outcome::Skipped => {}
             // The item itself was counted as rate limited when taken; what
             // was sent instead took no report.
-            _ if limited.is_some() => {}
+            _ if done.limited => {}
             Outcome::Delivered => {
                 self.kind.delivered();
-                report_sent(&mut q);
+                report_sent(q);
             }
             Outcome::RateLimited { report_accepted } => {
-                if report_accepted {
-                    report_sent(&mut q);
+                if *report_accepted {
+                    report_sent(q);
                 }
-                self.lost(&mut q, Some(&item), None, "rate limited by Sentry");
+                self.lost(q, item, None, "rate limited by Sentry");
             }
             Outcome::Status(status) => {
                 let why = format!("Sentry answered HTTP {status}");
-                self.lost(&mut q, Some(&item), Some(Loss::SendError), &why);
+                self.lost(q, item, Some(Loss::SendError), &why);
             }
             Outcome::Failed(e) => {
                 let why = format!("request failed: {e}");
-                self.lost(&mut q, Some(&item), Some(Loss::NetworkError), &why);
+                self.lost(q, item, Some(Loss::NetworkError), &why);
             }
         }
-        drop(q);
-        drop(item);
-        self.progress.notify_all();
+        self.progressed(q);
     }
 }
 
