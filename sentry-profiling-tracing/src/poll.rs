@@ -26,7 +26,6 @@ use std::task::{Context, Wake, Waker};
 
 use atomic_waker::AtomicWaker;
 use sentry_core::TransactionOrSpan;
-use sentry_core::protocol::Value;
 use sentry_profiling::hooks;
 
 /// What an instrumented future's waker shares with the future.
@@ -91,65 +90,44 @@ impl PollTotals {
             .saturating_sub(self.queued_ns)
     }
 
+    /// The totals as they go on a transaction or span, the request having
+    /// ended at `end_ns`; `None` before the first poll.
+    pub(crate) fn snapshot(&self, end_ns: u64) -> Option<hooks::PollTotals> {
+        (self.polls > 0).then(|| hooks::PollTotals {
+            polls: self.polls,
+            polled_ns: self.polled_ns,
+            queued_ns: self.queued_ns,
+            awaiting_ns: self.awaiting_ns(end_ns),
+            longest_ns: self.longest_ns,
+            long_polls: self.long_polls,
+            longest_start_ns: self.longest_start_ns,
+        })
+    }
+
     /// Writes the totals as `tokio.*` data of `span` (a transaction, or a
     /// child span), the request having ended at `end_ns`: milliseconds as
     /// floating-point numbers, counts as integers; all under one lock of
     /// the span.
     pub(crate) fn record(&self, span: &TransactionOrSpan, end_ns: u64) {
-        if self.polls == 0 {
+        let Some(totals) = self.snapshot(end_ns) else {
             return;
-        }
-        let ms = |ns: u64| Value::from(ns as f64 / 1e6);
-        let mut entries = [
-            (POLLS, Value::from(self.polls)),
-            (POLLED, ms(self.polled_ns)),
-            (QUEUED, ms(self.queued_ns)),
-            (AWAITING, ms(self.awaiting_ns(end_ns))),
-            (LONGEST_POLL, ms(self.longest_ns)),
-            (LONG_POLLS, Value::Null),
-            (LONGEST_POLL_START, Value::Null),
-        ];
-        if self.long_polls > 0 {
-            entries[5].1 = Value::from(self.long_polls);
-            entries[6].1 = Value::from(self.longest_start_ns as f64 / 1e9);
-        }
-        let entries = entries.into_iter().filter(|(_, v)| !v.is_null());
+        };
         match span {
             TransactionOrSpan::Transaction(tx) => {
                 let mut data = tx.data();
-                for (key, value) in entries {
+                for (key, value) in totals.data() {
                     data.set_data(key.into(), value);
                 }
             }
             TransactionOrSpan::Span(s) => {
                 let mut data = s.data();
-                for (key, value) in entries {
+                for (key, value) in totals.data() {
                     data.set_data(key.to_owned(), value);
                 }
             }
         }
     }
 }
-
-/// Data key: how many times the request's future was polled.
-pub const POLLS: &str = "tokio.polls";
-/// Data key: milliseconds spent inside those polls (running, or preempted
-/// in them).
-pub const POLLED: &str = "tokio.polled";
-/// Data key: milliseconds from wakes to the polls they caused: waiting for
-/// a Tokio worker.
-pub const QUEUED: &str = "tokio.queued";
-/// Data key: milliseconds neither polled nor queued: waiting for what it
-/// awaited.
-pub const AWAITING: &str = "tokio.awaiting";
-/// Data key: the longest poll, in milliseconds.
-pub const LONGEST_POLL: &str = "tokio.longest_poll";
-/// Data key (only when there were some): polls at least the long-poll
-/// threshold long.
-pub const LONG_POLLS: &str = "tokio.long_polls";
-/// Data key (only with long polls): when the longest poll began, in seconds
-/// since the Unix epoch.
-pub const LONGEST_POLL_START: &str = "tokio.longest_poll.start";
 
 /// An instrumented future's wake tracking and poll totals.
 #[derive(Debug)]
@@ -257,7 +235,13 @@ mod tests {
 
     #[test]
     fn the_measured_totals_are_the_ones_recorded() {
-        let recorded = [POLLS, POLLED, QUEUED, AWAITING, LONGEST_POLL];
+        let recorded = [
+            hooks::POLLS,
+            hooks::POLLED,
+            hooks::QUEUED,
+            hooks::AWAITING,
+            hooks::LONGEST_POLL,
+        ];
         for (name, _) in hooks::TOKIO_MEASUREMENTS {
             assert!(recorded.contains(&name), "{name}");
         }

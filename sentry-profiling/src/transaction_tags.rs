@@ -89,18 +89,131 @@ pub(crate) fn profile_context(key: &str, id: &str) -> Context {
     Context::Other(ctx)
 }
 
+/// Data key: how many times the request's future was polled.
+pub const POLLS: &str = "tokio.polls";
+/// Data key: milliseconds spent inside those polls (running, or preempted
+/// in them).
+pub const POLLED: &str = "tokio.polled";
+/// Data key: milliseconds from wakes to the polls they caused: waiting for
+/// a Tokio worker.
+pub const QUEUED: &str = "tokio.queued";
+/// Data key: milliseconds neither polled nor queued: waiting for what it
+/// awaited.
+pub const AWAITING: &str = "tokio.awaiting";
+/// Data key: the longest poll, in milliseconds.
+pub const LONGEST_POLL: &str = "tokio.longest_poll";
+/// Data key (only when there were some): polls at least the long-poll
+/// threshold long.
+pub const LONG_POLLS: &str = "tokio.long_polls";
+/// Data key (only with long polls): when the longest poll began, in seconds
+/// since the Unix epoch.
+pub const LONGEST_POLL_START: &str = "tokio.longest_poll.start";
+
 /// The poll totals `sentry-profiling-tracing` records on a request's
-/// transaction (`contexts.trace.data`), with the unit each has as a Sentry
-/// measurement: five custom measurements, all valid for Relay (names of
-/// letters, digits, `_` and `.`, none a built-in one), within Sentry's
-/// default budget of ten per transaction.
+/// transaction, with the unit each has as a Sentry measurement: five custom
+/// measurements, all valid for Relay (names of letters, digits, `_` and
+/// `.`, none a built-in one), within Sentry's default budget of ten per
+/// transaction.
 pub const TOKIO_MEASUREMENTS: [(&str, &str); 5] = [
-    ("tokio.awaiting", "millisecond"),
-    ("tokio.longest_poll", "millisecond"),
-    ("tokio.polled", "millisecond"),
-    ("tokio.polls", "none"),
-    ("tokio.queued", "millisecond"),
+    (AWAITING, "millisecond"),
+    (LONGEST_POLL, "millisecond"),
+    (POLLED, "millisecond"),
+    (POLLS, "none"),
+    (QUEUED, "millisecond"),
 ];
+
+/// An instrumented future's poll totals, as its transaction or span
+/// carries them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PollTotals {
+    /// Polls.
+    pub polls: u64,
+    /// Time inside polls, ns.
+    pub polled_ns: u64,
+    /// Time from wakes to the polls they caused, ns.
+    pub queued_ns: u64,
+    /// Time neither polled nor queued, ns.
+    pub awaiting_ns: u64,
+    /// The longest poll, ns.
+    pub longest_ns: u64,
+    /// Polls at least the long-poll threshold long.
+    pub long_polls: u64,
+    /// When the longest poll began (`CLOCK_REALTIME`, ns).
+    pub longest_start_ns: u64,
+}
+
+impl PollTotals {
+    /// The totals as data keys ([`POLLS`] and the rest; the two long-poll
+    /// keys only when there were long polls).
+    pub fn data(&self) -> impl Iterator<Item = (&'static str, Value)> + use<> {
+        let ms = |ns: u64| Value::from(ns as f64 / 1e6);
+        let long = self.long_polls > 0;
+        [
+            (POLLS, Some(Value::from(self.polls))),
+            (POLLED, Some(ms(self.polled_ns))),
+            (QUEUED, Some(ms(self.queued_ns))),
+            (AWAITING, Some(ms(self.awaiting_ns))),
+            (LONGEST_POLL, Some(ms(self.longest_ns))),
+            (LONG_POLLS, long.then(|| Value::from(self.long_polls))),
+            (
+                LONGEST_POLL_START,
+                long.then(|| Value::from(self.longest_start_ns as f64 / 1e9)),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v?)))
+    }
+
+    /// The value of measurement `name` (one of [`TOKIO_MEASUREMENTS`]).
+    fn measurement(&self, name: &str) -> Option<f64> {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        Some(match name {
+            POLLS => self.polls as f64,
+            POLLED => ms(self.polled_ns),
+            QUEUED => ms(self.queued_ns),
+            AWAITING => ms(self.awaiting_ns),
+            LONGEST_POLL => ms(self.longest_ns),
+            _ => return None,
+        })
+    }
+}
+
+thread_local! {
+    /// Totals handed to the transport with the transaction being finished
+    /// on this thread (see [`finish_with_totals`]).
+    static HANDED: std::cell::Cell<Option<PollTotals>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `finish` (a transaction's `finish`) with `totals` handed to the
+/// transport, which the SDK calls on this thread, within `finish`, if the
+/// transaction is sent. The transport writes them where they cost least:
+/// the crate's transaction sender as measurements, on its own thread;
+/// otherwise as the transaction's data, after the SDK has copied the
+/// transaction's trace context, so the keys are made once and not copied.
+pub fn finish_with_totals(totals: PollTotals, finish: impl FnOnce()) {
+    let _ = HANDED.try_with(|h| h.set(Some(totals)));
+    finish();
+    // Not sent (not sampled, or no client): nothing is left for the next.
+    let _ = HANDED.try_with(|h| h.set(None));
+}
+
+/// The totals handed with the transaction being sent, if any (see
+/// [`finish_with_totals`]).
+pub(crate) fn take_handed_totals() -> Option<PollTotals> {
+    HANDED.try_with(std::cell::Cell::take).ok().flatten()
+}
+
+/// Writes `totals` as data on every transaction of `tx`'s trace context.
+pub(crate) fn insert_totals_data(
+    tx: &mut sentry_core::protocol::Transaction<'_>,
+    totals: &PollTotals,
+) {
+    if let Some(Context::Trace(trace)) = tx.contexts.get_mut("trace") {
+        for (key, value) in totals.data() {
+            trace.data.insert(key.to_owned(), value);
+        }
+    }
+}
 
 /// A transaction as JSON, with its poll totals (see [`TOKIO_MEASUREMENTS`])
 /// copied into `measurements` as well, appended to `out`.
@@ -114,19 +227,21 @@ pub const TOKIO_MEASUREMENTS: [(&str, &str); 5] = [
 fn write_transaction_json(
     out: &mut Vec<u8>,
     tx: &sentry_core::protocol::Transaction<'_>,
+    totals: Option<&PollTotals>,
 ) -> std::io::Result<()> {
     serde_json::to_writer(&mut *out, tx)?;
-    let Some(Context::Trace(trace)) = tx.contexts.get("trace") else {
-        return Ok(());
+    let data = match tx.contexts.get("trace") {
+        Some(Context::Trace(trace)) => Some(&trace.data),
+        _ => None,
     };
     let mut measurements = TOKIO_MEASUREMENTS
         .iter()
         .filter_map(|&(name, unit)| {
-            let value = trace
-                .data
-                .get(name)?
-                .as_f64()
-                .filter(|v| v.is_finite() && *v >= 0.0)?;
+            let value = match totals {
+                Some(t) => t.measurement(name)?,
+                None => data?.get(name)?.as_f64()?,
+            };
+            let value = Some(value).filter(|v| v.is_finite() && *v >= 0.0)?;
             Some((name, value, unit))
         })
         .peekable();
@@ -159,14 +274,19 @@ fn has_totals(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
 }
 
 /// An envelope's bytes as the SDK writes them, except that its
-/// transactions carrying poll totals are written with them as measurements
-/// too (see [`write_transaction_json`]).
-pub(crate) fn envelope_bytes(envelope: &sentry_core::Envelope) -> std::io::Result<Vec<u8>> {
+/// transactions carrying poll totals (as data, or `totals` handed with
+/// it) are written with them as measurements too (see
+/// [`write_transaction_json`]).
+pub(crate) fn envelope_bytes(
+    envelope: &sentry_core::Envelope,
+    totals: Option<&PollTotals>,
+) -> std::io::Result<Vec<u8>> {
     use sentry_core::protocol::EnvelopeItem;
     let mut bytes = Vec::new();
-    if !envelope
-        .items()
-        .any(|i| matches!(i, EnvelopeItem::Transaction(tx) if has_totals(tx)))
+    if totals.is_none()
+        && !envelope
+            .items()
+            .any(|i| matches!(i, EnvelopeItem::Transaction(tx) if has_totals(tx)))
     {
         envelope.to_writer(&mut bytes)?;
         return Ok(bytes);
@@ -176,7 +296,7 @@ pub(crate) fn envelope_bytes(envelope: &sentry_core::Envelope) -> std::io::Resul
     let mut rest = sentry_core::Envelope::new();
     for item in envelope.items() {
         match item {
-            EnvelopeItem::Transaction(tx) => write_transaction(&mut bytes, tx)?,
+            EnvelopeItem::Transaction(tx) => write_transaction(&mut bytes, tx, totals)?,
             // Typically the SDK's client report: written by the SDK, less
             // its (empty) header line.
             other => rest.add_item(other.clone()),
@@ -196,9 +316,10 @@ pub(crate) fn envelope_bytes(envelope: &sentry_core::Envelope) -> std::io::Resul
 pub(crate) fn write_transaction(
     bytes: &mut Vec<u8>,
     tx: &sentry_core::protocol::Transaction<'_>,
+    totals: Option<&PollTotals>,
 ) -> std::io::Result<()> {
     let start = bytes.len();
-    write_transaction_json(bytes, tx)?;
+    write_transaction_json(bytes, tx, totals)?;
     let len = bytes.len() - start;
     let mut header = [0u8; 64];
     let mut cursor = &mut header[..];
@@ -230,7 +351,7 @@ mod tests {
         tx.contexts
             .insert("trace".into(), Context::Trace(Box::new(trace)));
         let mut bytes = Vec::new();
-        write_transaction_json(&mut bytes, &tx).unwrap();
+        write_transaction_json(&mut bytes, &tx, None).unwrap();
         // The typed transaction writes no `measurements` of its own (were a
         // newer sentry-types to add them, the key would appear twice).
         let text = String::from_utf8(bytes.clone()).unwrap();
@@ -255,7 +376,7 @@ mod tests {
         // Without totals, the SDK's own serialisation.
         let plain = sentry_core::protocol::Transaction::default();
         let mut bytes = Vec::new();
-        write_transaction_json(&mut bytes, &plain).unwrap();
+        write_transaction_json(&mut bytes, &plain, None).unwrap();
         assert_eq!(bytes, serde_json::to_vec(&plain).unwrap());
     }
 

@@ -72,19 +72,30 @@ impl RequestScope {
     /// `sentry-tracing` layer made of it, and its children, are recorded in
     /// the transaction before it is sent. Must not be called with the span
     /// entered.
+    ///
+    /// The poll totals are handed to the transport with the transaction
+    /// (`hooks::finish_with_totals`) rather than written on it: the
+    /// crate's own transaction sender writes them as measurements on its
+    /// thread, and any other transport gets them as data added after the
+    /// SDK has copied the transaction's trace context.
     pub(super) fn end(self, status: Option<SpanStatus>) {
-        if let Some(tx) = &self.transaction {
-            self.record_polls(&TransactionOrSpan::Transaction(tx.clone()));
-        }
         let RequestScope {
-            span, transaction, ..
+            span,
+            transaction,
+            tracker,
+            ..
         } = self;
         drop(span);
         if let Some(tx) = transaction {
             if let Some(status) = status {
                 tx.set_status(status);
             }
-            tx.finish();
+            let totals =
+                tracker.and_then(|t| t.totals().snapshot(sentry_profiling::hooks::wall_ns()));
+            match totals {
+                Some(totals) => sentry_profiling::hooks::finish_with_totals(totals, || tx.finish()),
+                None => tx.finish(),
+            }
         }
     }
 }

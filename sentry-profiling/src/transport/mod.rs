@@ -20,7 +20,9 @@ use crate::session::sink::{ChunkSink, Handed};
 use crate::transaction_profile::Intercepted;
 
 pub use crate::transaction_tags::{OS_THREAD_ID, OS_THREAD_NAME};
-use crate::transaction_tags::{lane_window, profile_context, settle_lane};
+use crate::transaction_tags::{
+    PollTotals, insert_totals_data, lane_window, profile_context, settle_lane, take_handed_totals,
+};
 pub use envelope_dir::EnvelopeDirTransport;
 
 /// The session's sink for chunks: the crate's chunk sender when there is
@@ -235,15 +237,19 @@ impl ProfilingTransport {
 
 impl Transport for ProfilingTransport {
     fn send_envelope(&self, envelope: Envelope) {
+        let carries = carries_transaction(&envelope);
+        // The poll totals handed with the transaction being finished on
+        // this thread (`sentry-profiling-tracing`'s requests).
+        let totals = carries.then(take_handed_totals).flatten();
         if crate::sys::in_forked_child() {
             // No profiler runs in a forked child: nothing to link or attach.
-            self.inner.send_envelope(envelope);
+            self.inner.send_envelope(with_totals_data(envelope, totals));
             return;
         }
         if self.runtime.v1().is_some() {
             // Transaction-based profiling: the profiler thread attaches the
             // profile and sends the envelope on.
-            let envelope = drop_http_root_spans(envelope);
+            let envelope = with_totals_data(drop_http_root_spans(envelope), totals);
             let unprofiled = match crate::transaction_profile::intercept(envelope) {
                 Intercepted::Profile(p) => self.runtime.v1_enqueue(Box::new(p)),
                 Intercepted::Pass(envelope) => Some(envelope),
@@ -253,19 +259,25 @@ impl Transport for ProfilingTransport {
             }
             return;
         }
+        #[cfg(feature = "http")]
+        let sender = self.transactions.as_ref().filter(|_| carries);
+        #[cfg(not(feature = "http"))]
+        let sender: Option<()> = None;
+        // The crate's transaction sender writes the totals as measurements,
+        // on its own thread; anywhere else they become data. The two
+        // long-poll keys are data only.
+        let as_data = totals.filter(|t| sender.is_none() || t.long_polls > 0);
         let envelope = match self.runtime.profiler_id() {
             Some(id) => {
                 self.warn_if_unprofiled(&envelope);
-                link_transactions(envelope, id)
+                link_transactions(envelope, id, as_data.as_ref())
             }
-            None => drop_http_root_spans(envelope),
+            None => with_totals_data(drop_http_root_spans(envelope), as_data),
         };
         #[cfg(feature = "http")]
-        if let Some(sender) = &self.transactions {
-            if http::Transactions::carries(&envelope) {
-                sender.submit(envelope);
-                return;
-            }
+        if let Some(sender) = sender {
+            sender.submit(http::Outgoing { envelope, totals });
+            return;
         }
         self.inner.send_envelope(envelope);
     }
@@ -324,17 +336,40 @@ pub(crate) fn drop_http_root_spans(envelope: Envelope) -> Envelope {
     if !any {
         return envelope;
     }
+    map_transactions(envelope, remove_http_root_spans)
+}
+
+/// `envelope` with `f` applied to each of its transactions.
+fn map_transactions(
+    envelope: Envelope,
+    mut f: impl FnMut(&mut sentry_core::protocol::Transaction<'static>),
+) -> Envelope {
     let mut out = Envelope::new().with_headers(envelope.headers().clone());
     for item in envelope.into_items() {
         match item {
             EnvelopeItem::Transaction(mut tx) => {
-                remove_http_root_spans(&mut tx);
+                f(&mut tx);
                 out.add_item(EnvelopeItem::Transaction(tx));
             }
             other => out.add_item(other),
         }
     }
     out
+}
+
+/// Whether `envelope` holds a transaction.
+fn carries_transaction(envelope: &Envelope) -> bool {
+    envelope
+        .items()
+        .any(|i| matches!(i, EnvelopeItem::Transaction(_)))
+}
+
+/// `envelope` with `totals`, if any, written as data on its transactions.
+fn with_totals_data(envelope: Envelope, totals: Option<PollTotals>) -> Envelope {
+    match totals {
+        Some(totals) => map_transactions(envelope, |tx| insert_totals_data(tx, &totals)),
+        None => envelope,
+    }
 }
 
 /// Whether a transaction holds a span marked [`HTTP_ROOT_SPAN_MARK`].
@@ -397,42 +432,38 @@ fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
 /// thread gives every finished lane at least two samples (Sentry drops a
 /// thread with one), so only the OS-thread keys are removed here (see
 /// [`OS_THREAD_ID`]).
-pub(crate) fn link_transactions(envelope: Envelope, profiler_id: &str) -> Envelope {
+pub(crate) fn link_transactions(
+    envelope: Envelope,
+    profiler_id: &str,
+    totals: Option<&PollTotals>,
+) -> Envelope {
     let profiled = envelope.items().any(
         |i| matches!(i, EnvelopeItem::Transaction(t) if is_profiled(t) || has_http_root_span(t)),
     );
     if !profiled {
-        return envelope;
+        return with_totals_data(envelope, totals.copied());
     }
     let session = crate::session::current();
-    let mut out = Envelope::new().with_headers(envelope.headers().clone());
-    for item in envelope.into_items() {
-        match item {
-            EnvelopeItem::Transaction(mut tx) if is_profiled(&tx) => {
-                remove_http_root_spans(&mut tx);
-                settle_lane(&mut tx, Duration::ZERO);
-                // The transaction may begin before its lane and end after it
-                // (on a busy machine, many milliseconds): Sentry shows the
-                // lane over the transaction's whole window.
-                if let (Some(session), Some((lane, start_ns, end_ns))) =
-                    (&session, lane_window(&tx))
-                {
-                    session.lane_transaction(lane, start_ns, end_ns);
-                }
-                tx.contexts.insert(
-                    "profile".into(),
-                    profile_context("profiler_id", profiler_id),
-                );
-                out.add_item(EnvelopeItem::Transaction(tx));
-            }
-            EnvelopeItem::Transaction(mut tx) => {
-                remove_http_root_spans(&mut tx);
-                out.add_item(EnvelopeItem::Transaction(tx));
-            }
-            other => out.add_item(other),
+    map_transactions(envelope, |tx| {
+        if let Some(totals) = totals {
+            insert_totals_data(tx, totals);
         }
-    }
-    out
+        remove_http_root_spans(tx);
+        if !is_profiled(tx) {
+            return;
+        }
+        settle_lane(tx, Duration::ZERO);
+        // The transaction may begin before its lane and end after it (on a
+        // busy machine, many milliseconds): Sentry shows the lane over the
+        // transaction's whole window.
+        if let (Some(session), Some((lane, start_ns, end_ns))) = (&session, lane_window(tx)) {
+            session.lane_transaction(lane, start_ns, end_ns);
+        }
+        tx.contexts.insert(
+            "profile".into(),
+            profile_context("profiler_id", profiler_id),
+        );
+    })
 }
 
 #[cfg(test)]
@@ -512,7 +543,7 @@ mod tests {
             &[("thread.id", "1000000007")],
             vec![span(marked, root, true), span(child, marked, false)],
         );
-        let out = link_transactions(envelope, "0123456789abcdef0123456789abcdef");
+        let out = link_transactions(envelope, "0123456789abcdef0123456789abcdef", None);
         let spans = span_links(&out);
         let Some(EnvelopeItem::Transaction(tx)) = out.items().next() else {
             panic!("the transaction is kept");

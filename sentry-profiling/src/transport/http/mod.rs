@@ -171,38 +171,35 @@ impl Kind for Chunks {
     }
 }
 
-/// Transactions, as the SDK made them (and the transport linked them):
-/// serialised on the sender thread, with their poll totals as
-/// measurements (see [`crate::transaction_tags::envelope_bytes`]).
+/// A transaction's envelope, as the SDK made it (and the transport linked
+/// it), with the poll totals handed with it.
+pub(crate) struct Outgoing {
+    pub(crate) envelope: Envelope,
+    pub(crate) totals: Option<crate::transaction_tags::PollTotals>,
+}
+
+/// Transactions: serialised on the sender thread, with their poll totals
+/// as measurements (see [`crate::transaction_tags::envelope_bytes`]).
 pub(crate) struct Transactions {
     recorder: Recorder,
     /// Transactions not delivered, for the log.
     lost: AtomicU64,
 }
 
-impl Transactions {
-    /// Whether `envelope` is for this sender: it holds a transaction.
-    pub(crate) fn carries(envelope: &Envelope) -> bool {
-        envelope
-            .items()
-            .any(|i| matches!(i, EnvelopeItem::Transaction(_)))
-    }
-}
-
 impl Kind for Transactions {
-    type Item = Envelope;
+    type Item = Outgoing;
     const THREAD: &'static str = "sentry-transport-tx";
     const CATEGORY: &'static str = "transaction";
     /// Transactions are a few kilobytes: compressing them would cost more
     /// CPU than it saves on a fast link, as the SDK's own transport judges.
     const GZIP_AT: usize = 256 * 1024;
 
-    fn size(_: &Envelope) -> usize {
+    fn size(_: &Outgoing) -> usize {
         0
     }
 
-    fn body(&self, item: &Envelope, _: &[u64; 4]) -> Option<Vec<u8>> {
-        match crate::transaction_tags::envelope_bytes(item) {
+    fn body(&self, item: &Outgoing, _: &[u64; 4]) -> Option<Vec<u8>> {
+        match crate::transaction_tags::envelope_bytes(&item.envelope, item.totals.as_ref()) {
             Ok(bytes) => Some(bytes),
             Err(e) => {
                 self.lost(
@@ -217,7 +214,8 @@ impl Kind for Transactions {
 
     /// The envelope's other items (typically the SDK's client report),
     /// which the `transaction` limit does not stop.
-    fn body_while_limited(&self, item: &Envelope) -> Option<Vec<u8>> {
+    fn body_while_limited(&self, item: &Outgoing) -> Option<Vec<u8>> {
+        let item = &item.envelope;
         let mut rest = Envelope::new().with_headers(item.headers().clone());
         for i in item.items() {
             if !matches!(i, EnvelopeItem::Transaction(_)) {
@@ -230,11 +228,11 @@ impl Kind for Transactions {
         Some(bytes)
     }
 
-    fn lost(&self, item: Option<&Envelope>, loss: Option<Loss>, why: &str) -> bool {
+    fn lost(&self, item: Option<&Outgoing>, loss: Option<Loss>, why: &str) -> bool {
         let n = self.lost.fetch_add(1, Ordering::Relaxed) + 1;
         log_throttled(n, || format!("transaction dropped: {why} ({n} so far)"));
         // A `429` (loss `None`) is recorded by Sentry itself.
-        let (Some(envelope), Some(loss)) = (item, loss) else {
+        let (Some(Outgoing { envelope, .. }), Some(loss)) = (item, loss) else {
             return false;
         };
         let reason = match loss {
