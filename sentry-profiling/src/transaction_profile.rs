@@ -172,15 +172,11 @@ impl V1Pending {
         // with non-string keys), which the typed transaction has none of.
         let _ = crate::transaction_tags::write_transaction(&mut bytes, &self.tx, None);
         if let Some(json) = profile_item {
-            bytes.extend_from_slice(
-                format!(
-                    "{{\"type\":\"profile\",\"platform\":\"rust\",\"length\":{}}}\n",
-                    json.len()
-                )
-                .as_bytes(),
+            crate::encode::envelope::append_item(
+                &mut bytes,
+                r#""type":"profile","platform":"rust""#,
+                &json,
             );
-            bytes.extend_from_slice(&json);
-            bytes.push(b'\n');
         }
         (Envelope::from_bytes_raw(bytes).unwrap_or_default(), dropped)
     }

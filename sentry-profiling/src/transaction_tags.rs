@@ -163,19 +163,6 @@ impl PollTotals {
         .into_iter()
         .filter_map(|(k, v)| Some((k, v?)))
     }
-
-    /// The value of measurement `name` (one of [`TOKIO_MEASUREMENTS`]).
-    fn measurement(&self, name: &str) -> Option<f64> {
-        let ms = |ns: u64| ns as f64 / 1e6;
-        Some(match name {
-            POLLS => self.polls as f64,
-            POLLED => ms(self.polled_ns),
-            QUEUED => ms(self.queued_ns),
-            AWAITING => ms(self.awaiting_ns),
-            LONGEST_POLL => ms(self.longest_ns),
-            _ => return None,
-        })
-    }
 }
 
 thread_local! {
@@ -237,8 +224,9 @@ fn write_transaction_json(
     let mut measurements = TOKIO_MEASUREMENTS
         .iter()
         .filter_map(|&(name, unit)| {
+            // The same numbers as the data keys, from wherever they are.
             let value = match totals {
-                Some(t) => t.measurement(name)?,
+                Some(t) => t.data().find(|(key, _)| *key == name)?.1.as_f64()?,
                 None => data?.get(name)?.as_f64()?,
             };
             let value = Some(value).filter(|v| v.is_finite() && *v >= 0.0)?;

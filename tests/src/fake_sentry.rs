@@ -128,6 +128,21 @@ impl FakeSentry {
         format!("http://public@{}/1", self.addr)
     }
 
+    /// Client options sending here, as a profiled service's would:
+    /// `release`, every transaction sampled, the profiling session sampled
+    /// with the trace lifecycle and 1 s chunks, applied with the crate's own
+    /// HTTP delivery (no transport of the application's own).
+    pub fn profiled_options(&self, release: &str) -> sentry::ClientOptions {
+        let mut options = sentry::ClientOptions::new().traces_sample_rate(1.0);
+        options.dsn = self.dsn().parse().ok();
+        options.release = Some(release.to_owned().into());
+        sentry_profiling::ProfilingIntegration::new()
+            .profile_session_sample_rate(1.0)
+            .profile_lifecycle(sentry_profiling::ProfileLifecycle::Trace)
+            .chunk_duration(Duration::from_secs(1))
+            .apply(options)
+    }
+
     /// Switches the behaviour (for connections accepted from now on).
     pub fn set_mode(&self, mode: Mode) {
         *self.state.mode.lock().unwrap() = mode;

@@ -9,10 +9,7 @@
 //! wrote no data keys for them), except for a request with long polls,
 //! whose long-poll keys exist only as data and bring the rest with them.
 
-use std::time::Duration;
-
 use sentry_profiling::hooks::TOKIO_MEASUREMENTS;
-use sentry_profiling::{ProfileLifecycle, ProfilingIntegration};
 use sentry_profiling_tests::fake_sentry::FakeSentry;
 use sentry_profiling_tests::{
     SENTRY_CUSTOM_MEASUREMENT_LIMIT, http_get, link_problem, measurement_violations,
@@ -26,14 +23,7 @@ const CONCURRENCY: usize = 4;
 #[test]
 fn poll_totals_are_measurements_through_the_http_transport() {
     let fake = FakeSentry::start();
-    let mut options = sentry::ClientOptions::new().traces_sample_rate(1.0);
-    options.dsn = fake.dsn().parse().ok();
-    options.release = Some("http-measurements-test@1".into());
-    let options = ProfilingIntegration::new()
-        .profile_session_sample_rate(1.0)
-        .profile_lifecycle(ProfileLifecycle::Trace)
-        .chunk_duration(Duration::from_secs(1))
-        .apply(options);
+    let options = fake.profiled_options("http-measurements-test@1");
     let statuses = run_service_with(
         options,
         sentry_profiling_examples::router(),

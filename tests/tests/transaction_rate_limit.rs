@@ -8,7 +8,6 @@
 
 use std::time::{Duration, Instant};
 
-use sentry_profiling::{ProfileLifecycle, ProfilingIntegration};
 use sentry_profiling_tests::fake_sentry::{FakeSentry, Mode};
 use sentry_profiling_tests::{http_get, parse_envelope, run_service_with};
 use serde_json::Value;
@@ -31,14 +30,7 @@ fn rate_limited_transactions(item: &Value) -> u64 {
 fn rate_limited_transactions_are_not_sent_and_are_counted() {
     let fake = FakeSentry::start();
     fake.set_mode(Mode::RateLimitTransactions { secs: 60 });
-    let mut options = sentry::ClientOptions::new().traces_sample_rate(1.0);
-    options.dsn = fake.dsn().parse().ok();
-    options.release = Some("rate-limit-test@1".into());
-    let options = ProfilingIntegration::new()
-        .profile_session_sample_rate(1.0)
-        .profile_lifecycle(ProfileLifecycle::Trace)
-        .chunk_duration(Duration::from_secs(1))
-        .apply(options);
+    let options = fake.profiled_options("rate-limit-test@1");
     let has_transaction =
         |fake: &FakeSentry| fake.requests().iter().any(|r| r.has_item("transaction"));
     run_service_with(options, sentry_profiling_examples::router(), |addr, _| {

@@ -2,6 +2,8 @@
 //! sink hands to Sentry (the client's transport, or the crate's own HTTP
 //! delivery).
 
+use std::io::Write as _;
+
 use sentry_core::protocol::Envelope;
 
 use super::sentry_chunk::{EncodedChunk, PLATFORM};
@@ -27,4 +29,17 @@ pub(crate) fn chunk_envelope_bytes(chunk: EncodedChunk) -> Vec<u8> {
     bytes.splice(0..0, header.into_bytes());
     bytes.push(b'\n');
     bytes
+}
+
+/// Appends one item to raw envelope bytes: its header, of `fields` (JSON
+/// members such as `"type":"client_report"`) and the payload's length, then
+/// the payload.
+pub(crate) fn append_item(bytes: &mut Vec<u8>, fields: &str, payload: &[u8]) {
+    if !bytes.is_empty() && !bytes.ends_with(b"\n") {
+        bytes.push(b'\n');
+    }
+    // Writing to a `Vec` cannot fail.
+    let _ = writeln!(bytes, "{{{fields},\"length\":{}}}", payload.len());
+    bytes.extend_from_slice(payload);
+    bytes.push(b'\n');
 }

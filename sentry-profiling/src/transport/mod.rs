@@ -95,9 +95,7 @@ impl TransportFactory for ProfilingTransportFactory {
                     warned_unprofiled: Default::default(),
                     inner,
                     #[cfg(feature = "http")]
-                    chunks: None,
-                    #[cfg(feature = "http")]
-                    transactions: None,
+                    senders: None,
                     #[cfg(feature = "http")]
                     flush_helpers: Default::default(),
                     runtime,
@@ -108,13 +106,12 @@ impl TransportFactory for ProfilingTransportFactory {
                 let delivery = http::create(options, *timeout, runtime.delivery_counters());
                 runtime.set_sink(Arc::new(SentrySink {
                     transport: Arc::clone(&delivery.sdk),
-                    chunks: Some(Arc::clone(&delivery.chunks)),
+                    chunks: Some(Arc::clone(&delivery.senders.chunks)),
                 }));
                 Arc::new(ProfilingTransport {
                     warned_unprofiled: Default::default(),
                     inner: delivery.sdk,
-                    chunks: Some(delivery.chunks),
-                    transactions: Some(delivery.transactions),
+                    senders: Some(delivery.senders),
                     flush_helpers: Default::default(),
                     runtime,
                 })
@@ -128,13 +125,10 @@ struct ProfilingTransport {
     /// Whether [`UNPROFILED`] has been reported.
     warned_unprofiled: std::sync::atomic::AtomicBool,
     inner: Arc<dyn Transport>,
-    /// The chunk sender, when the crate delivers chunks itself.
+    /// The chunk and transaction senders, when the crate delivers itself
+    /// (transactions with their poll totals as measurements).
     #[cfg(feature = "http")]
-    chunks: Option<Arc<http::ChunkSender>>,
-    /// The transaction sender, when the crate delivers transactions itself
-    /// (with their poll totals as measurements).
-    #[cfg(feature = "http")]
-    transactions: Option<Arc<http::TransactionSender>>,
+    senders: Option<http::Senders>,
     /// Flush helper threads still running (see
     /// [`ProfilingTransport::inner_within`]).
     #[cfg(feature = "http")]
@@ -203,7 +197,7 @@ impl ProfilingTransport {
     ) -> bool {
         let left = deadline.saturating_duration_since(Instant::now());
         #[cfg(feature = "http")]
-        if self.chunks.is_some() {
+        if self.senders.is_some() {
             use std::sync::atomic::Ordering;
             let helpers = Arc::clone(&self.flush_helpers);
             let claimed = helpers
@@ -243,13 +237,17 @@ impl Transport for ProfilingTransport {
         let totals = carries.then(take_handed_totals).flatten();
         if crate::sys::in_forked_child() {
             // No profiler runs in a forked child: nothing to link or attach.
-            self.inner.send_envelope(with_totals_data(envelope, totals));
+            let envelope = match totals {
+                Some(t) => map_transactions(envelope, |tx| insert_totals_data(tx, &t)),
+                None => envelope,
+            };
+            self.inner.send_envelope(envelope);
             return;
         }
         if self.runtime.v1().is_some() {
             // Transaction-based profiling: the profiler thread attaches the
             // profile and sends the envelope on.
-            let envelope = with_totals_data(drop_http_root_spans(envelope), totals);
+            let envelope = drop_http_root_spans(envelope, totals.as_ref());
             let unprofiled = match crate::transaction_profile::intercept(envelope) {
                 Intercepted::Profile(p) => self.runtime.v1_enqueue(Box::new(p)),
                 Intercepted::Pass(envelope) => Some(envelope),
@@ -260,7 +258,11 @@ impl Transport for ProfilingTransport {
             return;
         }
         #[cfg(feature = "http")]
-        let sender = self.transactions.as_ref().filter(|_| carries);
+        let sender = self
+            .senders
+            .as_ref()
+            .map(|s| &s.transactions)
+            .filter(|_| carries);
         #[cfg(not(feature = "http"))]
         let sender: Option<()> = None;
         // The crate's transaction sender writes the totals as measurements,
@@ -272,7 +274,7 @@ impl Transport for ProfilingTransport {
                 self.warn_if_unprofiled(&envelope);
                 link_transactions(envelope, id, as_data.as_ref())
             }
-            None => with_totals_data(drop_http_root_spans(envelope), as_data),
+            None => drop_http_root_spans(envelope, as_data.as_ref()),
         };
         #[cfg(feature = "http")]
         if let Some(sender) = sender {
@@ -289,10 +291,8 @@ impl Transport for ProfilingTransport {
         // for, so the two share the time rather than splitting it.
         let flushed = self.inner_within(deadline, |t, left| t.flush(left));
         #[cfg(feature = "http")]
-        if let (Some(chunks), Some(transactions)) = (&self.chunks, &self.transactions) {
-            let left = || deadline.saturating_duration_since(Instant::now());
-            let transactions = transactions.flush(left());
-            return chunks.flush(left()) && transactions && flushed;
+        if let Some(senders) = &self.senders {
+            return senders.flush(deadline) && flushed;
         }
         flushed
     }
@@ -301,19 +301,16 @@ impl Transport for ProfilingTransport {
         let deadline = Instant::now() + timeout;
         self.runtime.shutdown(timeout);
         #[cfg(feature = "http")]
-        if let (Some(chunks), Some(transactions)) = (&self.chunks, &self.transactions) {
+        if let Some(senders) = &self.senders {
             // The last chunk and transactions are queued by now; the
             // senders start on them while the client's transport shuts
             // down.
-            chunks.close();
-            transactions.close();
+            senders.close();
         }
         let done = self.inner_within(deadline, |t, left| t.shutdown(left));
         #[cfg(feature = "http")]
-        if let (Some(chunks), Some(transactions)) = (&self.chunks, &self.transactions) {
-            let left = || deadline.saturating_duration_since(Instant::now());
-            let transactions = transactions.shutdown(left());
-            return chunks.shutdown(left()) && transactions && done;
+        if let Some(senders) = &self.senders {
+            return senders.shutdown(deadline) && done;
         }
         done
     }
@@ -327,16 +324,27 @@ impl Transport for ProfilingTransport {
 pub(crate) const HTTP_ROOT_SPAN_MARK: &str = "sentry_profiling.http_root";
 
 /// Removes the spans marked [`HTTP_ROOT_SPAN_MARK`] from every transaction
-/// in `envelope`, attaching their children to the transaction itself.
-/// Envelopes without such a span pass unchanged.
-pub(crate) fn drop_http_root_spans(envelope: Envelope) -> Envelope {
-    let any = envelope
-        .items()
-        .any(|i| matches!(i, EnvelopeItem::Transaction(t) if has_http_root_span(t)));
+/// in `envelope`, attaching their children to the transaction itself, and
+/// writes `totals`, if any, as data on them (see [`unlink`]): the envelope
+/// is rebuilt once for both, and passes unchanged when there is neither.
+pub(crate) fn drop_http_root_spans(envelope: Envelope, totals: Option<&PollTotals>) -> Envelope {
+    let any = totals.is_some()
+        || envelope
+            .items()
+            .any(|i| matches!(i, EnvelopeItem::Transaction(t) if has_http_root_span(t)));
     if !any {
         return envelope;
     }
-    map_transactions(envelope, remove_http_root_spans)
+    map_transactions(envelope, |tx| unlink(tx, totals))
+}
+
+/// What every transaction gets, linked or not: the poll totals handed
+/// with it as data (if any), and its marked spans removed.
+fn unlink(tx: &mut sentry_core::protocol::Transaction<'_>, totals: Option<&PollTotals>) {
+    if let Some(totals) = totals {
+        insert_totals_data(tx, totals);
+    }
+    remove_http_root_spans(tx);
 }
 
 /// `envelope` with `f` applied to each of its transactions.
@@ -362,14 +370,6 @@ fn carries_transaction(envelope: &Envelope) -> bool {
     envelope
         .items()
         .any(|i| matches!(i, EnvelopeItem::Transaction(_)))
-}
-
-/// `envelope` with `totals`, if any, written as data on its transactions.
-fn with_totals_data(envelope: Envelope, totals: Option<PollTotals>) -> Envelope {
-    match totals {
-        Some(totals) => map_transactions(envelope, |tx| insert_totals_data(tx, &totals)),
-        None => envelope,
-    }
 }
 
 /// Whether a transaction holds a span marked [`HTTP_ROOT_SPAN_MARK`].
@@ -441,14 +441,11 @@ pub(crate) fn link_transactions(
         |i| matches!(i, EnvelopeItem::Transaction(t) if is_profiled(t) || has_http_root_span(t)),
     );
     if !profiled {
-        return with_totals_data(envelope, totals.copied());
+        return drop_http_root_spans(envelope, totals);
     }
     let session = crate::session::current();
     map_transactions(envelope, |tx| {
-        if let Some(totals) = totals {
-            insert_totals_data(tx, totals);
-        }
-        remove_http_root_spans(tx);
+        unlink(tx, totals);
         if !is_profiled(tx) {
             return;
         }
@@ -531,7 +528,7 @@ mod tests {
                 span(grandchild, child, false),
             ],
         );
-        let spans = span_links(&drop_http_root_spans(envelope));
+        let spans = span_links(&drop_http_root_spans(envelope, None));
         assert_eq!(spans, vec![(child, Some(root)), (grandchild, Some(child))]);
     }
 
@@ -562,7 +559,7 @@ mod tests {
         };
         let mut envelope = Envelope::new();
         envelope.add_item(tx.clone());
-        let out = drop_http_root_spans(envelope);
+        let out = drop_http_root_spans(envelope, None);
         assert!(
             matches!(out.items().next(), Some(EnvelopeItem::Transaction(t)) if t.spans == tx.spans)
         );

@@ -59,18 +59,7 @@ pub(crate) fn append_client_report(
     let Ok(payload) = serde_json::to_vec(&payload) else {
         return;
     };
-    if !envelope.ends_with(b"\n") {
-        envelope.push(b'\n');
-    }
-    envelope.extend_from_slice(
-        format!(
-            "{{\"type\":\"client_report\",\"length\":{}}}\n",
-            payload.len()
-        )
-        .as_bytes(),
-    );
-    envelope.extend_from_slice(&payload);
-    envelope.push(b'\n');
+    crate::encode::envelope::append_item(envelope, r#""type":"client_report""#, &payload);
 }
 
 /// Until when Sentry asked for no items of one data category.

@@ -58,8 +58,36 @@ pub(crate) type TransactionSender = Sender<Transactions>;
 /// The client's transport and the crate's two senders.
 pub(crate) struct Delivery {
     pub(crate) sdk: Arc<dyn Transport>,
+    pub(crate) senders: Senders,
+}
+
+/// The crate's two senders.
+pub(crate) struct Senders {
     pub(crate) chunks: Arc<ChunkSender>,
     pub(crate) transactions: Arc<TransactionSender>,
+}
+
+impl Senders {
+    /// Waits for both queues until `deadline`; whether both were emptied.
+    pub(crate) fn flush(&self, deadline: std::time::Instant) -> bool {
+        let left = || deadline.saturating_duration_since(std::time::Instant::now());
+        let transactions = self.transactions.flush(left());
+        self.chunks.flush(left()) && transactions
+    }
+
+    /// Both take no more; their threads end once their queues are dealt
+    /// with.
+    pub(crate) fn close(&self) {
+        self.chunks.close();
+        self.transactions.close();
+    }
+
+    /// Shuts both down by `deadline` (see [`Sender::shutdown`]).
+    pub(crate) fn shutdown(&self, deadline: std::time::Instant) -> bool {
+        let left = || deadline.saturating_duration_since(std::time::Instant::now());
+        let transactions = self.transactions.shutdown(left());
+        self.chunks.shutdown(left()) && transactions
+    }
 }
 
 /// Builds the client's transport and the senders from the client's
@@ -115,8 +143,10 @@ pub(crate) fn create(
     );
     Delivery {
         sdk,
-        chunks,
-        transactions,
+        senders: Senders {
+            chunks,
+            transactions,
+        },
     }
 }
 

@@ -80,6 +80,14 @@ impl<K: Kind> Shared<K> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Drops everything queued, each counted as lost for `why`.
+    fn drop_queued(&self, queue: &mut Queue<K::Item>, why: &str) {
+        while let Some(item) = queue.items.pop_front() {
+            queue.bytes -= K::size(&item);
+            self.lost(queue, Some(&item), Some(Loss::NetworkError), why);
+        }
+    }
+
     /// Counts, logs and remembers (for the next client report) one item
     /// that was not delivered.
     fn lost(
@@ -147,25 +155,21 @@ impl<K: Kind> Sender<K> {
     pub(crate) fn submit(&self, item: K::Item) -> bool {
         let shared = &self.shared;
         let mut q = shared.lock();
-        if q.closed {
-            shared.lost(
-                &mut q,
-                Some(&item),
-                Some(Loss::NetworkError),
-                "the sender is shut down",
-            );
-            return false;
-        }
         let size = K::size(&item);
-        let full = q.items.len() >= shared.bounds.items
-            || (!q.items.is_empty() && q.bytes + size > shared.bounds.bytes);
-        if full {
-            shared.lost(
-                &mut q,
-                Some(&item),
-                Some(Loss::QueueOverflow),
+        let refused = if q.closed {
+            Some((Loss::NetworkError, "the sender is shut down"))
+        } else if q.items.len() >= shared.bounds.items
+            || (!q.items.is_empty() && q.bytes + size > shared.bounds.bytes)
+        {
+            Some((
+                Loss::QueueOverflow,
                 "the send queue is full (the endpoint is slow or unreachable)",
-            );
+            ))
+        } else {
+            None
+        };
+        if let Some((loss, why)) = refused {
+            shared.lost(&mut q, Some(&item), Some(loss), why);
             return false;
         }
         q.bytes += size;
@@ -216,15 +220,8 @@ impl<K: Kind> Sender<K> {
         if !done {
             let mut q = self.shared.lock();
             q.abandoned = true;
-            while let Some(item) = q.items.pop_front() {
-                q.bytes -= K::size(&item);
-                self.shared.lost(
-                    &mut q,
-                    Some(&item),
-                    Some(Loss::NetworkError),
-                    "not sent before the shutdown timeout",
-                );
-            }
+            self.shared
+                .drop_queued(&mut q, "not sent before the shutdown timeout");
         }
         done
     }
@@ -246,17 +243,8 @@ fn run<K: Kind>(shared: &Shared<K>, settings: &ClientSettings) {
             );
             let mut q = shared.lock();
             q.closed = true;
-            while let Some(item) = q.items.pop_front() {
-                q.bytes -= K::size(&item);
-                shared.lost(
-                    &mut q,
-                    Some(&item),
-                    Some(Loss::NetworkError),
-                    "no sender thread",
-                );
-            }
-            drop(q);
-            shared.progress.notify_all();
+            shared.drop_queued(&mut q, "no sender thread");
+            shared.progressed(&q);
             return;
         }
     };
