@@ -180,10 +180,8 @@ where
         };
         ProfilingHttpFuture {
             inner: self.inner.call(req),
-            name: pending.name.clone(),
             pending: Some(pending),
             request: None,
-            tag_target: None,
             outer: None,
         }
     }
@@ -199,11 +197,6 @@ pin_project_lite::pin_project! {
         // The root span, hub and transaction, from the first poll until
         // the response is ready; then the response's body holds them.
         request: Option<RequestScope>,
-        // The transaction's name, which also names its lane.
-        name: String,
-        // The transaction to tag with the thread: ours, or one that was
-        // already on the scope (from `sentry-tower`).
-        tag_target: Option<TransactionOrSpan>,
         // A transaction that was already on the scope, which its owner
         // finishes when the response is ready.
         outer: Option<TransactionOrSpan>,
@@ -242,9 +235,9 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         if let Some(p) = this.pending.take() {
-            let request = start_request(p, this.tag_target);
+            let request = start_request(p);
             if request.transaction.is_none() {
-                this.outer.clone_from(this.tag_target);
+                this.outer.clone_from(&request.untagged);
             }
             *this.request = Some(request);
         }
@@ -257,33 +250,7 @@ where
                 .map_ok(|response| response.map(|body| ProfilingBody::new(body, None)));
         };
         let inner = this.inner;
-        let tag_target = this.tag_target;
-        let name = this.name.as_str();
-        let poll = request.poll(cx, |cx| {
-            // Tag the transaction with its lane (the root span's, which the
-            // layer has just made this thread's context word) once the root
-            // span has started the profiler, before the handler runs: a
-            // handler that panics never returns here.
-            // The tracing layer tagged the transaction when it entered the
-            // request's span; without the layer (or with the span's lane
-            // refused) it is tagged here, once.
-            if tag_target.as_ref().is_some_and(crate::layer::is_tagged) {
-                *tag_target = None;
-            }
-            if tag_target.is_some() {
-                if let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() {
-                    if let Some(target) = tag_target.take() {
-                        crate::layer::tag_with_thread(
-                            &target,
-                            &profiler_id,
-                            sentry_profiling::hooks::thread_context(),
-                            Some(name),
-                        );
-                    }
-                }
-            }
-            inner.poll(cx)
-        });
+        let poll = request.poll(cx, |cx| inner.poll(cx));
         let Poll::Ready(result) = poll else {
             return Poll::Pending;
         };
@@ -318,14 +285,16 @@ where
 }
 
 /// The first poll of a request: reuses the transaction on the scope, or
-/// starts one, and opens the request's root span. `tag_target` is set to
-/// the transaction to tag with the request's thread.
-fn start_request(p: Pending, tag_target: &mut Option<TransactionOrSpan>) -> RequestScope {
+/// starts one, and opens the request's root span.
+fn start_request(p: Pending) -> RequestScope {
     let parent = Hub::current();
     let hub = Arc::new(Hub::new_from_top(&parent));
     let existing = parent.configure_scope(|s| s.get_span());
+    // The transaction to tag with the request's thread: ours, or one that
+    // was already on the scope (from `sentry-tower`).
+    let mut untagged = None;
     if let Some(TransactionOrSpan::Transaction(tx)) = &existing {
-        *tag_target = Some(TransactionOrSpan::Transaction(tx.clone()));
+        untagged = Some(TransactionOrSpan::Transaction(tx.clone()));
     }
     let mut transaction = None;
     if existing.is_none() {
@@ -342,7 +311,7 @@ fn start_request(p: Pending, tag_target: &mut Option<TransactionOrSpan>) -> Requ
         tx.set_origin("auto.http.sentry_profiling");
         tx.set_request(p.request.clone());
         hub.configure_scope(|s| s.set_span(Some(tx.clone().into())));
-        *tag_target = Some(tx.clone().into());
+        untagged = Some(tx.clone().into());
         transaction = Some(tx);
     }
     // The root span is created under the request's hub, so that a
@@ -350,7 +319,7 @@ fn start_request(p: Pending, tag_target: &mut Option<TransactionOrSpan>) -> Requ
     // a second transaction. That child would only repeat the transaction:
     // it is marked `sentry_profiling.http_root`, and the integration's
     // transport removes it (its children become the transaction's).
-    if let Some(TransactionOrSpan::Transaction(tx)) = tag_target.as_ref() {
+    if let Some(TransactionOrSpan::Transaction(tx)) = untagged.as_ref() {
         crate::layer::offer_http_root_transaction(Some(tx.clone()));
     }
     let span = Hub::run(Arc::clone(&hub), || {
@@ -381,6 +350,9 @@ fn start_request(p: Pending, tag_target: &mut Option<TransactionOrSpan>) -> Requ
         hub,
         transaction,
         tracker,
+        untagged,
+        name: p.name,
+        lane: None,
     }
 }
 

@@ -245,6 +245,16 @@ pub(crate) fn tag_with_thread(
     }
 }
 
+/// Whether a transaction tagged with `lane` by [`tag_with_thread`] would
+/// carry just the lane and its name (lanes on, `lane` one, no transaction
+/// profiles), which the transport can as well write on it (see
+/// `sentry_profiling::hooks::finish_handed`).
+pub(crate) fn lane_is_handed(lane: u64) -> bool {
+    is_lane(lane)
+        && sentry_profiling::hooks::attribution() == Some(ThreadAttribution::Lanes)
+        && !sentry_profiling::hooks::transaction_profiling()
+}
+
 /// Whether a transaction or span already carries the thread its samples
 /// are filed under.
 pub(crate) fn is_tagged(span: &TransactionOrSpan) -> bool {
@@ -469,10 +479,13 @@ where
             running = sentry_profiling::hooks::running_profiler_id();
         }
         if let (Some(s), Some(profiler_id)) = (&sentry_span, running) {
-            // The span `http_layer()` opens under its transaction is removed
-            // before sending (it only repeats the transaction): tagging it
-            // would be wasted work on every request.
-            if !(http_root && matches!(s, TransactionOrSpan::Span(_))) {
+            // The span `http_layer()` opens: its transaction is tagged by
+            // the middleware, which hands its own transaction's lane to
+            // the transport rather than writing it (see
+            // `http::body::RequestScope::poll`); its Sentry span, if
+            // `sentry-tracing` made one, is removed before sending (it only
+            // repeats the transaction).
+            if !http_root {
                 tag_with_thread(s, &profiler_id, lane, lane_name);
             }
             // The root span is a child of a transaction that was already

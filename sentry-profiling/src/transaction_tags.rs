@@ -33,14 +33,20 @@ pub(crate) fn settle_lane(tx: &mut sentry_core::protocol::Transaction<'_>, min_l
     }
 }
 
-/// The lane a transaction is filed under (its `thread.id`, once
-/// [`settle_lane`] left it on a lane), and when the transaction began and
-/// ended (nanoseconds since the Unix epoch).
-pub(crate) fn lane_window(tx: &sentry_core::protocol::Transaction<'_>) -> Option<(u64, u64, u64)> {
-    let Some(Context::Trace(tc)) = tx.contexts.get("trace") else {
-        return None;
+/// The lane a transaction is filed under (`handed` with it, or else its
+/// `thread.id`, once [`settle_lane`] left it on a lane), and when the
+/// transaction began and ended (nanoseconds since the Unix epoch).
+pub(crate) fn lane_window(
+    tx: &sentry_core::protocol::Transaction<'_>,
+    handed: Option<u64>,
+) -> Option<(u64, u64, u64)> {
+    let lane = match handed {
+        Some(lane) => lane,
+        None => match tx.contexts.get("trace") {
+            Some(Context::Trace(tc)) => tc.data.get("thread.id")?.as_str()?.parse::<u64>().ok()?,
+            _ => return None,
+        },
     };
-    let lane = tc.data.get("thread.id")?.as_str()?.parse::<u64>().ok()?;
     let ns = |t: std::time::SystemTime| {
         let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
         u64::try_from(d.as_nanos()).ok()
@@ -165,29 +171,63 @@ impl PollTotals {
     }
 }
 
-thread_local! {
-    /// Totals handed to the transport with the transaction being finished
-    /// on this thread (see [`finish_with_totals`]).
-    static HANDED: std::cell::Cell<Option<PollTotals>> = const { std::cell::Cell::new(None) };
+/// What a request hands the transport with its transaction (see
+/// [`finish_handed`]).
+#[derive(Debug, Default)]
+pub struct Handover {
+    /// The request's poll totals.
+    pub totals: Option<PollTotals>,
+    /// The lane the transaction is filed under, when the transaction was
+    /// not tagged with it: the transport tags it.
+    pub lane: Option<HandedLane>,
 }
 
-/// Runs `finish` (a transaction's `finish`) with `totals` handed to the
+/// A lane handed with its transaction (see [`Handover`]).
+#[derive(Debug)]
+pub struct HandedLane {
+    /// The lane id, the transaction's `thread.id`.
+    pub id: u64,
+    /// The lane's name, the transaction's `thread.name`.
+    pub name: String,
+}
+
+thread_local! {
+    /// What is handed to the transport with the transaction being
+    /// finished on this thread (see [`finish_handed`]).
+    static HANDED: std::cell::Cell<Option<Handover>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `finish` (a transaction's `finish`) with `handed` given to the
 /// transport, which the SDK calls on this thread, within `finish`, if the
-/// transaction is sent. The transport writes them where they cost least:
-/// the crate's transaction sender as measurements, on its own thread;
-/// otherwise as the transaction's data, after the SDK has copied the
-/// transaction's trace context, so the keys are made once and not copied.
-pub fn finish_with_totals(totals: PollTotals, finish: impl FnOnce()) {
-    let _ = HANDED.try_with(|h| h.set(Some(totals)));
+/// transaction is sent. The transport writes it where it costs least: the
+/// crate's transaction sender on its own thread (the totals as
+/// measurements); any other transport on this thread, after the SDK has
+/// copied the transaction's trace context, so the keys are made once and
+/// not copied.
+pub fn finish_handed(handed: Handover, finish: impl FnOnce()) {
+    let _ = HANDED.try_with(|h| h.set(Some(handed)));
     finish();
     // Not sent (not sampled, or no client): nothing is left for the next.
     let _ = HANDED.try_with(|h| h.set(None));
 }
 
-/// The totals handed with the transaction being sent, if any (see
-/// [`finish_with_totals`]).
-pub(crate) fn take_handed_totals() -> Option<PollTotals> {
+/// What was handed with the transaction being sent, if anything (see
+/// [`finish_handed`]).
+pub(crate) fn take_handed() -> Option<Handover> {
     HANDED.try_with(std::cell::Cell::take).ok().flatten()
+}
+
+/// Tags a transaction with the lane handed with it, as the tracing layer
+/// tags the spans it sees.
+pub(crate) fn insert_lane(tx: &mut sentry_core::protocol::Transaction<'_>, lane: HandedLane) {
+    if let Some(Context::Trace(trace)) = tx.contexts.get_mut("trace") {
+        trace
+            .data
+            .insert("thread.id".into(), Value::String(lane.id.to_string()));
+        trace
+            .data
+            .insert("thread.name".into(), Value::String(lane.name));
+    }
 }
 
 /// Writes `totals` as data on every transaction of `tx`'s trace context.

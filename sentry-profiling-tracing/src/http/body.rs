@@ -15,6 +15,8 @@ use http_body::{Body, Frame, SizeHint};
 use sentry_core::protocol::SpanStatus;
 use sentry_core::{Hub, Transaction, TransactionOrSpan};
 
+use sentry_profiling::hooks::{HandedLane, Handover};
+
 use crate::poll::PollTracker;
 
 /// What a request holds from its first poll until its response body ends:
@@ -30,6 +32,16 @@ pub(super) struct RequestScope {
     /// When the request's polls were woken, and their totals (see
     /// `poll.rs`); `None` while no profiling session runs.
     pub(super) tracker: Option<PollTracker>,
+    /// The transaction still to be tagged with the thread its samples are
+    /// filed under (ours, or one reused from the scope); see
+    /// [`RequestScope::poll`].
+    pub(super) untagged: Option<TransactionOrSpan>,
+    /// The transaction's name, which also names its lane; taken when the
+    /// lane is handed over.
+    pub(super) name: String,
+    /// The lane handed to the transport with our transaction rather than
+    /// tagged on it.
+    pub(super) lane: Option<HandedLane>,
 }
 
 impl RequestScope {
@@ -37,19 +49,40 @@ impl RequestScope {
     /// span entered (which makes the request's lane this thread's context
     /// word), and is handed the context to poll with (whose waker notes
     /// when the request is woken).
+    ///
+    /// Until the transaction is tagged with the thread its samples are
+    /// filed under, each poll tries, once the profiler runs, with the root
+    /// span entered (its lane is this thread's context word by then) and
+    /// before `f`: a handler that panics in its first poll never returns
+    /// here, and its transaction is still linked. Our own transaction's
+    /// lane is not written on it but handed to the transport when it
+    /// finishes (see [`RequestScope::end`]); a reused transaction (which
+    /// its owner finishes), one on an OS thread, and one with a
+    /// transaction profile (V1) are tagged here.
     pub(super) fn poll<R>(
         &mut self,
         cx: &mut Context<'_>,
         f: impl FnOnce(&mut Context<'_>) -> R,
     ) -> R {
-        let (span, hub) = (&self.span, &self.hub);
+        let RequestScope {
+            span,
+            hub,
+            transaction,
+            tracker,
+            untagged,
+            name,
+            lane,
+        } = self;
         let run = |cx: &mut Context<'_>| {
             Hub::run(Arc::clone(hub), || {
                 let _entered = span.enter();
+                if untagged.is_some() {
+                    tag(untagged, transaction.is_some(), name, lane);
+                }
                 f(cx)
             })
         };
-        match &mut self.tracker {
+        match tracker {
             Some(tracker) => tracker.poll(cx, run),
             None => run(cx),
         }
@@ -73,16 +106,17 @@ impl RequestScope {
     /// the transaction before it is sent. Must not be called with the span
     /// entered.
     ///
-    /// The poll totals are handed to the transport with the transaction
-    /// (`hooks::finish_with_totals`) rather than written on it: the
-    /// crate's own transaction sender writes them as measurements on its
-    /// thread, and any other transport gets them as data added after the
-    /// SDK has copied the transaction's trace context.
+    /// The poll totals and the lane are handed to the transport with the
+    /// transaction (`hooks::finish_handed`) rather than written on it: the
+    /// crate's own transaction sender writes them on its thread (the
+    /// totals as measurements), and any other transport adds them after
+    /// the SDK has copied the transaction's trace context.
     pub(super) fn end(self, status: Option<SpanStatus>) {
         let RequestScope {
             span,
             transaction,
             tracker,
+            lane,
             ..
         } = self;
         drop(span);
@@ -90,13 +124,50 @@ impl RequestScope {
             if let Some(status) = status {
                 tx.set_status(status);
             }
-            let totals =
-                tracker.and_then(|t| t.totals().snapshot(sentry_profiling::hooks::wall_ns()));
-            match totals {
-                Some(totals) => sentry_profiling::hooks::finish_with_totals(totals, || tx.finish()),
-                None => tx.finish(),
+            let handover = Handover {
+                totals: tracker
+                    .and_then(|t| t.totals().snapshot(sentry_profiling::hooks::wall_ns())),
+                lane,
+            };
+            if handover.totals.is_none() && handover.lane.is_none() {
+                tx.finish();
+            } else {
+                sentry_profiling::hooks::finish_handed(handover, || tx.finish());
             }
         }
+    }
+}
+
+/// Tags `untagged` (see [`RequestScope::poll`]) once the profiler runs;
+/// `own`: it is the transaction this middleware started, named `name`,
+/// whose lane goes to `lane` instead.
+fn tag(
+    untagged: &mut Option<TransactionOrSpan>,
+    own: bool,
+    name: &mut String,
+    lane: &mut Option<HandedLane>,
+) {
+    // A reused transaction may have been tagged by the tracing layer
+    // already, through a span of its own (tower-http's `TraceLayer` inside
+    // `sentry-tower`).
+    if !own && untagged.as_ref().is_some_and(crate::layer::is_tagged) {
+        *untagged = None;
+        return;
+    }
+    let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() else {
+        return;
+    };
+    let Some(target) = untagged.take() else {
+        return;
+    };
+    let word = sentry_profiling::hooks::thread_context();
+    if own && crate::layer::lane_is_handed(word) {
+        *lane = Some(HandedLane {
+            id: word,
+            name: std::mem::take(name),
+        });
+    } else {
+        crate::layer::tag_with_thread(&target, &profiler_id, word, Some(name));
     }
 }
 

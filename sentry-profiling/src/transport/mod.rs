@@ -19,10 +19,11 @@ use crate::session::Session;
 use crate::session::sink::{ChunkSink, Handed};
 use crate::transaction_profile::Intercepted;
 
-pub use crate::transaction_tags::{OS_THREAD_ID, OS_THREAD_NAME};
 use crate::transaction_tags::{
-    PollTotals, insert_totals_data, lane_window, profile_context, settle_lane, take_handed_totals,
+    HandedLane, Handover, PollTotals, insert_lane, insert_totals_data, lane_window,
+    profile_context, settle_lane, take_handed,
 };
+pub use crate::transaction_tags::{OS_THREAD_ID, OS_THREAD_NAME};
 pub use envelope_dir::EnvelopeDirTransport;
 
 /// The session's sink for chunks: the crate's chunk sender when there is
@@ -231,24 +232,29 @@ impl ProfilingTransport {
 
 impl Transport for ProfilingTransport {
     fn send_envelope(&self, envelope: Envelope) {
+        // What was handed with the transaction being finished on this
+        // thread (`sentry-profiling-tracing`'s requests): its poll totals,
+        // and its lane when it is not tagged with it.
         let carries = carries_transaction(&envelope);
-        // The poll totals handed with the transaction being finished on
-        // this thread (`sentry-profiling-tracing`'s requests).
-        let totals = carries.then(take_handed_totals).flatten();
+        let Handover { totals, lane } = carries.then(take_handed).flatten().unwrap_or_default();
         if crate::sys::in_forked_child() {
             // No profiler runs in a forked child: nothing to link or attach.
-            let envelope = match totals {
-                Some(t) => map_transactions(envelope, |tx| insert_totals_data(tx, &t)),
-                None => envelope,
+            let link = Link {
+                totals,
+                ..Link::default()
             };
-            self.inner.send_envelope(envelope);
+            self.inner.send_envelope(link.apply(envelope));
             return;
         }
         if self.runtime.v1().is_some() {
             // Transaction-based profiling: the profiler thread attaches the
-            // profile and sends the envelope on.
-            let envelope = drop_http_root_spans(envelope, totals.as_ref());
-            let unprofiled = match crate::transaction_profile::intercept(envelope) {
+            // profile and sends the envelope on. (No lane is handed: the
+            // tracing layer tags these transactions itself.)
+            let link = Link {
+                totals,
+                ..Link::default()
+            };
+            let unprofiled = match crate::transaction_profile::intercept(link.apply(envelope)) {
                 Intercepted::Profile(p) => self.runtime.v1_enqueue(Box::new(p)),
                 Intercepted::Pass(envelope) => Some(envelope),
             };
@@ -265,23 +271,35 @@ impl Transport for ProfilingTransport {
             .filter(|_| carries);
         #[cfg(not(feature = "http"))]
         let sender: Option<()> = None;
-        // The crate's transaction sender writes the totals as measurements,
-        // on its own thread; anywhere else they become data. The two
-        // long-poll keys are data only.
-        let as_data = totals.filter(|t| sender.is_none() || t.long_polls > 0);
-        let envelope = match self.runtime.profiler_id() {
-            Some(id) => {
+        let profiler_id = carries.then(|| self.runtime.shared_profiler_id()).flatten();
+        if profiler_id.is_some() {
+            if lane.is_none() {
                 self.warn_if_unprofiled(&envelope);
-                link_transactions(envelope, id, as_data.as_ref())
             }
-            None => drop_http_root_spans(envelope, as_data.as_ref()),
+            // Here, on the thread that finished the transaction, while the
+            // lane's samples are still being taken: the profiler thread
+            // must know the window before the lane's chunk is written.
+            report_lane_windows(&envelope, lane.as_ref().map(|l| l.id));
+        }
+        let link = Link {
+            profiler_id,
+            lane,
+            // The crate's transaction sender writes the totals as
+            // measurements; anywhere else they become data. The two
+            // long-poll keys are data only.
+            totals: totals.filter(|t| sender.is_none() || t.long_polls > 0),
         };
         #[cfg(feature = "http")]
         if let Some(sender) = sender {
-            sender.submit(http::Outgoing { envelope, totals });
+            // Linked on the sender's thread, as it writes the transaction.
+            sender.submit(http::Outgoing {
+                envelope,
+                totals,
+                link,
+            });
             return;
         }
-        self.inner.send_envelope(envelope);
+        self.inner.send_envelope(link.apply(envelope));
     }
 
     fn flush(&self, timeout: Duration) -> bool {
@@ -320,31 +338,76 @@ impl Transport for ProfilingTransport {
 /// that marks the root span `http_layer()` opens for a request. That span
 /// exists for the profiler (it gives the request its lane and drives the
 /// trace lifecycle); as a Sentry span it would only repeat the transaction,
-/// so the transport removes it (see [`drop_http_root_spans`]).
+/// so the transport removes it (see [`Link::apply`]).
 pub(crate) const HTTP_ROOT_SPAN_MARK: &str = "sentry_profiling.http_root";
 
-/// Removes the spans marked [`HTTP_ROOT_SPAN_MARK`] from every transaction
-/// in `envelope`, attaching their children to the transaction itself, and
-/// writes `totals`, if any, as data on them (see [`unlink`]): the envelope
-/// is rebuilt once for both, and passes unchanged when there is neither.
-pub(crate) fn drop_http_root_spans(envelope: Envelope, totals: Option<&PollTotals>) -> Envelope {
-    let any = totals.is_some()
-        || envelope
-            .items()
-            .any(|i| matches!(i, EnvelopeItem::Transaction(t) if has_http_root_span(t)));
-    if !any {
-        return envelope;
-    }
-    map_transactions(envelope, |tx| unlink(tx, totals))
+/// What becomes of a transaction's envelope before it leaves: on the
+/// application's thread that finished it, or, with the crate's transaction
+/// sender, on the sender's thread (see [`Link::apply`]).
+#[derive(Debug, Default)]
+pub(crate) struct Link {
+    /// The session's profiler id, while it profiles: profiled transactions
+    /// get it as their `profile` context.
+    pub(crate) profiler_id: Option<Arc<str>>,
+    /// The lane handed with the transaction, which it is tagged with.
+    pub(crate) lane: Option<HandedLane>,
+    /// Poll totals to write as the transaction's data.
+    pub(crate) totals: Option<PollTotals>,
 }
 
-/// What every transaction gets, linked or not: the poll totals handed
-/// with it as data (if any), and its marked spans removed.
-fn unlink(tx: &mut sentry_core::protocol::Transaction<'_>, totals: Option<&PollTotals>) {
-    if let Some(totals) = totals {
-        insert_totals_data(tx, totals);
+impl Link {
+    /// `envelope`'s transactions tagged with the handed lane (if any),
+    /// with the handed totals as data, without the spans marked
+    /// [`HTTP_ROOT_SPAN_MARK`] (their children attached to the transaction
+    /// itself), and, when profiled (tagged with a `thread.id` by the
+    /// tracing layer, or a lane handed), with their thread tags settled and
+    /// `contexts.profile.profiler_id` added. The envelope is taken apart
+    /// and rebuilt once for all of it, and passes unchanged when there is
+    /// nothing to do.
+    ///
+    /// The transactions stay typed `EnvelopeItem::Transaction`s: the
+    /// client's transport (the SDK's, or the application's own) sees them
+    /// as transactions, so its rate limiter applies the `transaction`
+    /// category to them and counts what it drops in the SDK's client
+    /// reports. Nothing is serialised here (see
+    /// [`crate::transaction_tags::profile_context`] for how the context
+    /// keeps its type without that).
+    ///
+    /// Transactions keep their lane however short they are: the profiler
+    /// thread gives every finished lane at least two samples (Sentry drops
+    /// a thread with one), so only the OS-thread keys are removed here (see
+    /// [`OS_THREAD_ID`]).
+    pub(crate) fn apply(self, envelope: Envelope) -> Envelope {
+        let Link {
+            profiler_id,
+            mut lane,
+            totals,
+        } = self;
+        let work = lane.is_some()
+            || totals.is_some()
+            || envelope.items().any(|i| {
+                matches!(i, EnvelopeItem::Transaction(t)
+                    if has_http_root_span(t) || (profiler_id.is_some() && is_profiled(t)))
+            });
+        if !work {
+            return envelope;
+        }
+        map_transactions(envelope, |tx| {
+            if let Some(lane) = lane.take() {
+                insert_lane(tx, lane);
+            }
+            if let Some(totals) = &totals {
+                insert_totals_data(tx, totals);
+            }
+            remove_http_root_spans(tx);
+            let Some(id) = profiler_id.as_deref().filter(|_| is_profiled(tx)) else {
+                return;
+            };
+            settle_lane(tx, Duration::ZERO);
+            tx.contexts
+                .insert("profile".into(), profile_context("profiler_id", id));
+        })
     }
-    remove_http_root_spans(tx);
 }
 
 /// `envelope` with `f` applied to each of its transactions.
@@ -380,7 +443,7 @@ fn has_http_root_span(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
 }
 
 /// Removes a transaction's spans marked [`HTTP_ROOT_SPAN_MARK`], attaching
-/// their children to the transaction itself (see [`drop_http_root_spans`]).
+/// their children to the transaction itself (see [`Link::apply`]).
 fn remove_http_root_spans(tx: &mut sentry_core::protocol::Transaction<'_>) {
     let removed: Vec<_> = tx
         .spans
@@ -414,53 +477,22 @@ fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
     matches!(tx.contexts.get("trace"), Some(Context::Trace(t)) if t.data.contains_key("thread.id"))
 }
 
-/// Adds `contexts.profile.profiler_id` to profiled transactions, settles
-/// their thread tags and reports their windows to their lanes; and, as
-/// [`drop_http_root_spans`] does, removes the spans marked
-/// [`HTTP_ROOT_SPAN_MARK`]: the envelope is taken apart and rebuilt once
-/// for both, on the application's thread that finished the transaction.
-///
-/// The transactions stay typed `EnvelopeItem::Transaction`s: the client's
-/// transport (the SDK's, or the application's own) sees them as
-/// transactions, so its rate limiter applies the `transaction` category to
-/// them and counts what it drops in the SDK's client reports. Nothing is
-/// serialised here, on the application's thread (see
-/// [`crate::transaction_tags::profile_context`] for how the context keeps
-/// its type without that).
-///
-/// Transactions keep their lane however short they are: the profiler
-/// thread gives every finished lane at least two samples (Sentry drops a
-/// thread with one), so only the OS-thread keys are removed here (see
-/// [`OS_THREAD_ID`]).
-pub(crate) fn link_transactions(
-    envelope: Envelope,
-    profiler_id: &str,
-    totals: Option<&PollTotals>,
-) -> Envelope {
-    let profiled = envelope.items().any(
-        |i| matches!(i, EnvelopeItem::Transaction(t) if is_profiled(t) || has_http_root_span(t)),
-    );
-    if !profiled {
-        return drop_http_root_spans(envelope, totals);
+/// Tells the profiler thread the window of each profiled transaction in
+/// `envelope` (its lane `handed` with it, or the lane it is tagged with):
+/// the transaction may begin before its lane and end after it (on a busy
+/// machine, many milliseconds), and Sentry shows the lane over the
+/// transaction's whole window.
+fn report_lane_windows(envelope: &Envelope, handed: Option<u64>) {
+    let Some(session) = crate::session::current() else {
+        return;
+    };
+    for item in envelope.items() {
+        if let EnvelopeItem::Transaction(tx) = item {
+            if let Some((lane, start_ns, end_ns)) = lane_window(tx, handed) {
+                session.lane_transaction(lane, start_ns, end_ns);
+            }
+        }
     }
-    let session = crate::session::current();
-    map_transactions(envelope, |tx| {
-        unlink(tx, totals);
-        if !is_profiled(tx) {
-            return;
-        }
-        settle_lane(tx, Duration::ZERO);
-        // The transaction may begin before its lane and end after it (on a
-        // busy machine, many milliseconds): Sentry shows the lane over the
-        // transaction's whole window.
-        if let (Some(session), Some((lane, start_ns, end_ns))) = (&session, lane_window(tx)) {
-            session.lane_transaction(lane, start_ns, end_ns);
-        }
-        tx.contexts.insert(
-            "profile".into(),
-            profile_context("profiler_id", profiler_id),
-        );
-    })
 }
 
 #[cfg(test)]
@@ -528,7 +560,7 @@ mod tests {
                 span(grandchild, child, false),
             ],
         );
-        let spans = span_links(&drop_http_root_spans(envelope, None));
+        let spans = span_links(&Link::default().apply(envelope));
         assert_eq!(spans, vec![(child, Some(root)), (grandchild, Some(child))]);
     }
 
@@ -540,7 +572,11 @@ mod tests {
             &[("thread.id", "1000000007")],
             vec![span(marked, root, true), span(child, marked, false)],
         );
-        let out = link_transactions(envelope, "0123456789abcdef0123456789abcdef", None);
+        let out = Link {
+            profiler_id: Some("0123456789abcdef0123456789abcdef".into()),
+            ..Link::default()
+        }
+        .apply(envelope);
         let spans = span_links(&out);
         let Some(EnvelopeItem::Transaction(tx)) = out.items().next() else {
             panic!("the transaction is kept");
@@ -551,6 +587,51 @@ mod tests {
         );
     }
 
+    /// A transaction whose lane was handed with it (not tagged on it) is
+    /// tagged with it and linked; with no profiler running it is tagged but
+    /// not linked.
+    #[test]
+    fn a_handed_lane_tags_and_links_the_transaction() {
+        let lane = || {
+            Some(HandedLane {
+                id: 1_000_000_042,
+                name: "GET /users/{id}".into(),
+            })
+        };
+        let thread = |out: &Envelope| {
+            let Some(EnvelopeItem::Transaction(tx)) = out.items().next() else {
+                panic!("the transaction is kept");
+            };
+            let Some(Context::Trace(trace)) = tx.contexts.get("trace") else {
+                panic!("the trace context is kept");
+            };
+            let linked = matches!(tx.contexts.get("profile"),
+                Some(Context::Other(m)) if m.get("profiler_id") == Some(&Value::from("0123456789abcdef0123456789abcdef")));
+            (
+                trace.data.get("thread.id").cloned(),
+                trace.data.get("thread.name").cloned(),
+                linked,
+            )
+        };
+        let linked = Link {
+            profiler_id: Some("0123456789abcdef0123456789abcdef".into()),
+            lane: lane(),
+            totals: None,
+        }
+        .apply(envelope_of(SpanId::default(), &[], vec![]));
+        let tagged = (
+            Some(Value::from("1000000042")),
+            Some(Value::from("GET /users/{id}")),
+        );
+        assert_eq!(thread(&linked), (tagged.0.clone(), tagged.1.clone(), true));
+        let unlinked = Link {
+            lane: lane(),
+            ..Link::default()
+        }
+        .apply(envelope_of(SpanId::default(), &[], vec![]));
+        assert_eq!(thread(&unlinked), (tagged.0, tagged.1, false));
+    }
+
     #[test]
     fn envelopes_without_the_mark_pass_unchanged() {
         let tx = Transaction {
@@ -559,7 +640,7 @@ mod tests {
         };
         let mut envelope = Envelope::new();
         envelope.add_item(tx.clone());
-        let out = drop_http_root_spans(envelope, None);
+        let out = Link::default().apply(envelope);
         assert!(
             matches!(out.items().next(), Some(EnvelopeItem::Transaction(t)) if t.spans == tx.spans)
         );

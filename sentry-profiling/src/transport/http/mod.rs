@@ -169,9 +169,11 @@ impl Kind for Chunks {
         item.len()
     }
 
-    fn body(&self, item: &Vec<u8>, unreported: &[u64; 4]) -> Option<Vec<u8>> {
+    fn body(&self, item: &mut Vec<u8>, unreported: &[u64; 4]) -> Option<Vec<u8>> {
+        // A chunk lost on the way is only counted: its bytes are not
+        // needed again.
         Some(sender::with_report(
-            item.clone(),
+            std::mem::take(item),
             Self::CATEGORY,
             unreported,
         ))
@@ -201,15 +203,17 @@ impl Kind for Chunks {
     }
 }
 
-/// A transaction's envelope, as the SDK made it (and the transport linked
-/// it), with the poll totals handed with it.
+/// A transaction's envelope, as the SDK made it, with the poll totals
+/// handed with it and what the transport still has to do to it.
 pub(crate) struct Outgoing {
     pub(crate) envelope: Envelope,
     pub(crate) totals: Option<crate::transaction_tags::PollTotals>,
+    pub(crate) link: super::Link,
 }
 
-/// Transactions: serialised on the sender thread, with their poll totals
-/// as measurements (see [`crate::transaction_tags::envelope_bytes`]).
+/// Transactions: linked (see [`super::Link::apply`]) and serialised on the
+/// sender thread, with their poll totals as measurements (see
+/// [`crate::transaction_tags::envelope_bytes`]).
 pub(crate) struct Transactions {
     recorder: Recorder,
     /// Transactions not delivered, for the log.
@@ -228,7 +232,9 @@ impl Kind for Transactions {
         0
     }
 
-    fn body(&self, item: &Outgoing, _: &[u64; 4]) -> Option<Vec<u8>> {
+    fn body(&self, item: &mut Outgoing, _: &[u64; 4]) -> Option<Vec<u8>> {
+        let envelope = std::mem::replace(&mut item.envelope, Envelope::new());
+        item.envelope = std::mem::take(&mut item.link).apply(envelope);
         match crate::transaction_tags::envelope_bytes(&item.envelope, item.totals.as_ref()) {
             Ok(bytes) => Some(bytes),
             Err(e) => {

@@ -28,7 +28,9 @@ pub(crate) trait Kind: Send + Sync + 'static {
     fn size(item: &Self::Item) -> usize;
     /// The request body for `item`, with a client report of `unreported`
     /// losses (indexed like [`Loss::ALL`]) when the kind reports its own.
-    fn body(&self, item: &Self::Item, unreported: &[u64; 4]) -> Option<Vec<u8>>;
+    /// What it leaves of `item` is what [`Kind::lost`] sees if the request
+    /// fails.
+    fn body(&self, item: &mut Self::Item, unreported: &[u64; 4]) -> Option<Vec<u8>>;
     /// The body to send instead while the category is rate limited: what
     /// of `item` the limit does not stop, if anything.
     fn body_while_limited(&self, item: &Self::Item) -> Option<Vec<u8>>;
@@ -278,7 +280,7 @@ async fn serve<K: Kind>(
         // the lock callers queue under.
         drop(done.take());
         let Some(Next {
-            item,
+            mut item,
             limited,
             reported,
         }) = next
@@ -287,7 +289,7 @@ async fn serve<K: Kind>(
         };
         let body = match limited {
             Some(_) => shared.kind.body_while_limited(&item),
-            None => shared.kind.body(&item, &reported),
+            None => shared.kind.body(&mut item, &reported),
         };
         let outcome = match (http, body) {
             (_, None) => Outcome::Skipped,
