@@ -20,10 +20,13 @@
 //! a Sentry child span (`http.request`) repeating the transaction, so it is
 //! marked and the integration's transport leaves it out.
 //!
-//! The transaction is tagged with its lane before the handler first runs,
-//! so a handler that panics in its first poll (with no catch-panic layer,
-//! the server drops the request's future as the panic unwinds) still sends
-//! a transaction, with status `internal_error`, linked to its samples.
+//! The transaction's lane is settled before the handler first runs, so a
+//! handler that panics in its first poll (with no catch-panic layer, the
+//! server drops the request's future as the panic unwinds) still sends a
+//! transaction, with status `internal_error`, linked to its samples. The
+//! lane of the transaction this middleware started is not written on it:
+//! it is handed to the integration's transport with the transaction, which
+//! tags it there (see `RequestScope::poll`).
 //!
 //! The request ends with its response body, not with the handler: the
 //! response's body is wrapped in a [`ProfilingBody`], polled inside the
