@@ -9,8 +9,12 @@
 //! one mode: profiling off (session rate 0), on (Trace lifecycle, 101 Hz),
 //! or pprof-rs (100 Hz); modes alternate within every round. CPU comes from
 //! the kernel's accounting of every thread of the service
-//! (`/proc/<pid>/task/*/stat`), grouped as Tokio workers, the SDK's
-//! transport threads, and the profiler's own threads.
+//! (`/proc/<pid>/task/*/stat`), grouped as Tokio workers, the transport
+//! threads (the SDK's and the crate's transaction sender), and the
+//! profiler's own threads. A round's CPU is read once the sink has received
+//! every transaction of the round (the twin queues them rather than
+//! dropping them while its sender falls behind): every mode pays for
+//! delivering the same transactions, and a round with one missing fails.
 //!
 //! Reported: the median over rounds with a 95 % confidence interval of the
 //! median (bootstrap over rounds); the difference on − off per round, paired;
@@ -196,13 +200,57 @@ fn load(
     }
 }
 
+/// Transactions the sink has received so far.
+fn sink_transactions() -> Result<u64, String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", SINK_PORT))
+        .map_err(|e| format!("cannot reach the sink: {e}"))?;
+    s.write_all(b"GET /count HTTP/1.1\r\nHost: sink\r\nConnection: close\r\n\r\n")
+        .map_err(|e| format!("cannot ask the sink: {e}"))?;
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)
+        .map_err(|e| format!("no answer from the sink: {e}"))?;
+    // `<envelopes> <transactions> <chunks> <bytes>` after the headers.
+    answer
+        .split("\r\n\r\n")
+        .nth(1)
+        .and_then(|body| body.split_whitespace().nth(1)?.parse().ok())
+        .ok_or_else(|| format!("unexpected answer from the sink: {answer:?}"))
+}
+
+/// Waits until the sink has received `count` transactions: the service's
+/// transport may still be sending them after the load ends, and its CPU
+/// for that belongs to the round. An error if they do not all arrive.
+fn wait_for_transactions(count: u64) -> Result<(), String> {
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let got = sink_transactions()?;
+        if got >= count {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            return Err(format!(
+                "the sink received {got} transactions of {count}: the service dropped some"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One round: a warm-up, then `requests` requests measured, from before
+/// their load until the sink has received every one of their transactions.
 fn run_round(mode: Mode, path: &str, requests: u64, rate: Option<u32>) -> Result<Round, String> {
     let service = start_service(mode)?;
     let pid = service.0.id();
+    let sent_before = sink_transactions()?;
     // Warm up: connections, allocator, the sampler's module list.
-    load(path, (requests / 10).max(50), CONNECTIONS, rate)?;
+    let warm_up = (requests / 10).max(50);
+    load(path, warm_up, CONNECTIONS, rate)?;
+    wait_for_transactions(sent_before + warm_up)?;
     let (t0, p0) = (thread_ns(pid), process_ns(pid));
     let (n, secs, p99) = load(path, requests, CONNECTIONS, rate)?;
+    wait_for_transactions(sent_before + warm_up + requests)?;
     let (t1, p1) = (thread_ns(pid), process_ns(pid));
     stop_service(service);
     let us = |ns: u64| ns as f64 / 1e3 / n;
