@@ -7,7 +7,29 @@
 
 use std::sync::Arc;
 
-use super::ledger::AtTick;
+/// Where a thread stood at a fill's tick, as far as its published context
+/// word tells (see `crate::context`).
+#[derive(Debug, Clone)]
+pub(super) enum AtTick {
+    /// It publishes no context word: the fill gets what the thread's
+    /// captures tell.
+    Unknown,
+    /// It was inside no request, or that is not known any more (a tick
+    /// so late that the thread's history of words does not reach back to
+    /// the fill's moment): the fill is filed under no request.
+    Outside,
+    /// It was inside the request of this context word, the same one as its
+    /// latest capture, whose stack it stands in: running it, preempted in
+    /// it (a CPU-time timer does not fire while a thread waits for a core),
+    /// or blocked inside it. The fill belongs to that request.
+    In(Arc<[u64]>, u64),
+    /// Inside the request of this context word, not captured in it at the
+    /// tick: recorded with the request's latest stack if one is known by
+    /// then, or else with the thread's latest stack if that was captured in
+    /// a request (request-handling code), otherwise as
+    /// [`AtTick::Outside`].
+    InRequest(u64),
+}
 
 /// What the sampler knows of a thread when it decides where a fill stands.
 #[derive(Debug, Default)]
