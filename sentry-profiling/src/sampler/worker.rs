@@ -149,11 +149,11 @@ impl Worker {
                 continue;
             }
             let cpu_before = sys::own_cpu_time_ns();
-            let periods = self.tick(deadline);
+            let (periods, passed) = self.tick(deadline);
             let c = &self.shared.counters;
             c.tick_cpu_ns
                 .add(sys::own_cpu_time_ns().saturating_sub(cpu_before));
-            deadline += self.period;
+            deadline += self.period * (1 + passed);
             if self.note_idle(periods) {
                 // Nothing of the application ran for a few ticks (every
                 // thread waits): sleep until a thread runs a period of CPU
@@ -227,21 +227,29 @@ impl Worker {
         self.idle_ticks >= IDLE_TICKS_BEFORE_DOZING
     }
 
-    /// One tick, due at `deadline`; returns how many periods it stood for.
-    fn tick(&mut self, deadline: Instant) -> u32 {
+    /// One tick, due at `deadline`; returns how many periods it stood for,
+    /// and how many whole periods after `deadline` it ran (the deadlines
+    /// it stood for too).
+    fn tick(&mut self, deadline: Instant) -> (u32, u32) {
         let shared = Arc::clone(&self.shared);
         let c = &shared.counters;
         c.ticks.add(1);
-        let periods = 1 + std::mem::take(&mut self.owed);
-        self.tick_no += u64::from(periods);
         let (ts, now) = clocks_now();
         // The slots are the deadlines, one period apart, however late the
-        // tick runs (see `ledger`).
-        let late = now.saturating_duration_since(deadline).as_nanos() as u64;
+        // tick runs, up to the latest passed (see `ledger::tick_span`).
+        let (periods, passed, slot_end) = ledger::tick_span(
+            std::mem::take(&mut self.owed),
+            now.saturating_duration_since(deadline).as_nanos() as u64,
+            self.period.as_nanos() as u64,
+            ts,
+            MAX_CATCH_UP + 1,
+        );
+        c.ticks_skipped.add(u64::from(passed));
+        self.tick_no += u64::from(periods);
         let tick = Tick {
             periods,
             ts,
-            slot_end: ts.saturating_sub(late),
+            slot_end,
             now,
         };
         self.unwinder.refresh_modules();
@@ -258,7 +266,7 @@ impl Worker {
             self.threads.refresh(&own_threads(), c);
         }
         self.threads.remove_gone();
-        periods
+        (periods, passed)
     }
 
     /// One thread's part of a tick that stands for `periods` sampling
