@@ -3,8 +3,8 @@
 //!
 //! The sampler's ticks cut wall time into period slots, one per tick at
 //! the tick's deadline (a late tick stands for the slots it missed, one
-//! period apart back from its own). Every slot of a live thread gets at
-//! least one sample:
+//! period apart back from the latest deadline passed when it runs: see
+//! [`tick_span`]). Every slot of a live thread gets at least one sample:
 //!
 //! - a sample of running code (a timer capture, or a stand-in for a period
 //!   the kernel counted without a capture) takes the free slot nearest to

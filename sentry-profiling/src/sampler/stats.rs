@@ -42,8 +42,8 @@ counters! {
     /// Ticks run.
     ticks,
     /// Ticks the sampler thread could not run on time (a tick overran its
-    /// period, or the thread was not given a core); the next tick records
-    /// every thread's samples for them (up to 100 periods).
+    /// period, or the thread was not given a core); the tick that runs
+    /// next records every thread's samples for them (up to 100 periods).
     ticks_skipped,
     /// Signals sent to threads by the sampler thread (timer signals are not
     /// counted here).
