@@ -170,6 +170,25 @@ pub struct Accuracy {
     pub min_recall: f64,
     /// Samples the sampler took that appear in the chunks.
     pub samples: usize,
+    /// The request of the worst precision: what it was shown that is not
+    /// its own, and where its own samples went.
+    pub worst: String,
+}
+
+impl std::fmt::Display for Accuracy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?}: {} requests, precision {:.3} (worst {:.3}), recall {:.3} (worst {:.3}), {} samples",
+            self.mode,
+            self.requests,
+            self.precision,
+            self.min_precision,
+            self.recall,
+            self.min_recall,
+            self.samples
+        )
+    }
 }
 
 fn trace_id(id: u64) -> String {
@@ -375,6 +394,7 @@ fn score(
         .collect();
     let mut precisions = Vec::new();
     let mut recalls = Vec::new();
+    let mut worst: Option<(f64, String)> = None;
     for (&id, (thread, start, end)) in &tx_by_id {
         let own = owner.iter().filter(|o| **o == Some(id)).count();
         if own < 3 {
@@ -392,35 +412,42 @@ fn score(
             hits as f64 / shown.len() as f64
         });
         recalls.push(hits as f64 / own as f64);
-        // `ATTRIBUTION_DEBUG=1` lists, per request, the samples shown that
-        // are not its own and its own samples shown elsewhere.
+        // What went wrong for this request: the samples shown that are
+        // not its own, and its own samples shown elsewhere. Kept for the
+        // worst request (a failing check prints it); `ATTRIBUTION_DEBUG=1`
+        // prints it for every request.
+        let mut detail = format!(
+            "{mode:?} req {id} thread {thread} [{start:.3},{end:.3}]: {} shown, {hits} its own, {own} own in all",
+            shown.len()
+        );
+        for &i in &shown {
+            if owner[i] != Some(id) {
+                detail.push_str(&format!(
+                    "\n  foreign: ts {:.3} work {} polled_any {} stack {}",
+                    samples[i].ts,
+                    samples[i].work,
+                    polled_at(id, None, samples[i].ts),
+                    samples[i].names
+                ));
+            }
+        }
+        for (i, o) in owner.iter().enumerate() {
+            if *o == Some(id) && !shown.contains(&i) {
+                detail.push_str(&format!(
+                    "\n  missed: thread {} ts {:.3} in_window {} stack {}",
+                    samples[i].thread,
+                    samples[i].ts,
+                    samples[i].ts >= *start && samples[i].ts <= *end,
+                    samples[i].names
+                ));
+            }
+        }
         if std::env::var_os("ATTRIBUTION_DEBUG").is_some() {
-            eprintln!(
-                "{mode:?} req {id} thread {thread} [{start:.3},{end:.3}]: {} shown, {hits} its own, {own} own in all",
-                shown.len()
-            );
-            for &i in &shown {
-                if owner[i] != Some(id) {
-                    eprintln!(
-                        "{mode:?} req {id} lane {thread} [{start:.3},{end:.3}] foreign: ts {:.3} work {} polled_any {} stack {}",
-                        samples[i].ts,
-                        samples[i].work,
-                        polled_at(id, None, samples[i].ts),
-                        samples[i].names
-                    );
-                }
-            }
-            for (i, o) in owner.iter().enumerate() {
-                if *o == Some(id) && !shown.contains(&i) {
-                    eprintln!(
-                        "{mode:?} req {id} lane {thread} [{start:.3},{end:.3}] missed: thread {} ts {:.3} in_window {} stack {}",
-                        samples[i].thread,
-                        samples[i].ts,
-                        samples[i].ts >= *start && samples[i].ts <= *end,
-                        samples[i].names
-                    );
-                }
-            }
+            eprintln!("{detail}");
+        }
+        let precision = precisions.last().copied().unwrap_or(1.0);
+        if worst.as_ref().is_none_or(|(p, _)| precision < *p) {
+            worst = Some((precision, detail));
         }
     }
     let mean = |v: &[f64]| {
@@ -439,5 +466,6 @@ fn score(
         min_precision: min(&precisions),
         min_recall: min(&recalls),
         samples: samples.len(),
+        worst: worst.map(|(_, d)| d).unwrap_or_default(),
     }
 }

@@ -18,21 +18,24 @@ use sentry_profiling::ThreadAttribution;
 use sentry_profiling_tests::attribution::{Accuracy, CpuHogs, measure};
 
 fn check(run: &str, lanes: &Accuracy, os: &Accuracy) -> Vec<String> {
-    eprintln!("{run}: lanes: {lanes:?}");
-    eprintln!("{run}: os threads: {os:?}");
+    eprintln!("{run}: lanes: {lanes}");
+    eprintln!("{run}: os threads: {os}");
     let mut failures = Vec::new();
     if lanes.requests < 10 {
         failures.push(format!("{run}: only {} requests scored", lanes.requests));
     }
     if lanes.precision < 0.99 {
-        failures.push(format!("{run}: lane precision {:.3}", lanes.precision));
+        failures.push(format!(
+            "{run}: lane precision {:.3}; the worst request: {}",
+            lanes.precision, lanes.worst
+        ));
     }
     if lanes.recall < 0.95 {
         failures.push(format!("{run}: lane recall {:.3}", lanes.recall));
     }
     if !(lanes.precision > os.precision && lanes.recall > os.recall) {
         failures.push(format!(
-            "{run}: lanes measure no better than OS threads: {lanes:?} vs {os:?}"
+            "{run}: lanes measure no better than OS threads: {lanes} vs {os}"
         ));
     }
     failures
