@@ -70,6 +70,15 @@ impl Harvested {
         };
         a.into_iter().chain(b)
     }
+
+    /// The time of the latest sample of running code it holds.
+    pub(super) fn latest_ns(&self) -> Option<u64> {
+        match self {
+            Self::Running(a) => Some(a.timestamp_ns()),
+            Self::Running2(a, b) => Some(a.timestamp_ns().max(b.timestamp_ns())),
+            _ => None,
+        }
+    }
 }
 
 /// Lets `t`'s held samples leave while they may (see `Ledger::drain`);

@@ -299,7 +299,14 @@ impl Worker {
         self.nudge(idx, c);
         let t = self.threads.get_mut(idx);
         let missed = t.slot.map_or(0, |s| s.take_missed());
-        let slots = ledger::slot_times(tick.periods, tick.slot_end, t.ledger.last_slot, period_ns);
+        let slots = ledger::thread_slots(
+            tick.periods,
+            tick.slot_end,
+            t.ledger.last_slot,
+            period_ns,
+            harvested.latest_ns(),
+            MAX_CATCH_UP,
+        );
         if let Some(&last) = slots.last() {
             t.ledger.last_slot = Some(last);
         }
