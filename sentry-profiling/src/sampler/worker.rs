@@ -68,8 +68,16 @@ pub(super) struct Worker {
     pub(super) owed: u32,
     /// Idle ticks in a row (see [`IDLE_APP_CPU_NS_PER_PERIOD`]).
     pub(super) idle_ticks: u32,
-    /// The application's CPU time at the last tick.
-    pub(super) app_cpu_ns: u64,
+    /// The application's CPU time at the last tick that read it (`None`:
+    /// not read at the last tick, see [`Worker::note_idle`]).
+    pub(super) app_cpu_ns: Option<u64>,
+    /// Whether this tick harvested a timer capture: an application thread
+    /// ran a period of CPU time.
+    pub(super) captured: bool,
+    /// The sampler thread's CPU time at the end of its last tick (`None`
+    /// after a pause): a tick's cost counts from there, its wake-up
+    /// included.
+    pub(super) cpu_mark: Option<u64>,
     /// The system calls the kernel refused (see `denied`).
     pub(super) denied: Denials,
 }
@@ -122,7 +130,9 @@ impl Worker {
             tick_no: 0,
             owed: 0,
             idle_ticks: 0,
-            app_cpu_ns: 0,
+            app_cpu_ns: None,
+            captured: false,
+            cpu_mark: None,
             denied: Denials::new(config.cpu_timers),
             config,
             tx,
@@ -138,6 +148,7 @@ impl Worker {
                 // sleep until resumed.
                 self.settle();
                 self.owed = 0;
+                self.cpu_mark = None;
                 while !self.shared.active.load(Ordering::Acquire)
                     && !self.shared.stop.load(Ordering::Acquire)
                 {
@@ -148,13 +159,14 @@ impl Worker {
                 deadline = Instant::now();
                 continue;
             }
-            let cpu_before = sys::own_cpu_time_ns();
+            let cpu_before = self.cpu_mark.unwrap_or_else(sys::own_cpu_time_ns);
             let (periods, passed) = self.tick(deadline);
+            let cpu_after = sys::own_cpu_time_ns();
+            self.cpu_mark = Some(cpu_after);
             let c = &self.shared.counters;
-            c.tick_cpu_ns
-                .add(sys::own_cpu_time_ns().saturating_sub(cpu_before));
+            c.tick_cpu_ns.add(cpu_after.saturating_sub(cpu_before));
             deadline += self.period * (1 + passed);
-            if self.note_idle(periods) {
+            if self.note_idle(periods, cpu_after) {
                 // Nothing of the application ran for a few ticks (every
                 // thread waits): sleep until a thread runs a period of CPU
                 // time (its timer's capture wakes this thread) or the doze
@@ -211,14 +223,27 @@ impl Worker {
     /// (the application used less than [`IDLE_APP_CPU_NS_PER_PERIOD`] per
     /// period since the tick before); returns whether the sampler should
     /// doze.
-    fn note_idle(&mut self, periods: u32) -> bool {
-        let own: u64 = own_threads()
-            .iter()
-            .filter_map(|&tid| sys::thread_cpu_time_ns(tid))
-            .sum();
-        let app = sys::process_cpu_time_ns().saturating_sub(own);
-        let used = app.saturating_sub(self.app_cpu_ns);
-        self.app_cpu_ns = app;
+    ///
+    /// The application's CPU time is the process's less this thread's
+    /// (`own_cpu_ns`, read at the end of the tick). The profiler's other
+    /// threads count as the application: they wake at most every few
+    /// periods while requests come and go, and never for long while the
+    /// sampler dozes, so they do not keep it awake; reading their clocks
+    /// too cost three system calls a tick. A tick that harvested a timer
+    /// capture was not idle (a thread ran a whole period of CPU time): no
+    /// clock is read then. The next tick that reads them counts as busy,
+    /// having nothing to compare with.
+    fn note_idle(&mut self, periods: u32, own_cpu_ns: u64) -> bool {
+        if std::mem::take(&mut self.captured) {
+            self.app_cpu_ns = None;
+            self.idle_ticks = 0;
+            return false;
+        }
+        let app = sys::process_cpu_time_ns().saturating_sub(own_cpu_ns);
+        let used = self
+            .app_cpu_ns
+            .map_or(u64::MAX, |before| app.saturating_sub(before));
+        self.app_cpu_ns = Some(app);
         if used < u64::from(periods) * IDLE_APP_CPU_NS_PER_PERIOD {
             self.idle_ticks = self.idle_ticks.saturating_add(1);
         } else {
@@ -366,6 +391,7 @@ impl Worker {
                 });
         }
         if !running.is_empty() {
+            self.captured = true;
             // Alive and running: what was held until the capture leaves with
             // what was known until then.
             flush(&self.tx, c, t, &self.requests, false);
