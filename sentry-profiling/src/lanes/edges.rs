@@ -124,7 +124,7 @@ impl Lanes {
         }
         let waiting = WaitingStacks::new();
         let mut added = 0;
-        for (&lane, info) in &self.lanes {
+        for (lane, info) in self.lanes.iter() {
             let lane_end = info.end_ns.unwrap_or(u64::MAX);
             let samples = own.get(&lane).map(Vec::as_slice).unwrap_or(&[]);
             let ends = |p: &Poll| p.end_ns.unwrap_or(lane_end).min(lane_end).max(p.start_ns);

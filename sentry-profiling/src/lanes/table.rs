@@ -144,7 +144,7 @@ impl Held {
 /// The lanes the profiler thread knows about.
 #[derive(Debug, Default)]
 pub(crate) struct Lanes {
-    pub(super) lanes: HashMap<u64, Lane>,
+    pub(super) lanes: super::lane_map::LaneMap,
     /// The poll each thread is in: its lane, and since when.
     pub(super) open: HashMap<u32, (u64, u64)>,
     /// Lanes whose end is known (still kept until the chunk holding their
@@ -264,19 +264,18 @@ impl Lanes {
         // poll it was in is not known: that poll is forgotten.
         let left = self.open.remove(&tid).filter(|_| from.is_some());
         let mut kept = true;
-        if let Some((lane, start_ns)) = left {
-            if let Some(l) = self.lanes.get_mut(&lane) {
-                if at_ns.saturating_sub(start_ns) >= min_poll_ns {
-                    if l.polls.len() < MAX_POLLS_PER_LANE {
-                        l.polls.push(Poll {
-                            tid,
-                            start_ns,
-                            end_ns: Some(at_ns),
-                        });
-                    } else {
-                        kept = false;
-                    }
-                }
+        if let Some((lane, start_ns)) = left
+            && at_ns.saturating_sub(start_ns) >= min_poll_ns
+            && let Some(l) = self.lanes.get_mut(&lane)
+        {
+            if l.polls.len() < MAX_POLLS_PER_LANE {
+                l.polls.push(Poll {
+                    tid,
+                    start_ns,
+                    end_ns: Some(at_ns),
+                });
+            } else {
+                kept = false;
             }
         }
         if let Some(l) = self.lanes.get_mut(&to) {
@@ -310,7 +309,7 @@ impl Lanes {
         };
         let now = super::now_ns();
         let mut long = LongPolls::default();
-        let finished = self.lanes.iter().flat_map(|(&lane, l)| {
+        let finished = self.lanes.iter().flat_map(|(lane, l)| {
             l.polls
                 .iter()
                 .filter_map(move |p| Some((lane, p.tid, p.start_ns, p.end_ns?)))
@@ -412,7 +411,7 @@ impl Lanes {
         let held = self.held_stretches(chunk);
         let open = self.open_polls();
         let stacks = WaitingStacks::new();
-        for (&lane, info) in &self.lanes {
+        for (lane, info) in self.lanes.iter() {
             if overlapping_only
                 && (info.end_ns.is_some_and(|e| e < from_ns) || info.start_ns > until_ns)
             {

@@ -1,0 +1,251 @@
+//! The lane table's storage: lanes by id, in a ring indexed by the id.
+//!
+//! Lane ids are handed out in sequence (see [`super::new_lane`]), so the
+//! lanes the profiler thread holds are mostly a run of consecutive ids: the
+//! requests of the last chunk or two. A ring indexed by `id - base` finds a
+//! lane without hashing, and a new request's lane lands next to the one
+//! before it, in memory the reader touched last (a hash table spreads
+//! requests over its whole table, and at thousands of requests a second
+//! every lane event missed the cache). Ids with no lane (root spans that
+//! were not sampled, or that were refused) leave empty places, eight bytes
+//! each. A lane left behind at the ring's start while the ids run on (a
+//! request open far longer than those after it), and any lane whose id
+//! falls before the ring, is kept in a hash table instead, so the ring
+//! stays at most about twice as long as the lanes it holds.
+
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
+
+use super::table::Lane;
+
+/// Empty places the ring may hold beyond twice its lanes before its oldest
+/// lanes move to the hash table.
+const SPARE: usize = 1024;
+
+#[derive(Debug, Default)]
+pub(super) struct LaneMap {
+    /// The id of the ring's first place.
+    base: u64,
+    ring: VecDeque<Option<Box<Lane>>>,
+    /// Lanes in the ring.
+    in_ring: usize,
+    /// Lanes outside it.
+    far: HashMap<u64, Lane>,
+}
+
+impl LaneMap {
+    pub(super) fn len(&self) -> usize {
+        self.in_ring + self.far.len()
+    }
+
+    /// The ring's place of `id`, if it has one.
+    fn place(&self, id: u64) -> Option<usize> {
+        let i = usize::try_from(id.checked_sub(self.base)?).ok()?;
+        (i < self.ring.len()).then_some(i)
+    }
+
+    pub(super) fn get(&self, id: &u64) -> Option<&Lane> {
+        match self.place(*id) {
+            Some(i) => self.ring[i].as_deref(),
+            None => self.far.get(id),
+        }
+    }
+
+    pub(super) fn get_mut(&mut self, id: &u64) -> Option<&mut Lane> {
+        match self.place(*id) {
+            Some(i) => self.ring[i].as_deref_mut(),
+            None => self.far.get_mut(id),
+        }
+    }
+
+    pub(super) fn contains_key(&self, id: &u64) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// Adds (or replaces) the lane of `id`.
+    pub(super) fn insert(&mut self, id: u64, lane: Lane) {
+        if let Some(i) = self.place(id) {
+            let slot = &mut self.ring[i];
+            self.in_ring += usize::from(slot.is_none());
+            *slot = Some(Box::new(lane));
+            return;
+        }
+        if id < self.base {
+            // The ring's start only moves on: its place was given up.
+            self.far.insert(id, lane);
+            return;
+        }
+        // Past the ring's end. Before it grows to reach `id`, its oldest
+        // places go while the span up to `id` would hold more than `SPARE`
+        // empty places beyond twice its lanes: their lanes move to `far`.
+        while let Some(front) = self.ring.front() {
+            let span = usize::try_from(id - self.base).map_or(usize::MAX, |d| d.saturating_add(1));
+            if span <= 2 * (self.in_ring + 1) + SPARE {
+                break;
+            }
+            if front.is_some()
+                && let Some(Some(lane)) = self.ring.pop_front()
+            {
+                self.in_ring -= 1;
+                self.far.insert(self.base, *lane);
+            } else {
+                self.ring.pop_front();
+            }
+            self.base += 1;
+        }
+        if self.ring.is_empty() {
+            self.base = id;
+        }
+        let i = (id - self.base) as usize;
+        self.ring.resize_with(i, || None);
+        self.ring.push_back(Some(Box::new(lane)));
+        self.in_ring += 1;
+    }
+
+    /// Every lane with its id (the ring's in id order, then the others).
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &Lane)> {
+        let base = self.base;
+        self.ring
+            .iter()
+            .enumerate()
+            .filter_map(move |(i, l)| Some((base + i as u64, l.as_deref()?)))
+            .chain(self.far.iter().map(|(&id, l)| (id, l)))
+    }
+
+    pub(super) fn values(&self) -> impl Iterator<Item = &Lane> {
+        self.iter().map(|(_, l)| l)
+    }
+
+    pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut Lane> {
+        self.ring
+            .iter_mut()
+            .filter_map(|l| l.as_deref_mut())
+            .chain(self.far.values_mut())
+    }
+
+    /// Keeps the lanes for which `keep` is true.
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(u64, &mut Lane) -> bool) {
+        for (i, slot) in self.ring.iter_mut().enumerate() {
+            if let Some(lane) = slot
+                && !keep(self.base + i as u64, lane)
+            {
+                *slot = None;
+                self.in_ring -= 1;
+            }
+        }
+        self.far.retain(|&id, lane| keep(id, lane));
+        while self.ring.front().is_some_and(Option::is_none) {
+            self.ring.pop_front();
+            self.base += 1;
+        }
+        while self.ring.back().is_some_and(Option::is_none) {
+            self.ring.pop_back();
+        }
+    }
+}
+
+impl std::ops::Index<&u64> for LaneMap {
+    type Output = Lane;
+
+    fn index(&self, id: &u64) -> &Lane {
+        self.get(id).expect("no lane of that id")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn lane(start_ns: u64) -> Lane {
+        Lane {
+            link: Arc::default(),
+            start_ns,
+            end_ns: None,
+            transaction_end_ns: 0,
+            polls: Vec::new(),
+            polls_known: false,
+            queued: Vec::new(),
+            wakes_known: false,
+        }
+    }
+
+    fn ids(map: &LaneMap) -> Vec<u64> {
+        let mut ids: Vec<u64> = map.iter().map(|(id, _)| id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn lanes_are_found_by_id_in_and_out_of_order() {
+        let mut map = LaneMap::default();
+        for id in [100, 101, 103, 102, 99, 150] {
+            map.insert(id, lane(id * 10));
+        }
+        assert_eq!(map.len(), 6);
+        assert_eq!(ids(&map), vec![99, 100, 101, 102, 103, 150]);
+        for id in [99, 100, 101, 102, 103, 150] {
+            assert_eq!(map.get(&id).map(|l| l.start_ns), Some(id * 10));
+        }
+        assert!(!map.contains_key(&104));
+        assert!(map.get(&98).is_none());
+        map.get_mut(&102).unwrap().end_ns = Some(5);
+        assert_eq!(map[&102].end_ns, Some(5));
+        // Replacing a lane keeps the count.
+        map.insert(101, lane(7));
+        assert_eq!((map.len(), map[&101].start_ns), (6, 7));
+    }
+
+    #[test]
+    fn retain_forgets_lanes_and_the_ring_moves_on() {
+        let mut map = LaneMap::default();
+        for id in 1_000..1_100 {
+            map.insert(id, lane(id));
+        }
+        map.retain(|id, _| id >= 1_050 || id == 1_010);
+        assert_eq!(map.len(), 51);
+        assert!(map.contains_key(&1_010) && map.contains_key(&1_099));
+        assert!(!map.contains_key(&1_011) && !map.contains_key(&1_000));
+        for l in map.values_mut() {
+            l.polls_known = true;
+        }
+        assert!(map.values().all(|l| l.polls_known));
+        map.retain(|_, _| false);
+        assert_eq!(map.len(), 0);
+        assert_eq!(map.iter().count(), 0);
+        map.insert(5_000, lane(1));
+        assert_eq!(ids(&map), vec![5_000]);
+    }
+
+    #[test]
+    fn a_lane_left_open_while_ids_run_on_does_not_stretch_the_ring() {
+        let mut map = LaneMap::default();
+        // One request stays open while 100,000 others come and go, the
+        // finished ones forgotten every 4,096.
+        map.insert(1, lane(0));
+        for id in 2..100_002u64 {
+            map.insert(id, lane(id));
+            if id % 4_096 == 0 {
+                map.retain(|id, _| id == 1 || id + 100 > 100_002);
+            }
+        }
+        assert!(map.contains_key(&1), "the open lane is kept");
+        assert!(
+            map.ring.len() <= 2 * map.in_ring + SPARE + 2,
+            "{}",
+            map.ring.len()
+        );
+        // Ids far apart (most root spans unsampled): still found, the ring
+        // bounded.
+        let mut sparse = LaneMap::default();
+        for k in 0..10_000u64 {
+            sparse.insert(k * 1_000, lane(k));
+        }
+        assert_eq!(sparse.len(), 10_000);
+        assert!(sparse.ring.len() <= 2 * sparse.in_ring + SPARE + 2);
+        assert_eq!(
+            sparse.get(&(1_234 * 1_000)).map(|l| l.start_ns),
+            Some(1_234)
+        );
+    }
+}
