@@ -135,6 +135,21 @@ struct Shared {
     /// The thread that reads the samples, woken when a doze ends early (the
     /// application runs again) so it reads at its usual pace at once.
     pub(super) reader: std::sync::OnceLock<std::thread::Thread>,
+    /// Run by the sampler thread after each tick (see
+    /// [`Sampler::set_tick_hook`]).
+    pub(super) tick_hook: std::sync::OnceLock<TickHook>,
+    /// True while the reader sleeps past the next period, counting on the
+    /// tick hook: the sampler wakes it when the hook stops running.
+    pub(super) reader_relies: AtomicBool,
+}
+
+/// Work the sampler thread does after each of its ticks.
+pub(crate) struct TickHook(pub(crate) Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for TickHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TickHook")
+    }
 }
 
 /// A running sampler. Dropping it stops the sampler thread.
@@ -184,6 +199,8 @@ impl Sampler {
             modules: Arc::new(arc_swap::ArcSwap::from_pointee(ModuleSet::default())),
             dozing: AtomicBool::new(false),
             reader: std::sync::OnceLock::new(),
+            tick_hook: std::sync::OnceLock::new(),
+            reader_relies: AtomicBool::new(false),
         });
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread_shared = Arc::clone(&shared);
@@ -271,9 +288,36 @@ impl Sampler {
     }
 
     /// Names the thread that reads the samples: it is woken when a doze
-    /// ends early (see [`Sampler::is_dozing`]).
+    /// ends early (see [`Sampler::is_dozing`]), and when the sampler stops
+    /// running its tick hook (a doze begins, or it pauses).
     pub(crate) fn set_reader(&self, reader: std::thread::Thread) {
         let _ = self.shared.reader.set(reader);
+    }
+
+    /// Work for the sampler thread to do after each tick, which the reader
+    /// would otherwise wake up for every period (the lanes' events): one
+    /// wake-up a period instead of two. Set once.
+    pub(crate) fn set_tick_hook(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.shared.tick_hook.set(TickHook(hook));
+    }
+
+    /// Whether the sampler thread runs the tick hook every period now: it
+    /// has one, runs, and does not doze. When that stops, it wakes the
+    /// reader.
+    pub(crate) fn reads_lanes(&self) -> bool {
+        self.shared.tick_hook.get().is_some() && self.is_active() && !self.is_dozing()
+    }
+
+    /// For the reader: sleeps up to `wait` while the tick hook runs every
+    /// period, and returns at once when it stops (or if it does not run).
+    pub(crate) fn sleep_while_reading_lanes(&self, wait: Duration) {
+        self.shared.reader_relies.store(true, Ordering::SeqCst);
+        // Checked after the flag is up: a doze or pause that began before
+        // it would not wake this thread.
+        if self.reads_lanes() {
+            std::thread::park_timeout(wait);
+        }
+        self.shared.reader_relies.store(false, Ordering::SeqCst);
     }
 
     /// Counters so far.

@@ -99,6 +99,17 @@ impl Sampler {
     /// No-op: nothing is sampled.
     pub(crate) fn set_reader(&self, _reader: std::thread::Thread) {}
 
+    /// No sampler thread to run it: dropped.
+    pub(crate) fn set_tick_hook(&self, _hook: Box<dyn Fn() + Send + Sync>) {}
+
+    /// No sampler thread reads the lanes here: the reader does.
+    pub(crate) fn reads_lanes(&self) -> bool {
+        false
+    }
+
+    /// Returns at once (see [`Sampler::reads_lanes`]).
+    pub(crate) fn sleep_while_reading_lanes(&self, _wait: Duration) {}
+
     /// Zero counters.
     pub fn stats(&self) -> SamplerStats {
         self.control().stats()

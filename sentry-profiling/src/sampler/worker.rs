@@ -28,8 +28,8 @@ const MAX_CHECK_EVERY: u64 = 16;
 /// Most missed periods one tick records samples for.
 const MAX_CATCH_UP: u32 = 100;
 
-/// Application CPU per sampling period (the process's, less the profiler's
-/// own threads') below which a tick counts as idle: 0.5 % of a core.
+/// Application CPU per sampling period (the process's, less the sampler
+/// thread's) below which a tick counts as idle: 0.5 % of a core.
 const IDLE_APP_CPU_NS_PER_PERIOD: u64 = 50_000;
 /// Idle ticks in a row after which the sampler dozes.
 const IDLE_TICKS_BEFORE_DOZING: u32 = 3;
@@ -149,6 +149,9 @@ impl Worker {
                 self.settle();
                 self.owed = 0;
                 self.cpu_mark = None;
+                // The tick hook stops with the ticks: its work is the
+                // reader's again.
+                self.wake_reader();
                 while !self.shared.active.load(Ordering::Acquire)
                     && !self.shared.stop.load(Ordering::Acquire)
                 {
@@ -161,6 +164,9 @@ impl Worker {
             }
             let cpu_before = self.cpu_mark.unwrap_or_else(sys::own_cpu_time_ns);
             let (periods, passed) = self.tick(deadline);
+            if let Some(hook) = self.shared.tick_hook.get() {
+                (hook.0)();
+            }
             let cpu_after = sys::own_cpu_time_ns();
             self.cpu_mark = Some(cpu_after);
             let c = &self.shared.counters;
@@ -178,6 +184,7 @@ impl Worker {
                 let now = Instant::now();
                 if until > now && !self.shared.stop.load(Ordering::Acquire) {
                     self.shared.dozing.store(true, Ordering::Release);
+                    self.wake_reader();
                     sys::wait_completion(seen, until - now);
                     self.shared.dozing.store(false, Ordering::Release);
                     if Instant::now() < until {
@@ -217,6 +224,20 @@ impl Worker {
         }
         self.settle();
         self.threads.release_all();
+    }
+
+    /// Wakes the reader when the tick hook stops running every period (a
+    /// doze begins, or the sampler pauses): it reads the lanes itself then.
+    fn wake_reader(&self) {
+        // Pairs with the reader's flag-then-check (see
+        // `Sampler::sleep_while_reading_lanes`): the doze or pause is
+        // visible to it, or its flag is to this thread.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.shared.reader_relies.load(Ordering::SeqCst)
+            && let Some(reader) = self.shared.reader.get()
+        {
+            reader.unpark();
+        }
     }
 
     /// Records whether the tick that stood for `periods` periods was idle

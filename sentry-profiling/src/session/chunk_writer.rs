@@ -7,14 +7,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::Session;
+use super::lane_desk::{SharedDesk, lock};
 use super::sink::Handed;
 use super::v1::{V1_HISTORY, V1Context, V1Drop, V1State};
 use crate::chunk::Chunk;
 use crate::encode::sentry_chunk::{ChunkMeta, encode_chunk};
 use crate::encode::view::ProfileView;
 use crate::export::{ExportCounts, Exporter};
-use crate::lanes::registry::LaneReader;
-use crate::lanes::{Lanes, ThreadAttribution, now_ns};
+use crate::lanes::{ThreadAttribution, now_ns};
 use crate::sampler::{Sample, Sampler};
 use crate::symbolize::Symbolizer;
 use crate::unwind::ModuleSet;
@@ -44,8 +44,8 @@ pub(super) struct ChunkWriter<'a> {
     pub(super) chunk: Chunk,
     pub(super) symbolizer: Option<Symbolizer>,
     pub(super) chunk_duration: Duration,
-    pub(super) lanes: Lanes,
-    pub(super) lane_events: LaneReader,
+    /// The lane table, which the sampler thread reads into too.
+    pub(super) desk: SharedDesk,
     pub(super) attribution: ThreadAttribution,
     pub(super) period_ns: u64,
     /// Where the last chunk's lane fill-ins ended.
@@ -54,9 +54,6 @@ pub(super) struct ChunkWriter<'a> {
     pub(super) exporters: Vec<Exporter>,
     pub(super) service_name: String,
     pub(super) v1: Option<V1State>,
-    /// Where the reading of threads' context words left off: each change
-    /// is a poll of a request beginning or ending.
-    pub(super) changes: crate::lanes::ChangeCursor,
     /// Profiler ticks in a row with no root span active (transaction
     /// profiles).
     pub(super) idle_ticks: u32,
@@ -90,29 +87,7 @@ impl ChunkWriter<'_> {
     /// lane events and context-word changes it read: none means nothing
     /// happened since the last read.
     pub(super) fn read_lane_events(&mut self) -> u64 {
-        let (events, _) = self
-            .lane_events
-            .read_into(&self.session.lanes, &mut self.lanes);
-        let polls = crate::lanes::read_polls(
-            &mut self.changes,
-            &mut self.lanes,
-            crate::lanes::min_poll_ns(self.period_ns),
-        );
-        if polls.lost > 0 {
-            self.session
-                .counters
-                .lane_polls_lost
-                .fetch_add(polls.lost, Ordering::Relaxed);
-        }
-        self.note_lanes_tracked();
-        events as u64 + polls.changes
-    }
-
-    pub(super) fn note_lanes_tracked(&self) {
-        let c = &self.session.counters;
-        let n = self.lanes.len() as u64;
-        c.lanes_tracked.store(n, Ordering::Relaxed);
-        c.lanes_tracked_max.fetch_max(n, Ordering::Relaxed);
+        lock(&self.desk).read(self.session)
     }
 
     /// Whether the writer holds nothing that time alone would make it
@@ -124,14 +99,15 @@ impl ChunkWriter<'_> {
 
     /// Forgets the lanes that ended before `before` and those open too long
     /// (counted as expired, their places in the lane queue given back).
-    fn prune_lanes(&mut self, before: u64) {
-        let expired = self.lanes.prune(before);
+    fn prune_lanes(&self, before: u64) {
+        let mut desk = lock(&self.desk);
+        let expired = desk.lanes.prune(before);
         self.session.lanes.released(expired);
         self.session
             .counters
             .lanes_expired
             .fetch_add(expired as u64, Ordering::Relaxed);
-        self.note_lanes_tracked();
+        desk.note_tracked(self.session);
     }
 
     pub(super) fn rotate_if_due(&mut self, sampler: &Sampler) {
@@ -148,7 +124,7 @@ impl ChunkWriter<'_> {
             self.chunk.retain_since(keep_from.min(oldest));
             // Lanes that ended before the history kept are no longer needed.
             self.prune_lanes(keep_from.min(oldest));
-            let capped = self.lanes.cap_finished(MAX_V1_FINISHED_LANES);
+            let capped = lock(&self.desk).lanes.cap_finished(MAX_V1_FINISHED_LANES);
             self.session
                 .counters
                 .lanes_capped
@@ -171,7 +147,7 @@ impl ChunkWriter<'_> {
             return;
         };
         let now = now_ns();
-        let full = self.lanes.finished() >= MAX_FINISHED_LANES_PER_CHUNK;
+        let full = lock(&self.desk).lanes.finished() >= MAX_FINISHED_LANES_PER_CHUNK;
         if full || now.saturating_sub(first) >= self.chunk_duration.as_nanos() as u64 {
             if full {
                 self.session
@@ -213,6 +189,10 @@ impl ChunkWriter<'_> {
         let mut chunk = self.chunk.take();
         let now = now_ns();
         let edges_from = self.filled_until_ns;
+        // Held while the chunk's lanes are filled in and exported (the
+        // sampler thread's reads wait for the next tick meanwhile).
+        let desk = std::sync::Arc::clone(&self.desk);
+        let desk = lock(&desk);
         if self.attribution == ThreadAttribution::Lanes {
             // Fill lanes from where the previous chunk's fill-ins ended (not
             // from this chunk's first sample, which can come well after the
@@ -222,7 +202,7 @@ impl ChunkWriter<'_> {
                 .first_timestamp_ns()
                 .map_or(now, |first| first.saturating_sub(MAX_FILL_LEAD_NS))
                 .max(self.filled_until_ns);
-            let filled = self
+            let filled = desk
                 .lanes
                 .fill_suspended_from(&mut chunk, self.period_ns, from, now);
             self.filled_until_ns = now;
@@ -235,7 +215,7 @@ impl ChunkWriter<'_> {
         if !self.exporters.is_empty() {
             let view = ProfileView::build(
                 &chunk,
-                &self.lanes,
+                &desk.lanes,
                 modules,
                 self.symbolizer.as_mut(),
                 self.period_ns,
@@ -247,7 +227,7 @@ impl ChunkWriter<'_> {
             self.record_exports(counts);
         }
         if self.attribution == ThreadAttribution::Lanes {
-            let edges = self
+            let edges = desk
                 .lanes
                 .add_poll_edges(&mut chunk, self.period_ns, edges_from, now);
             self.session
@@ -255,7 +235,8 @@ impl ChunkWriter<'_> {
                 .lane_fill_ins
                 .fetch_add(edges as u64, Ordering::Relaxed);
         }
-        let keys = self.lanes.thread_keys(&chunk, self.attribution);
+        let keys = desk.lanes.thread_keys(&chunk, self.attribution);
+        drop(desk);
         let keys = crate::encode::synthetic::mark_running_requests(&mut chunk, keys);
         let pieces = encode_chunk(
             &self.meta,
@@ -303,8 +284,10 @@ impl ChunkWriter<'_> {
         v1.pending = waiting;
         let release = self.meta.release.clone();
         let environment = self.meta.environment.clone();
+        let desk = std::sync::Arc::clone(&self.desk);
+        let desk = lock(&desk);
         let ctx = V1Context {
-            lanes: &self.lanes,
+            lanes: &desk.lanes,
             attribution: self.attribution,
             modules,
             period_ns: self.period_ns,

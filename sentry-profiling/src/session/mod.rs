@@ -26,6 +26,7 @@
 //! afterwards.
 
 mod chunk_writer;
+mod lane_desk;
 mod profiler_thread;
 pub(crate) mod sink;
 mod stats;

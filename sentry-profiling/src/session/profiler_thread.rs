@@ -1,8 +1,9 @@
 //! The profiler thread: creates the sampler (paused), then takes its
-//! samples every [`PROFILER_TICK`] and the lanes' events every sampling
-//! period while the sampler runs, and drives the chunk writer (which pauses
-//! the sampler at the end of a chunk when no root span is active); answers
-//! flush and shutdown requests.
+//! samples every [`PROFILER_TICK`], and drives the chunk writer (which
+//! pauses the sampler at the end of a chunk when no root span is active);
+//! answers flush and shutdown requests. The lanes' events are read every
+//! sampling period while requests come and go: by the sampler thread at
+//! each tick while it ticks, else by this thread (see `lane_desk`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::Session;
 use super::chunk_writer::ChunkWriter;
+use super::lane_desk::{LaneDesk, tick_reader};
 use super::v1::{PendingProfile, V1State};
 use crate::chunk::Chunk;
 use crate::encode::sentry_chunk::ChunkMeta;
@@ -82,16 +84,25 @@ impl Session {
             release: config.release.clone(),
             environment: config.environment.clone(),
         };
+        let period_ns = 1_000_000_000 / u64::from(config.sampler.frequency_hz.max(1));
+        let desk = Arc::new(std::sync::Mutex::new(LaneDesk::new(
+            Lanes::with_long_poll_ns(self.long_poll_ns()),
+            lane_events,
+            period_ns,
+        )));
+        sampler.set_tick_hook(Box::new(tick_reader(
+            Arc::downgrade(&self),
+            Arc::clone(&desk),
+        )));
         let mut builder = ChunkWriter {
             session: &self,
             meta,
             chunk: Chunk::new(),
             symbolizer: config.symbolize.then(Symbolizer::new),
             chunk_duration: config.chunk_duration,
-            lanes: Lanes::with_long_poll_ns(self.long_poll_ns()),
-            lane_events,
+            desk,
             attribution: config.attribution,
-            period_ns: 1_000_000_000 / u64::from(config.sampler.frequency_hz.max(1)),
+            period_ns,
             filled_until_ns: 0,
             meter: Default::default(),
             exporters: config
@@ -109,7 +120,6 @@ impl Session {
                 pending: Vec::new(),
                 os_version: crate::kernel_release(),
             }),
-            changes: crate::lanes::ChangeCursor::starting_now(),
             idle_ticks: 0,
         };
         let period = Duration::from_nanos(builder.period_ns);
@@ -143,42 +153,53 @@ impl Session {
             // queue spares the sampler a wake-up per sample. Flush and
             // shutdown requests unpark the thread.
             // Lane ends and polls are read every sampling period while
-            // requests come and go, samples every tick. Requests in flight
-            // that all wait (or none at all) change nothing: after a few
-            // empty reads the thread dozes until its tick, and the next lane
-            // to start wakes it (see `LaneRegistry::set_dozing`).
-            let busy = (sampler.is_active() || self.lanes.in_flight() > 0)
-                && quiet_reads < QUIET_READS_BEFORE_DOZING;
-            // Nothing to take at all: a paused sampler sends nothing, and an
-            // empty chunk has nothing to rotate.
-            let idle =
-                !busy && !sampler.is_active() && self.lanes.in_flight() == 0 && builder.is_idle();
-            let tick = if idle {
-                PROFILER_IDLE_TICK
-            } else if sampler.is_dozing() && !busy {
-                PROFILER_DOZE_TICK
-            } else {
-                PROFILER_TICK
-            };
-            let wait = read_interval(busy, period, tick);
-            let since = last_drain.elapsed();
-            if !busy {
-                self.lanes.set_dozing(true);
-            }
-            std::thread::park_timeout(wait.min(tick.saturating_sub(since)));
-            if !busy {
-                self.lanes.set_dozing(false);
-            }
-            if builder.read_lane_events() > 0 {
-                // A request started, or a thread entered or left one: a
-                // dozing sampler (the application used no CPU for a few
-                // ticks, which a worker blocked in a request's poll does
-                // not either) looks at the application again. A no-op
-                // unless it dozes.
-                sampler.end_doze();
+            // requests come and go, samples every tick. While the sampler
+            // ticks, it reads the lanes at each tick, and this thread wakes
+            // only at its own tick (the sampler wakes it when it stops
+            // ticking). Otherwise this thread reads them. Requests in
+            // flight that all wait (or none at all) change nothing: after a
+            // few empty reads the thread dozes until its tick, and the next
+            // lane to start wakes it (see `LaneRegistry::set_dozing`).
+            if sampler.reads_lanes() {
                 quiet_reads = 0;
+                sampler
+                    .sleep_while_reading_lanes(PROFILER_TICK.saturating_sub(last_drain.elapsed()));
             } else {
-                quiet_reads = quiet_reads.saturating_add(1);
+                let busy = (sampler.is_active() || self.lanes.in_flight() > 0)
+                    && quiet_reads < QUIET_READS_BEFORE_DOZING;
+                // Nothing to take at all: a paused sampler sends nothing,
+                // and an empty chunk has nothing to rotate.
+                let idle = !busy
+                    && !sampler.is_active()
+                    && self.lanes.in_flight() == 0
+                    && builder.is_idle();
+                let tick = if idle {
+                    PROFILER_IDLE_TICK
+                } else if sampler.is_dozing() && !busy {
+                    PROFILER_DOZE_TICK
+                } else {
+                    PROFILER_TICK
+                };
+                let wait = read_interval(busy, period, tick);
+                let since = last_drain.elapsed();
+                if !busy {
+                    self.lanes.set_dozing(true);
+                }
+                std::thread::park_timeout(wait.min(tick.saturating_sub(since)));
+                if !busy {
+                    self.lanes.set_dozing(false);
+                }
+                if builder.read_lane_events() > 0 {
+                    // A request started, or a thread entered or left one: a
+                    // dozing sampler (the application used no CPU for a few
+                    // ticks, which a worker blocked in a request's poll
+                    // does not either) looks at the application again. A
+                    // no-op unless it dozes.
+                    sampler.end_doze();
+                    quiet_reads = 0;
+                } else {
+                    quiet_reads = quiet_reads.saturating_add(1);
+                }
             }
             if last_drain.elapsed() >= PROFILER_TICK {
                 last_drain = Instant::now();
