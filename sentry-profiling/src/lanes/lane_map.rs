@@ -158,16 +158,7 @@ mod tests {
     use std::sync::Arc;
 
     fn lane(start_ns: u64) -> Lane {
-        Lane {
-            link: Arc::default(),
-            start_ns,
-            end_ns: None,
-            transaction_end_ns: 0,
-            polls: Vec::new(),
-            polls_known: false,
-            queued: Vec::new(),
-            wakes_known: false,
-        }
+        Lane::started(Arc::default(), start_ns)
     }
 
     fn ids(map: &LaneMap) -> Vec<u64> {

@@ -39,6 +39,20 @@ pub(super) struct Lane {
 }
 
 impl Lane {
+    /// A lane that started at `start_ns`, nothing else known of it yet.
+    pub(super) fn started(link: Arc<LaneLink>, start_ns: u64) -> Self {
+        Self {
+            link,
+            start_ns,
+            end_ns: None,
+            transaction_end_ns: 0,
+            polls: Vec::new(),
+            polls_known: false,
+            queued: Vec::new(),
+            wakes_known: false,
+        }
+    }
+
     /// The frame a fill-in at `t`, a moment the request was not polled,
     /// shows: queued if an instrumented future of it was woken and not yet
     /// polled then, awaiting if its wakes are known and none was pending,
@@ -201,19 +215,7 @@ impl Lanes {
                 link,
                 start_ns,
             } => {
-                self.lanes.insert(
-                    lane,
-                    Lane {
-                        link,
-                        start_ns,
-                        end_ns: None,
-                        transaction_end_ns: 0,
-                        polls: Vec::new(),
-                        polls_known: false,
-                        queued: Vec::new(),
-                        wakes_known: false,
-                    },
-                );
+                self.lanes.insert(lane, Lane::started(link, start_ns));
                 false
             }
             LaneEvent::Transaction {
