@@ -247,10 +247,10 @@ impl Worker {
     ///
     /// The application's CPU time is the process's less this thread's
     /// (`own_cpu_ns`, read at the end of the tick). The profiler's other
-    /// threads count as the application: they wake at most every few
-    /// periods while requests come and go, and never for long while the
-    /// sampler dozes, so they do not keep it awake; reading their clocks
-    /// too cost three system calls a tick. A tick that harvested a timer
+    /// threads count as the application: while this thread ticks they wake
+    /// every 100 ms at most (it reads the lanes), and while it dozes they
+    /// do little, so they do not keep it awake; reading their clocks too
+    /// cost three system calls a tick. A tick that harvested a timer
     /// capture was not idle (a thread ran a whole period of CPU time): no
     /// clock is read then. The next tick that reads them counts as busy,
     /// having nothing to compare with.

@@ -161,7 +161,6 @@ impl Session {
             // few empty reads the thread dozes until its tick, and the next
             // lane to start wakes it (see `LaneRegistry::set_dozing`).
             if sampler.reads_lanes() {
-                quiet_reads = 0;
                 sampler
                     .sleep_while_reading_lanes(PROFILER_TICK.saturating_sub(last_drain.elapsed()));
             } else {
