@@ -116,6 +116,9 @@ pub(super) struct ThreadTable {
     maps_read: Option<Instant>,
     /// `crate::context::claims()` when context slots were last looked up.
     claims_seen: u64,
+    /// Where the thread list is read from, and the last list read.
+    tasks: sys::TaskList,
+    tids: Vec<i32>,
 }
 
 impl ThreadTable {
@@ -148,9 +151,11 @@ impl ThreadTable {
                 t.retried = false;
             }
         }
-        let Ok(tids) = sys::list_threads() else {
+        let mut tids = std::mem::take(&mut self.tids);
+        if self.tasks.read(&mut tids).is_err() {
+            self.tids = tids;
             return;
-        };
+        }
         let slots = crate::context::slots_by_tid();
         let listed: rustc_hash::FxHashSet<i32> = tids.iter().copied().collect();
         for t in &mut self.entries {
@@ -178,7 +183,7 @@ impl ThreadTable {
                 }
             }
         }
-        for tid in tids {
+        for &tid in &tids {
             if own.contains(&tid) || self.by_tid.contains_key(&tid) {
                 continue;
             }
@@ -190,6 +195,7 @@ impl ThreadTable {
                 self.entries.push(t);
             }
         }
+        self.tids = tids;
     }
 
     /// Looks up the threads' context slots again if a thread claimed one

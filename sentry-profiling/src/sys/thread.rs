@@ -21,15 +21,88 @@ pub(crate) fn current_tid() -> i32 {
     unsafe { libc::syscall(libc::SYS_gettid) as i32 }
 }
 
-/// Ids of every thread of this process.
-pub(crate) fn list_threads() -> io::Result<Vec<i32>> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc/self/task")? {
-        if let Some(tid) = entry?.file_name().to_str().and_then(|s| s.parse().ok()) {
-            out.push(tid);
+/// The ids of every thread of this process, listed from `/proc/self/task`
+/// kept open: each listing is a seek and a `getdents64` or two, where
+/// `read_dir` opened the directory (a path walk), allocated an entry per
+/// thread and closed it again, every 100 ms on the sampler thread.
+#[derive(Debug, Default)]
+pub(crate) struct TaskList {
+    dir: Option<std::os::fd::OwnedFd>,
+    buf: Vec<u8>,
+}
+
+/// Bytes of directory entries one `getdents64` call reads at most.
+const DENTS_BUF: usize = 8 * 1024;
+
+impl TaskList {
+    /// Replaces `out` with the ids of the process's threads.
+    pub(crate) fn read(&mut self, out: &mut Vec<i32>) -> io::Result<()> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        out.clear();
+        if self.dir.is_none() {
+            let path = c"/proc/self/task";
+            // SAFETY: `path` is a NUL-terminated string; the flags open a
+            // directory read-only, closed on exec.
+            let fd = unsafe {
+                libc::open(
+                    path.as_ptr(),
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: `fd` was just opened and is owned by nothing else.
+            self.dir = Some(unsafe { OwnedFd::from_raw_fd(fd) });
+            self.buf = vec![0; DENTS_BUF];
+        }
+        let fd = self.dir.as_ref().map_or(-1, AsRawFd::as_raw_fd);
+        // SAFETY: `fd` is the open directory above.
+        if unsafe { libc::lseek(fd, 0, libc::SEEK_SET) } < 0 {
+            let e = io::Error::last_os_error();
+            self.dir = None;
+            return Err(e);
+        }
+        loop {
+            // SAFETY: `buf` is writable for its whole length, and the kernel
+            // writes at most that many bytes into it.
+            let n = unsafe {
+                libc::syscall(
+                    libc::SYS_getdents64,
+                    fd,
+                    self.buf.as_mut_ptr(),
+                    self.buf.len(),
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                self.dir = None;
+                return Err(e);
+            }
+            if n == 0 {
+                return Ok(());
+            }
+            parse_dirents(&self.buf[..n as usize], out);
         }
     }
-    Ok(out)
+}
+
+/// Appends the numeric names among `linux_dirent64` records (inode, offset,
+/// record length, type, NUL-terminated name) to `out`.
+fn parse_dirents(mut records: &[u8], out: &mut Vec<i32>) {
+    const NAME_AT: usize = 19;
+    while records.len() > NAME_AT {
+        let len = usize::from(u16::from_ne_bytes([records[16], records[17]]));
+        if len <= NAME_AT || len > records.len() {
+            return;
+        }
+        let name = &records[NAME_AT..len];
+        let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+        if let Some(tid) = std::str::from_utf8(name).ok().and_then(|s| s.parse().ok()) {
+            out.push(tid);
+        }
+        records = &records[len..];
+    }
 }
 
 /// Reads a thread's name and start time; `None` if it has exited.
@@ -140,7 +213,24 @@ mod tests {
     #[test]
     fn lists_this_thread_with_a_cpu_clock() {
         let tid = current_tid();
-        assert!(list_threads().unwrap().contains(&tid));
+        let mut list = TaskList::default();
+        let mut tids = Vec::new();
+        list.read(&mut tids).unwrap();
+        assert!(tids.contains(&tid));
+        // Read again from the same open directory: the same threads, and
+        // one started since.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || {
+            tx.send(current_tid()).unwrap();
+            let _ = done_rx.recv();
+        });
+        let other_tid = rx.recv().unwrap();
+        list.read(&mut tids).unwrap();
+        assert!(tids.contains(&tid) && tids.contains(&other_tid), "{tids:?}");
+        assert!(!tids.contains(&0));
+        drop(done_tx);
+        other.join().unwrap();
         let before = thread_cpu_time_ns(tid).unwrap();
         let mut x = 0u64;
         for i in 0..2_000_000u64 {
