@@ -78,18 +78,14 @@ impl LaneMap {
         // Past the ring's end. Before it grows to reach `id`, its oldest
         // places go while the span up to `id` would hold more than `SPARE`
         // empty places beyond twice its lanes: their lanes move to `far`.
-        while let Some(front) = self.ring.front() {
+        while !self.ring.is_empty() {
             let span = usize::try_from(id - self.base).map_or(usize::MAX, |d| d.saturating_add(1));
             if span <= 2 * (self.in_ring + 1) + SPARE {
                 break;
             }
-            if front.is_some()
-                && let Some(Some(lane)) = self.ring.pop_front()
-            {
+            if let Some(Some(lane)) = self.ring.pop_front() {
                 self.in_ring -= 1;
                 self.far.insert(self.base, *lane);
-            } else {
-                self.ring.pop_front();
             }
             self.base += 1;
         }
