@@ -49,6 +49,7 @@ pub struct ProfilingIntegration {
     profiles_sampler: Option<ProfilesSampler>,
     http_timeout: Duration,
     long_poll: Duration,
+    short_request_lanes: bool,
     /// Whether [`ProfilingIntegration::apply`] put this integration into the
     /// options (wrapping their transport); see [`NOT_APPLIED`].
     applied: bool,
@@ -86,6 +87,7 @@ impl std::fmt::Debug for ProfilingIntegration {
             .field("profiles_sampler", &self.profiles_sampler.is_some())
             .field("http_timeout", &self.http_timeout)
             .field("long_poll_threshold", &self.long_poll)
+            .field("short_request_lanes", &self.short_request_lanes)
             .finish_non_exhaustive()
     }
 }
@@ -113,6 +115,7 @@ impl ProfilingIntegration {
             profiles_sampler: None,
             http_timeout: DEFAULT_HTTP_TIMEOUT,
             long_poll: crate::options::DEFAULT_LONG_POLL_THRESHOLD,
+            short_request_lanes: false,
             applied: false,
             runtime: Arc::new(OnceLock::new()),
         }
@@ -290,6 +293,25 @@ impl ProfilingIntegration {
         self
     }
 
+    /// Whether a request whose transaction lasts less than 19.8 ms keeps a
+    /// lane of its own in the chunks sent to Sentry. Default false: Sentry
+    /// (Relay) removes the `profiler_id` of such a transaction, so no
+    /// profile view ever shows its lane, and at thousands of requests a
+    /// second those lanes (each with its `(awaiting)` and queued fill-ins
+    /// and a thread entry in the chunk) were most of what the profiler
+    /// thread did and sent. Without them a short request's samples of
+    /// running code stay on the OS thread that took them, where Sentry's
+    /// thread and aggregate views show them. Transactions of 19.8 ms or
+    /// more keep their lanes either way, as do all requests when a pprof or
+    /// OTLP export is set (their samples carry the request's labels) or
+    /// with transaction profiles. Counted in
+    /// [`crate::ProfilerStats::lanes_unlinked`].
+    #[must_use]
+    pub fn short_request_lanes(mut self, keep: bool) -> Self {
+        self.short_request_lanes = keep;
+        self
+    }
+
     /// Adds this integration to `options` and wraps their transport, so that
     /// transactions carry the profile context and the last chunk is sent at
     /// shutdown. Applies `sentry::apply_defaults` first (as `sentry::init`
@@ -405,6 +427,7 @@ impl ProfilingIntegration {
             } else {
                 self.long_poll
             },
+            short_request_lanes: self.short_request_lanes,
             service_name: std::env::current_exe()
                 .ok()
                 .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))

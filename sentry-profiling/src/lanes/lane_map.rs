@@ -98,6 +98,28 @@ impl LaneMap {
         self.in_ring += 1;
     }
 
+    /// Removes the lane of `id`, returning it.
+    pub(super) fn remove(&mut self, id: u64) -> Option<Lane> {
+        let Some(i) = self.place(id) else {
+            return self.far.remove(&id);
+        };
+        let lane = self.ring[i].take()?;
+        self.in_ring -= 1;
+        self.trim();
+        Some(*lane)
+    }
+
+    /// Drops the empty places at both ends of the ring.
+    fn trim(&mut self) {
+        while self.ring.front().is_some_and(Option::is_none) {
+            self.ring.pop_front();
+            self.base += 1;
+        }
+        while self.ring.back().is_some_and(Option::is_none) {
+            self.ring.pop_back();
+        }
+    }
+
     /// Every lane with its id (the ring's in id order, then the others).
     pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &Lane)> {
         let base = self.base;
@@ -130,13 +152,7 @@ impl LaneMap {
             }
         }
         self.far.retain(|&id, lane| keep(id, lane));
-        while self.ring.front().is_some_and(Option::is_none) {
-            self.ring.pop_front();
-            self.base += 1;
-        }
-        while self.ring.back().is_some_and(Option::is_none) {
-            self.ring.pop_back();
-        }
+        self.trim();
     }
 }
 
@@ -161,6 +177,27 @@ mod tests {
         let mut ids: Vec<u64> = map.iter().map(|(id, _)| id).collect();
         ids.sort_unstable();
         ids
+    }
+
+    #[test]
+    fn a_removed_lane_leaves_the_others_in_place() {
+        let mut map = LaneMap::default();
+        for id in 100..110 {
+            map.insert(id, lane(id));
+        }
+        map.insert(5, lane(5));
+        assert_eq!(map.remove(100).map(|l| l.start_ns), Some(100));
+        assert_eq!(map.remove(105).map(|l| l.start_ns), Some(105));
+        assert_eq!(map.remove(5).map(|l| l.start_ns), Some(5));
+        assert!(map.remove(105).is_none() && map.remove(200).is_none());
+        assert_eq!(ids(&map), [101, 102, 103, 104, 106, 107, 108, 109]);
+        assert_eq!(map.len(), 8);
+        for id in [101, 102, 103, 104, 106, 107, 108, 109] {
+            assert_eq!(map.remove(id).map(|l| l.start_ns), Some(id));
+        }
+        assert_eq!((map.len(), map.ring.len()), (0, 0), "the ring is trimmed");
+        map.insert(300, lane(300));
+        assert_eq!(ids(&map), [300]);
     }
 
     #[test]

@@ -172,6 +172,15 @@ pub(crate) struct Change {
     pub(crate) woken_ns: u64,
 }
 
+/// The shortest transaction Sentry links to a profile: Relay removes the
+/// `profiler_id` of a transaction that lasted less than 19.8 ms
+/// (`scrub_profiler_id`, on the transaction's `event.duration`), so no
+/// profile view shows a shorter one's samples. A transaction is taken to
+/// be that short only below 19.7 ms: its window reaches the lane table
+/// from the same timestamps the transaction carries, and a tenth of a
+/// millisecond is far more than their rounding to floating-point seconds.
+pub(crate) const SHORTEST_LINKED_NS: u64 = 19_700_000;
+
 /// The shortest poll whose edges are worth samples of their own: a tenth of
 /// a sampling period (see [`Lanes::add_poll_edges`]).
 pub(crate) fn min_poll_ns(period_ns: u64) -> u64 {

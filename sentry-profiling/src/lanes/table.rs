@@ -36,6 +36,9 @@ pub(super) struct Lane {
     /// instrumented ones do): its time between polls is then either queued
     /// or awaiting, not the undivided `(suspended)`.
     pub(super) wakes_known: bool,
+    /// Whether its transaction is known to be one Sentry never links to a
+    /// profile (see [`super::SHORTEST_LINKED_NS`]).
+    pub(super) unlinked: bool,
 }
 
 impl Lane {
@@ -50,6 +53,7 @@ impl Lane {
             polls_known: false,
             queued: Vec::new(),
             wakes_known: false,
+            unlinked: false,
         }
     }
 
@@ -167,6 +171,12 @@ pub(crate) struct Lanes {
     /// A poll at least this long is a long poll (see [`Lanes::long_polls`];
     /// 0: the default threshold).
     long_poll_ns: u64,
+    /// Whether a lane is forgotten as soon as its transaction is known to
+    /// be one Sentry never links (see [`Lanes::drop_unlinked`]).
+    drop_unlinked: bool,
+    /// Lanes forgotten so, since [`Lanes::take_dropped_unlinked`] last took
+    /// the count.
+    dropped_unlinked: u64,
 }
 
 /// The long polls of the lanes: by (lane, thread), the stretches in which
@@ -191,6 +201,42 @@ impl Lanes {
         Self {
             long_poll_ns,
             ..Self::default()
+        }
+    }
+
+    /// Forget each lane as soon as both its end and its transaction's
+    /// window are known and that transaction lasted less than
+    /// [`super::SHORTEST_LINKED_NS`]: Sentry (Relay) unlinks such a
+    /// transaction from every profile, so its lane's samples would show
+    /// nowhere. The request's samples of running code are then filed under
+    /// the OS threads that took them, its waits get no fill-in, and it does
+    /// not count towards a chunk's finished lanes. For chunks sent to
+    /// Sentry only: the exports label samples with their request whatever
+    /// its length, and transaction profiles (V1) are not unlinked so.
+    pub(crate) fn drop_unlinked(mut self, on: bool) -> Self {
+        self.drop_unlinked = on;
+        self
+    }
+
+    /// Lanes forgotten by [`Lanes::drop_unlinked`] since the last call.
+    pub(crate) fn take_dropped_unlinked(&mut self) -> u64 {
+        std::mem::take(&mut self.dropped_unlinked)
+    }
+
+    /// With [`Lanes::drop_unlinked`], forgets `lane` if it is finished and
+    /// known to be unlinked.
+    fn forget_if_unlinked(&mut self, lane: u64) {
+        if !self.drop_unlinked {
+            return;
+        }
+        if self
+            .lanes
+            .get(&lane)
+            .is_some_and(|l| l.unlinked && l.end_ns.is_some())
+            && self.lanes.remove(lane).is_some()
+        {
+            self.finished -= 1;
+            self.dropped_unlinked += 1;
         }
     }
 
@@ -230,10 +276,12 @@ impl Lanes {
                     let inside = 1_000.min(end_ns.saturating_sub(start_ns) / 4);
                     l.start_ns = l.start_ns.min(start_ns + inside);
                     l.transaction_end_ns = end_ns.saturating_sub(inside);
+                    l.unlinked = end_ns.saturating_sub(start_ns) < super::SHORTEST_LINKED_NS;
                     if let Some(end) = &mut l.end_ns {
                         *end = (*end).max(l.transaction_end_ns);
                     }
                 }
+                self.forget_if_unlinked(lane);
                 false
             }
             LaneEvent::Finished { lane, end_ns } => {
@@ -242,6 +290,7 @@ impl Lanes {
                 };
                 let was_open = l.end_ns.replace(end_ns.max(l.transaction_end_ns)).is_none();
                 self.finished += usize::from(was_open);
+                self.forget_if_unlinked(lane);
                 was_open
             }
         }
@@ -668,6 +717,80 @@ mod tests {
     /// A sample of thread `tid` with the stack `frames`.
     fn sample_at(ts: u64, tid: i32, frames: &[u64], context: u64) -> Sample {
         Sample::new(ts, tid, Arc::from("w"), Arc::from(frames), context, false)
+    }
+
+    #[test]
+    fn a_lane_sentry_never_links_is_forgotten_once_its_end_and_window_are_known() {
+        const MS: u64 = 1_000_000;
+        // (transaction window, whether its end is read before the window).
+        let cases = [
+            ((0, 5 * MS), true, true),
+            ((0, 5 * MS), false, true),
+            ((0, 19_699_999), true, true),
+            ((0, 19_700_000), true, false),
+            ((0, 40 * MS), false, false),
+        ];
+        for ((tx_start, tx_end), end_first, forgotten) in cases {
+            let mut lanes = Lanes::default().drop_unlinked(true);
+            let lane = new_lane();
+            lanes.apply(LaneEvent::Started {
+                lane,
+                link: Arc::new(LaneLink::default()),
+                start_ns: tx_start + 10,
+            });
+            let mut chunk = Chunk::new();
+            chunk.push(&sample(tx_start + MS, 7, lane));
+            chunk.push(&sample(tx_start + 2 * MS, 8, lane));
+            let end = LaneEvent::Finished {
+                lane,
+                end_ns: tx_end - 10,
+            };
+            let window = LaneEvent::Transaction {
+                lane,
+                start_ns: tx_start,
+                end_ns: tx_end,
+            };
+            let (first, second) = if end_first {
+                (end, window)
+            } else {
+                (window, end)
+            };
+            lanes.apply(first);
+            assert_eq!(lanes.len(), 1, "kept until both are known");
+            lanes.apply(second);
+            let case = format!("window {tx_start}..{tx_end}, end first: {end_first}");
+            assert_eq!(lanes.len(), usize::from(!forgotten), "{case}");
+            assert_eq!(lanes.finished(), usize::from(!forgotten), "{case}");
+            assert_eq!(
+                lanes.take_dropped_unlinked(),
+                u64::from(forgotten),
+                "{case}"
+            );
+            lanes.fill_suspended(&mut chunk, MS, 100 * MS);
+            let keys = lanes.thread_keys(&chunk, ThreadAttribution::Lanes);
+            if forgotten {
+                assert_eq!(chunk.len(), 2, "{case}: no fill-in or end sample");
+                assert_eq!(keys, vec![Some((7, None)), Some((8, None))], "{case}");
+            } else {
+                assert!(chunk.len() > 2, "{case}: its lane is filled in");
+                assert!(keys.iter().flatten().all(|(k, _)| *k == lane), "{case}");
+            }
+        }
+        // Without the rule (exports, transaction profiles), every lane stays.
+        let mut lanes = Lanes::default();
+        let lane = new_lane();
+        lanes.apply(LaneEvent::Started {
+            lane,
+            link: Arc::new(LaneLink::default()),
+            start_ns: 0,
+        });
+        lanes.apply(LaneEvent::Finished { lane, end_ns: MS });
+        lanes.apply(LaneEvent::Transaction {
+            lane,
+            start_ns: 0,
+            end_ns: MS,
+        });
+        assert_eq!((lanes.len(), lanes.take_dropped_unlinked()), (1, 0));
     }
 
     #[test]

@@ -57,6 +57,13 @@ impl LaneDesk {
                 .lane_polls_lost
                 .fetch_add(polls.lost, Ordering::Relaxed);
         }
+        let unlinked = self.lanes.take_dropped_unlinked();
+        if unlinked > 0 {
+            session
+                .counters
+                .lanes_unlinked
+                .fetch_add(unlinked, Ordering::Relaxed);
+        }
         self.note_tracked(session);
         events as u64 + polls.changes
     }

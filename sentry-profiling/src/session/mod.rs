@@ -112,6 +112,9 @@ pub(crate) struct SessionConfig {
     pub(crate) v1: Option<V1Config>,
     /// A poll of an instrumented request at least this long is a long poll.
     pub(crate) long_poll: Duration,
+    /// Whether requests whose transactions Sentry never links (shorter than
+    /// 19.8 ms) keep their lanes in chunks without exports.
+    pub(crate) short_request_lanes: bool,
 }
 
 /// How long `sentry::init` waits for the sampler to be ready, at most.

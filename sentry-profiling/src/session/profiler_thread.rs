@@ -85,8 +85,13 @@ impl Session {
             environment: config.environment.clone(),
         };
         let period_ns = 1_000_000_000 / u64::from(config.sampler.frequency_hz.max(1));
+        // Lanes Sentry would never show are worth keeping only for the
+        // exports (their samples' request labels), transaction profiles,
+        // or when asked for.
+        let drop_unlinked =
+            config.v1.is_none() && config.exports.is_empty() && !config.short_request_lanes;
         let desk = Arc::new(std::sync::Mutex::new(LaneDesk::new(
-            Lanes::with_long_poll_ns(self.long_poll_ns()),
+            Lanes::with_long_poll_ns(self.long_poll_ns()).drop_unlinked(drop_unlinked),
             lane_events,
             period_ns,
         )));

@@ -16,6 +16,7 @@ pub(crate) struct Counters {
     pub(super) lanes_tracked: AtomicU64,
     pub(super) lanes_tracked_max: AtomicU64,
     pub(super) lanes_expired: AtomicU64,
+    pub(super) lanes_unlinked: AtomicU64,
     pub(super) lanes_capped: AtomicU64,
     pub(super) lane_fill_ins: AtomicU64,
     pub(super) lane_fill_ins_capped: AtomicU64,
@@ -72,6 +73,11 @@ pub struct ProfilerStats {
     /// Lanes forgotten because they stayed open too long (10 minutes: a
     /// leaked root span, or a lost end).
     pub lanes_expired: u64,
+    /// Lanes forgotten as soon as their transaction was known to last less
+    /// than 19.8 ms, which Sentry never links to a profile (see
+    /// [`crate::ProfilingIntegration::short_request_lanes`]): those
+    /// requests' samples are filed under their OS threads.
+    pub lanes_unlinked: u64,
     /// Finished lanes forgotten early because transaction profiles' history
     /// held more than its bound (only with `profiles_sample_rate`, at high
     /// request rates): samples of those requests that a later profile
@@ -169,6 +175,7 @@ impl Session {
             lanes_tracked: c.lanes_tracked.load(Ordering::Relaxed),
             lanes_tracked_max: c.lanes_tracked_max.load(Ordering::Relaxed),
             lanes_expired: c.lanes_expired.load(Ordering::Relaxed),
+            lanes_unlinked: c.lanes_unlinked.load(Ordering::Relaxed),
             lanes_capped: c.lanes_capped.load(Ordering::Relaxed),
             lane_fill_ins: c.lane_fill_ins.load(Ordering::Relaxed),
             lane_fill_ins_capped: c.lane_fill_ins_capped.load(Ordering::Relaxed),
