@@ -195,15 +195,27 @@ pub async fn drive(
 pub fn captured_options(
     capture: &std::sync::Arc<crate::CaptureTransport>,
 ) -> sentry::ClientOptions {
+    captured_options_with(capture, |p| p)
+}
+
+/// [`captured_options`] with the profiling integration changed by `adjust`.
+pub fn captured_options_with(
+    capture: &std::sync::Arc<crate::CaptureTransport>,
+    adjust: impl FnOnce(
+        sentry_profiling::ProfilingIntegration,
+    ) -> sentry_profiling::ProfilingIntegration,
+) -> sentry::ClientOptions {
     let mut options = sentry::ClientOptions::new().traces_sample_rate(1.0);
     options.dsn = sentry_profiling_examples::LOCAL_DSN.parse().ok();
     options.transport = Some(capture.factory());
     options.shutdown_timeout = Duration::from_secs(30);
-    sentry_profiling::ProfilingIntegration::new()
-        .profile_session_sample_rate(1.0)
-        .profile_lifecycle(sentry_profiling::ProfileLifecycle::Trace)
-        .frequency_hz(500)
-        .apply(options)
+    adjust(
+        sentry_profiling::ProfilingIntegration::new()
+            .profile_session_sample_rate(1.0)
+            .profile_lifecycle(sentry_profiling::ProfileLifecycle::Trace)
+            .frequency_hz(500),
+    )
+    .apply(options)
 }
 
 /// One transaction as Sentry's UI shows it, scored against its client.

@@ -438,6 +438,17 @@ pub fn transaction_window(tx: &Value) -> Option<(f64, f64)> {
     ))
 }
 
+/// The shortest transaction Sentry links to a profile, in seconds: Relay
+/// removes the `profiler_id` of a shorter one (`scrub_profiler_id`), and by
+/// default the profiler gives such a request no lane of its own in chunks.
+pub const SHORTEST_LINKED_SECS: f64 = 0.0198;
+
+/// Whether Sentry links `tx` to its profile: it lasted at least
+/// [`SHORTEST_LINKED_SECS`].
+pub fn linked_by_sentry(tx: &Value) -> bool {
+    transaction_window(tx).is_some_and(|(start, end)| end - start >= SHORTEST_LINKED_SECS)
+}
+
 /// For tests with their own `main` (`harness = false`) that run each case in
 /// a child process of their own: runs this test binary again with `env_var`
 /// set, and returns its stdout and stderr after asserting it succeeded.

@@ -63,8 +63,10 @@ fn lane_ends_are_known_within_one_period() {
         let span = tracing::info_span!("GET /lane-end", request = i);
         rt.block_on(
             async {
-                tokio::time::sleep(Duration::from_millis(12)).await;
-                burn(Duration::from_millis(6));
+                // 22 ms: long enough for Sentry to link (a shorter
+                // request gets no lane, see `short_request_lanes`).
+                tokio::time::sleep(Duration::from_millis(14)).await;
+                burn(Duration::from_millis(8));
             }
             .instrument(span),
         );

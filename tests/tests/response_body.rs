@@ -41,7 +41,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::response::sse::{Event, Sse};
 use axum::routing::get;
-use sentry_profiling_tests::clients::{captured_options, client_of, trace_header};
+use sentry_profiling_tests::clients::{captured_options_with, client_of, trace_header};
 use sentry_profiling_tests::{
     CaptureTransport, ChunkItem, relay_violations, run_service_with, split_items,
     transaction_window,
@@ -388,7 +388,13 @@ fn run_composition(composition: Composition, exports: u64, events: u64) -> Run {
     json_document();
     truth::take();
     let capture = CaptureTransport::new();
-    let options = captured_options(&capture);
+    // Inside sentry-tower's layers the transaction ends when the handler
+    // returns, a few milliseconds in, and Sentry unlinks a transaction that
+    // short (so by default it gets no lane): its lane is kept here to show
+    // where the body's work goes.
+    let options = captured_options_with(&capture, |p| {
+        p.short_request_lanes(composition == Composition::InsideTowerTransactions)
+    });
     let sent = run_service_with(options, app(composition), |addr, _| async move {
         let a = tokio::spawn(client(addr, EXPORT_CLIENT, exports));
         let b = tokio::spawn(client(addr, EVENTS_CLIENT, events));
