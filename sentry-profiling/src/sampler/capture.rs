@@ -180,7 +180,7 @@ impl Worker {
     }
 
     /// Learns where thread `idx` waits, if it is blocked in the kernel,
-    /// without interrupting it (see `sys::syscall_state`): the stack it
+    /// without interrupting it (see `sys::SyscallFile`): the stack it
     /// waits in and the context word it publishes.
     pub(super) fn look_blocked(&mut self, idx: usize, c: &Counters) -> Look {
         let cap = self.config.stack_copy_bytes;
@@ -191,7 +191,8 @@ impl Worker {
         let Some(cpu_before) = sys::thread_cpu_time_ns(tid) else {
             return Look::Gone;
         };
-        let (sp, pc) = match sys::syscall_state(tid, &mut self.stat_buf) {
+        let state = t.syscall_file.read(tid, &mut self.stat_buf);
+        let (sp, pc) = match state {
             Some(sys::SyscallState::Blocked { sp, pc, .. }) => (sp, pc),
             Some(sys::SyscallState::Running) => return Look::Running,
             None if sys::thread_cpu_time_ns(tid).is_none() => return Look::Gone,

@@ -53,6 +53,9 @@ pub(super) struct Tracked {
     /// Whether the timer is armed (the sampler is not paused).
     pub(super) timer_armed: bool,
     pub(super) gone: bool,
+    /// Its `/proc/self/task/<tid>/syscall`, kept open (see
+    /// `sys::SyscallFile`).
+    pub(super) syscall_file: sys::SyscallFile,
     retried: bool,
     first_seen: Instant,
 }
@@ -76,6 +79,7 @@ impl Tracked {
             timer: None,
             timer_armed: false,
             gone: false,
+            syscall_file: sys::SyscallFile::default(),
             retried: false,
             first_seen: Instant::now(),
         }

@@ -29,11 +29,92 @@ pub(crate) enum SyscallState {
 
 /// Reads thread `tid`'s system-call state; `None` if it exited or the file
 /// cannot be read. `buf` is reused between calls.
-pub(crate) fn syscall_state(tid: i32, buf: &mut Vec<u8>) -> Option<SyscallState> {
-    let mut file = std::fs::File::open(format!("/proc/self/task/{tid}/syscall")).ok()?;
+fn syscall_state(tid: i32, buf: &mut Vec<u8>) -> Option<SyscallState> {
+    let mut file = std::fs::File::open(syscall_path(tid)).ok()?;
     buf.clear();
     file.read_to_end(buf).ok()?;
     parse_syscall(std::str::from_utf8(buf).ok()?)
+}
+
+fn syscall_path(tid: i32) -> String {
+    format!("/proc/self/task/{tid}/syscall")
+}
+
+/// Most `syscall` files kept open at once, process-wide: each is a file
+/// descriptor of the application's, and a process with thousands of
+/// threads must not run out of them because of the profiler. Threads
+/// beyond it have the file opened at each read, as [`syscall_state`] does.
+const MAX_KEPT_OPEN: usize = 64;
+
+/// `syscall` files kept open now (see [`SyscallFile`]).
+static KEPT_OPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One thread's `/proc/self/task/<tid>/syscall`, kept open between reads
+/// (up to [`MAX_KEPT_OPEN`] of them): a read from offset 0 makes the
+/// kernel write the file anew, so each look at a blocked thread is one
+/// `pread` instead of an allocation, a path walk through `/proc`, a read to
+/// the end and a `close`. The descriptor names the task it was opened for:
+/// once that thread exits its reads fail (they never show a later thread
+/// given the same id), and the file is opened again by path.
+#[derive(Debug, Default)]
+pub(crate) struct SyscallFile {
+    file: Option<std::fs::File>,
+}
+
+impl SyscallFile {
+    /// Thread `tid`'s system-call state, as [`syscall_state`].
+    pub(crate) fn read(&mut self, tid: i32, buf: &mut Vec<u8>) -> Option<SyscallState> {
+        use std::os::unix::fs::FileExt;
+        let mut line = [0u8; 512];
+        if let Some(file) = &self.file {
+            if let Ok(n) = file.read_at(&mut line, 0)
+                && n < line.len()
+            {
+                return parse_syscall(std::str::from_utf8(&line[..n]).ok()?);
+            }
+            // The thread exited (or the line did not fit): by path.
+            self.close();
+        }
+        if self.open(tid) {
+            return self.read(tid, buf);
+        }
+        syscall_state(tid, buf)
+    }
+
+    /// Opens and keeps the file if fewer than [`MAX_KEPT_OPEN`] are.
+    fn open(&mut self, tid: i32) -> bool {
+        use std::sync::atomic::Ordering;
+        let claimed = KEPT_OPEN
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_KEPT_OPEN).then_some(n + 1)
+            })
+            .is_ok();
+        if !claimed {
+            return false;
+        }
+        match std::fs::File::open(syscall_path(tid)) {
+            Ok(file) => {
+                self.file = Some(file);
+                true
+            }
+            Err(_) => {
+                KEPT_OPEN.fetch_sub(1, Ordering::AcqRel);
+                false
+            }
+        }
+    }
+
+    fn close(&mut self) {
+        if self.file.take().is_some() {
+            KEPT_OPEN.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for SyscallFile {
+    fn drop(&mut self) {
+        self.close();
+    }
 }
 
 /// Parses the file's one line: `running`, `-1 <sp> <pc>`, or
@@ -192,5 +273,52 @@ mod tests {
         assert!(probe_proc_mem());
         drop(tx);
         h.join().unwrap();
+    }
+
+    #[test]
+    fn a_kept_file_reads_the_state_anew_and_fails_once_its_thread_exits() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, mpsc};
+        // A thread that spins until told to block, then blocks until told
+        // to exit.
+        let spin = Arc::new(AtomicBool::new(true));
+        let (tx, rx) = mpsc::channel::<()>();
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let spinning = Arc::clone(&spin);
+        let h = std::thread::spawn(move || {
+            tid_tx.send(crate::sys::current_tid()).unwrap();
+            while spinning.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+            let _ = rx.recv();
+        });
+        let tid = tid_rx.recv().unwrap();
+        let mut file = SyscallFile::default();
+        let mut buf = Vec::new();
+        let mut wait_for = |file: &mut SyscallFile, blocked: bool| {
+            (0..400).any(|_| {
+                let state = file.read(tid, &mut buf);
+                let matches = match state {
+                    Some(SyscallState::Blocked { .. }) => blocked,
+                    Some(SyscallState::Running) => !blocked,
+                    None => false,
+                };
+                if !matches {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                matches
+            })
+        };
+        assert!(wait_for(&mut file, false), "seen running");
+        assert!(file.file.is_some(), "the file is kept open");
+        spin.store(false, Ordering::Relaxed);
+        assert!(
+            wait_for(&mut file, true),
+            "the same file then shows it blocked"
+        );
+        drop(tx);
+        h.join().unwrap();
+        assert_eq!(file.read(tid, &mut buf), None, "its thread exited");
+        assert!(file.file.is_none(), "a failed read closes the file");
     }
 }
