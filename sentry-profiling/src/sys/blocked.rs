@@ -64,21 +64,33 @@ pub(crate) struct SyscallFile {
 impl SyscallFile {
     /// Thread `tid`'s system-call state, as [`syscall_state`].
     pub(crate) fn read(&mut self, tid: i32, buf: &mut Vec<u8>) -> Option<SyscallState> {
-        use std::os::unix::fs::FileExt;
-        let mut line = [0u8; 512];
-        if let Some(file) = &self.file {
-            if let Ok(n) = file.read_at(&mut line, 0)
-                && n < line.len()
-            {
-                return parse_syscall(std::str::from_utf8(&line[..n]).ok()?);
-            }
-            // The thread exited (or the line did not fit): by path.
-            self.close();
+        if let Some(state) = self.read_kept() {
+            return state;
         }
-        if self.open(tid) {
-            return self.read(tid, buf);
+        // None kept, or its read failed (the thread exited, or the id now
+        // names another thread): opened anew, once.
+        if self.open(tid)
+            && let Some(state) = self.read_kept()
+        {
+            return state;
         }
         syscall_state(tid, buf)
+    }
+
+    /// The state read from the kept file; `None` if there is none or its
+    /// read failed (the file is closed then).
+    fn read_kept(&mut self) -> Option<Option<SyscallState>> {
+        use std::os::unix::fs::FileExt;
+        let mut line = [0u8; 512];
+        match self.file.as_ref()?.read_at(&mut line, 0) {
+            Ok(n) if n < line.len() => {
+                Some(std::str::from_utf8(&line[..n]).ok().and_then(parse_syscall))
+            }
+            _ => {
+                self.close();
+                None
+            }
+        }
     }
 
     /// Opens and keeps the file if fewer than [`MAX_KEPT_OPEN`] are.
