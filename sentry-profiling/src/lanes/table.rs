@@ -235,7 +235,7 @@ impl Lanes {
             .is_some_and(|l| l.unlinked && l.end_ns.is_some())
             && self.lanes.remove(lane).is_some()
         {
-            self.finished -= 1;
+            self.finished = self.finished.saturating_sub(1);
             self.dropped_unlinked += 1;
         }
     }
