@@ -732,12 +732,7 @@ mod tests {
         ];
         for ((tx_start, tx_end), end_first, forgotten) in cases {
             let mut lanes = Lanes::default().drop_unlinked(true);
-            let lane = new_lane();
-            lanes.apply(LaneEvent::Started {
-                lane,
-                link: Arc::new(LaneLink::default()),
-                start_ns: tx_start + 10,
-            });
+            let lane = started(&mut lanes, tx_start + 10);
             let mut chunk = Chunk::new();
             chunk.push(&sample(tx_start + MS, 7, lane));
             chunk.push(&sample(tx_start + 2 * MS, 8, lane));
@@ -778,12 +773,7 @@ mod tests {
         }
         // Without the rule (exports, transaction profiles), every lane stays.
         let mut lanes = Lanes::default();
-        let lane = new_lane();
-        lanes.apply(LaneEvent::Started {
-            lane,
-            link: Arc::new(LaneLink::default()),
-            start_ns: 0,
-        });
+        let lane = started(&mut lanes, 0);
         lanes.apply(LaneEvent::Finished { lane, end_ns: MS });
         lanes.apply(LaneEvent::Transaction {
             lane,
