@@ -7,7 +7,14 @@ use sentry_profiling::{Sample, Sampler, SamplerConfig, SamplerStats};
 
 /// Runs a sampler with `config` for `run`, receiving every sample as it
 /// comes (so the bounded queue never fills), then stops it. Returns the
-/// samples, the measured run time and the final counters.
+/// samples taken within the run, the measured run time and the final
+/// counters.
+///
+/// A sampler that dozes (the application idle) records the periods it
+/// slept through at the tick that ends the doze, up to half a second
+/// later: samples of the run's last periods may come after it, so the run
+/// waits for a sample stamped at or after its end (at most
+/// [`DOZE_WAIT`]) and keeps the samples stamped within it.
 pub(crate) fn sample_for(
     config: SamplerConfig,
     run: Duration,
@@ -23,5 +30,25 @@ pub(crate) fn sample_for(
     }
     samples.extend(sampler.try_iter());
     let elapsed = started.elapsed();
+    let end_ns = realtime_ns();
+    let waited = Instant::now();
+    while !samples.iter().any(|s| s.timestamp_ns() >= end_ns) && waited.elapsed() < DOZE_WAIT {
+        if let Some(s) = sampler.recv_timeout(Duration::from_millis(20)) {
+            samples.push(s);
+        }
+        samples.extend(sampler.try_iter());
+    }
+    samples.retain(|s| s.timestamp_ns() < end_ns);
     (samples, elapsed, sampler.stop())
+}
+
+/// The longest [`sample_for`] waits for a doze's samples: longer than a
+/// doze (48 periods at 101 Hz, about half a second).
+const DOZE_WAIT: Duration = Duration::from_millis(800);
+
+/// `CLOCK_REALTIME` in nanoseconds, as samples are stamped.
+fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
