@@ -145,10 +145,13 @@ pub(crate) enum LaneEvent {
     /// That root span closed.
     Finished { lane: u64, end_ns: u64 },
     /// The transaction the lane stands for spans `start_ns..=end_ns`. It
-    /// can begin before the lane and end after it (its request waited, or
-    /// its thread was preempted, between the tracing layers' callbacks: 12
-    /// ms was seen on a busy machine): the lane is widened to it, so it
-    /// covers the whole transaction Sentry shows it under.
+    /// can begin before the lane, and end before or after the root span
+    /// closes (its thread was preempted between the tracing layers'
+    /// callbacks, or between the transaction's end and the span's close:
+    /// 12 ms was seen on a busy machine). The lane begins no later than the
+    /// transaction and ends with it: it covers the whole transaction Sentry
+    /// shows it under, and gets no fill-in after it, where Sentry shows
+    /// none of the lane's samples.
     Transaction {
         lane: u64,
         start_ns: u64,

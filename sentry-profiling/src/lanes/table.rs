@@ -18,8 +18,8 @@ pub(super) struct Lane {
     pub(super) link: Arc<LaneLink>,
     pub(super) start_ns: u64,
     pub(super) end_ns: Option<u64>,
-    /// The end of the lane's transaction, if reported before the lane's
-    /// own end (see [`LaneEvent::Transaction`]): the lane ends no earlier.
+    /// The end of the lane's transaction, once reported (see
+    /// [`LaneEvent::Transaction`]; 0 before): the lane ends then.
     pub(super) transaction_end_ns: u64,
     /// The finished polls of the request's future (the stretches in which
     /// a thread published the lane as its context word) long enough to be
@@ -278,7 +278,7 @@ impl Lanes {
                     l.transaction_end_ns = end_ns.saturating_sub(inside);
                     l.unlinked = end_ns.saturating_sub(start_ns) < super::SHORTEST_LINKED_NS;
                     if let Some(end) = &mut l.end_ns {
-                        *end = (*end).max(l.transaction_end_ns);
+                        *end = l.transaction_end_ns;
                     }
                 }
                 self.forget_if_unlinked(lane);
@@ -288,7 +288,14 @@ impl Lanes {
                 let Some(l) = self.lanes.get_mut(&lane) else {
                     return false;
                 };
-                let was_open = l.end_ns.replace(end_ns.max(l.transaction_end_ns)).is_none();
+                // Once the transaction's window is known, the lane ends
+                // with it, earlier or later than the root span closed.
+                let end_ns = if l.transaction_end_ns > 0 {
+                    l.transaction_end_ns
+                } else {
+                    end_ns
+                };
+                let was_open = l.end_ns.replace(end_ns).is_none();
                 self.finished += usize::from(was_open);
                 self.forget_if_unlinked(lane);
                 was_open
@@ -1154,11 +1161,18 @@ mod tests {
     }
 
     #[test]
-    fn a_lane_covers_its_whole_transaction() {
-        // The transaction began 12 ms before its root span's lane and ended
-        // 12 ms after it (a preempted thread between the tracing layers'
-        // callbacks), reported before or after the lane's end.
-        for report_first in [false, true] {
+    fn a_lane_covers_its_whole_transaction_and_ends_with_it() {
+        // The transaction began 12 ms before its root span's lane, and
+        // ended 12 ms after the span closed or 25 ms before it (a preempted
+        // thread between the tracing layers' callbacks, or between the
+        // transaction's end and the span's close), reported before or after
+        // the lane's end. The lane's samples stay inside the transaction.
+        for (span_end_ns, report_first) in [
+            (80_000_000, false),
+            (80_000_000, true),
+            (117_000_000, false),
+            (117_000_000, true),
+        ] {
             let mut lanes = Lanes::default();
             let lane = started(&mut lanes, 20_000_000);
             let window = LaneEvent::Transaction {
@@ -1171,14 +1185,14 @@ mod tests {
             }
             lanes.apply(LaneEvent::Finished {
                 lane,
-                end_ns: 80_000_000,
+                end_ns: span_end_ns,
             });
             if !report_first {
                 lanes.apply(window);
             }
             let mut chunk = Chunk::new();
             chunk.push(&sample(5_000_000, 9, 0));
-            lanes.fill_suspended(&mut chunk, 10_000_000, 100_000_000);
+            lanes.fill_suspended(&mut chunk, 10_000_000, 130_000_000);
             let mut own: Vec<u64> = chunk
                 .samples()
                 .iter()
@@ -1186,9 +1200,10 @@ mod tests {
                 .map(|s| s.timestamp_ns)
                 .collect();
             own.sort_unstable();
+            let case = (span_end_ns, report_first);
             // A microsecond inside each edge of the transaction.
-            assert_eq!(own.first(), Some(&8_001_000), "{own:?}");
-            assert_eq!(own.last(), Some(&91_999_000), "{own:?}");
+            assert_eq!(own.first(), Some(&8_001_000), "{case:?}: {own:?}");
+            assert_eq!(own.last(), Some(&91_999_000), "{case:?}: {own:?}");
         }
     }
 
