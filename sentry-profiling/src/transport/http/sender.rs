@@ -174,10 +174,16 @@ impl<K: Kind> Sender<K> {
             shared.lost(&mut q, Some(&item), Some(loss), why);
             return false;
         }
+        // The thread waits for work only on an empty queue (see
+        // `Shared::next`): behind a queued item, it is not waiting, and
+        // finds this one without a wake-up (a system call) from here.
+        let wake = q.items.is_empty();
         q.bytes += size;
         q.items.push_back(item);
         drop(q);
-        shared.work.notify_one();
+        if wake {
+            shared.work.notify_one();
+        }
         true
     }
 
