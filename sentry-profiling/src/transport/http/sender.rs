@@ -446,7 +446,7 @@ async fn post(
     limits: &mut RateLimits,
 ) -> Outcome {
     let request = http
-        .post(&settings.url)
+        .post(settings.url.clone())
         .header("X-Sentry-Auth", &settings.auth)
         .header("Content-Type", "application/x-sentry-envelope");
     // Chunk JSON repeats itself (sample records, frame records): gzip makes
