@@ -404,6 +404,7 @@ impl Worker {
     /// Stops the timers, waits briefly for requests in flight, and records
     /// every thread's held fills (the sampler is pausing or stopping).
     pub(super) fn settle(&mut self) {
+        self.unwinder.new_tick();
         let shared = Arc::clone(&self.shared);
         let c = &shared.counters;
         for idx in 0..self.threads.len() {

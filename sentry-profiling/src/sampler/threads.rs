@@ -15,8 +15,13 @@ use crate::sys::{self, Slot, StackMappings, ThreadInfo};
 const LIST_EVERY: Duration = Duration::from_millis(100);
 /// How often the thread list is read while the application is idle.
 const LIST_EVERY_IDLE: Duration = Duration::from_secs(1);
-/// How often every thread's name and identity are re-read.
-const NAMES_EVERY: Duration = Duration::from_secs(1);
+/// How often every thread's name and identity are re-read. Each read opens
+/// a `/proc` file (tens of microseconds of CPU in a VM): once a second, a
+/// hundred threads would cost the sampler thread several milliseconds of
+/// CPU a second. A thread that exits is
+/// found by the listing, and one whose id was reused by its CPU clock going
+/// back (see `state::clock`); young threads are re-read at every listing.
+const NAMES_EVERY: Duration = Duration::from_secs(10);
 /// A thread first seen less than this long ago has its name re-read at
 /// every listing: std and Tokio name a thread just after creating it, so
 /// the first read may still show the parent's name.
@@ -209,12 +214,13 @@ impl ThreadTable {
     /// listing, and every thread that publishes a context word gets its
     /// stack bounds from the address it left with its slot, so its first
     /// timer capture already holds its stack.
-    pub(super) fn refresh_context_slots(&mut self, own: &[i32], counters: &Counters) {
+    pub(super) fn refresh_context_slots(&mut self, counters: &Counters) {
         let claims = crate::context::claims();
         if claims == self.claims_seen {
             return;
         }
         self.claims_seen = claims;
+        let own = super::own_threads();
         let slots = crate::context::slots_by_tid();
         for t in &mut self.entries {
             t.context_slot = slots.get(&(t.info.tid as u32)).copied();

@@ -298,8 +298,10 @@ impl Worker {
             slot_end,
             now,
         };
-        self.unwinder.refresh_modules();
-        self.threads.refresh_context_slots(&own_threads(), c);
+        // The module list is read again before this tick's first unwind,
+        // if it has one (most ticks of a lightly loaded service do not).
+        self.unwinder.new_tick();
+        self.threads.refresh_context_slots(c);
         for idx in 0..self.threads.len() {
             self.tick_thread(idx, &tick, c);
         }

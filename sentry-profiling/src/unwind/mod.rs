@@ -155,6 +155,9 @@ pub(crate) struct StackUnwinder {
     unwinder: NativeUnwinder,
     cache: NativeCache,
     generation: Option<u64>,
+    /// Whether the module list was checked since the current tick began
+    /// (see [`StackUnwinder::new_tick`]).
+    checked: bool,
     loaded: Vec<u64>,
     retired: Vec<(Arc<ModuleInfo>, std::time::Instant)>,
     published: SharedModules,
@@ -177,6 +180,7 @@ impl StackUnwinder {
             unwinder: NativeUnwinder::new(),
             cache: NativeCache::new_in(),
             generation: None,
+            checked: false,
             loaded: Vec::new(),
             retired: Vec::new(),
             published,
@@ -188,6 +192,7 @@ impl StackUnwinder {
     /// Re-reads the module list if a library was loaded or unloaded since the
     /// last call. Returns whether anything changed.
     pub(crate) fn refresh_modules(&mut self) -> bool {
+        self.checked = true;
         let generation = sys::image_generation();
         if self.generation == Some(generation) {
             return false;
@@ -226,10 +231,25 @@ impl StackUnwinder {
         true
     }
 
+    /// A tick begins: the module list is checked again before its first
+    /// unwind. Checking it takes the loader's lock (`dl_iterate_phdr`), which
+    /// a tick with nothing to unwind is spared.
+    pub(crate) fn new_tick(&mut self) {
+        self.checked = false;
+    }
+
+    /// Checks the module list if this tick has not yet.
+    fn check_modules(&mut self) {
+        if !self.checked {
+            self.refresh_modules();
+        }
+    }
+
     /// Unwinds a copied stack into `frames` (leaf first). The first entry is
     /// the interrupted PC; the others are return addresses minus one, so that
     /// each points into its call instruction.
     pub(crate) fn unwind(&mut self, regs: &Regs, stack: &[u8], frames: &mut Vec<u64>) {
+        self.check_modules();
         frames.clear();
         let sp = regs.sp;
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
@@ -281,6 +301,7 @@ impl StackUnwinder {
     /// by a return address into a loaded module), and continues from there
     /// if that unwinds the frame; a few candidates are tried.
     pub(crate) fn unwind_blocked(&mut self, pc: u64, sp: u64, stack: &[u8], frames: &mut Vec<u64>) {
+        self.check_modules();
         frames.clear();
         frames.push(pc);
         let modules = self.published.load();
