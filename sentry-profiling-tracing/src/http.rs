@@ -300,6 +300,7 @@ fn start_request(p: Pending) -> RequestScope {
         untagged = Some(TransactionOrSpan::Transaction(tx.clone()));
     }
     let mut transaction = None;
+    let mut ids = None;
     if existing.is_none() {
         let headers = [
             ("sentry-trace", p.sentry_trace.as_deref()),
@@ -310,6 +311,11 @@ fn start_request(p: Pending) -> RequestScope {
             "http.server",
             headers.iter().filter_map(|(k, v)| Some((*k, (*v)?))),
         );
+        if p.sentry_trace.is_none() && p.baggage.is_none() {
+            // No incoming trace: the SDK starts the transaction with these
+            // ids as they are (an incoming one it may reject and replace).
+            ids = Some((ctx.trace_id(), ctx.span_id()));
+        }
         let tx = hub.start_transaction(ctx);
         tx.set_origin("auto.http.sentry_profiling");
         tx.set_request(p.request.clone());
@@ -323,7 +329,11 @@ fn start_request(p: Pending) -> RequestScope {
     // it is marked `sentry_profiling.http_root`, and the integration's
     // transport removes it (its children become the transaction's).
     if let Some(TransactionOrSpan::Transaction(tx)) = untagged.as_ref() {
-        crate::layer::offer_http_root_transaction(Some(tx.clone()));
+        crate::layer::offer_http_root(Some(crate::layer::HttpRoot {
+            transaction: tx.clone(),
+            name: crate::layer::intern(&p.name),
+            ids,
+        }));
     }
     let span = Hub::run(Arc::clone(&hub), || {
         tracing::info_span!(
@@ -336,7 +346,7 @@ fn start_request(p: Pending) -> RequestScope {
             sentry_profiling.http_root = true,
         )
     });
-    crate::layer::offer_http_root_transaction(None);
+    crate::layer::offer_http_root(None);
     let request = p.request;
     hub.configure_scope(|s| {
         s.add_event_processor(move |mut event| {

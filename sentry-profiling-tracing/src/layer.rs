@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use rustc_hash::{FxBuildHasher, FxHashSet};
 
-use sentry_core::protocol::Value;
+use sentry_core::protocol::{SpanId, TraceId, Value};
 use sentry_core::{Hub, Transaction, TransactionOrSpan};
 use sentry_profiling::ThreadAttribution;
 use sentry_profiling::hooks::{LaneLink, is_lane, new_lane};
@@ -66,6 +66,9 @@ struct SpanLane {
     /// created (`sentry-tower`'s, for example, with tower-http's
     /// `TraceLayer` inside it); only on root spans.
     transaction: Option<Transaction>,
+    /// That transaction's trace and span ids, when `http_layer()` knew them
+    /// (see [`HttpRoot::ids`]); only on root spans.
+    ids: Option<(TraceId, SpanId)>,
     /// What the layer decided at the span's first entry; `None` before it.
     /// Kept here rather than as an extension of its own: each extension is
     /// a boxed allocation and a map insertion on every request.
@@ -133,16 +136,30 @@ impl ContextStack {
     }
 }
 
-/// Offers the transaction of the root span `http_layer()` is about to
-/// create on this thread to the layer (see `on_new_span`); taken back with
-/// `None` once the span exists, whether or not the layer took it.
-pub(crate) fn offer_http_root_transaction(tx: Option<Transaction>) {
-    HTTP_ROOT_TRANSACTION.with(|t| *t.borrow_mut() = tx);
+/// What `http_layer()` knows of the root span it is about to create, handed
+/// to the layer so that it need not read it back on every request.
+pub(crate) struct HttpRoot {
+    /// The request's transaction.
+    pub(crate) transaction: Transaction,
+    /// The span's `otel.name`, interned (see [`intern`]): the layer would
+    /// otherwise format the field again.
+    pub(crate) name: Arc<str>,
+    /// The transaction's trace and span ids, when known before it started
+    /// (no incoming trace, which the SDK may reject and replace): the layer
+    /// would otherwise copy the transaction's whole trace context for them.
+    pub(crate) ids: Option<(TraceId, SpanId)>,
+}
+
+/// Offers what `http_layer()` knows of the root span it is about to create
+/// on this thread to the layer (see `on_new_span`); taken back with `None`
+/// once the span exists, whether or not the layer took it.
+pub(crate) fn offer_http_root(root: Option<HttpRoot>) {
+    HTTP_ROOT.with(|t| *t.borrow_mut() = root);
 }
 
 thread_local! {
-    /// See [`offer_http_root_transaction`].
-    static HTTP_ROOT_TRANSACTION: RefCell<Option<Transaction>> = const { RefCell::new(None) };
+    /// See [`offer_http_root`].
+    static HTTP_ROOT: RefCell<Option<HttpRoot>> = const { RefCell::new(None) };
     /// The context words of the spans entered on this thread.
     static CONTEXT_STACK: RefCell<ContextStack> = const { RefCell::new(ContextStack::new()) };
     /// The kernel name of this thread, read once.
@@ -165,7 +182,7 @@ const MAX_INTERNED_NAMES: usize = 512;
 /// read again at its first entry, and a service has few distinct names, so
 /// each thread keeps one copy of each instead of allocating it per request
 /// (and having the profiler thread free it).
-fn intern(name: &str) -> Arc<str> {
+pub(crate) fn intern(name: &str) -> Arc<str> {
     NAMES.with_borrow_mut(|names| {
         if let Some(n) = names.get(name) {
             return Arc::clone(n);
@@ -338,35 +355,44 @@ where
                     return;
                 }
                 let meta = attrs.metadata();
-                // Only a span that declares `otel.name` is visited.
-                let name = if meta.fields().field("otel.name").is_some() {
-                    otel_name(attrs)
-                } else {
-                    None
-                };
-                // A `sentry-tracing` layer makes this span a child of that
-                // transaction, and the child is what the scope holds once
-                // the span is entered; Sentry links the transaction by its
-                // own `thread.id`, so it is kept to be tagged too.
-                // `http_layer()` hands its root span's transaction over
-                // directly, sparing the copy of the scope `configure_scope`
-                // makes.
+                // `http_layer()` hands its root span's transaction, name and
+                // ids over directly, sparing the copy of the scope
+                // `configure_scope` makes and the formatting of the name.
                 let offered = if meta.fields().field(HTTP_ROOT_FIELD).is_some() {
-                    HTTP_ROOT_TRANSACTION.with(|t| t.borrow_mut().take())
+                    HTTP_ROOT.with(|t| t.borrow_mut().take())
                 } else {
                     None
                 };
-                let transaction = match offered {
-                    Some(tx) => Some(tx),
-                    None => match Hub::current().configure_scope(|s| s.get_span()) {
-                        Some(TransactionOrSpan::Transaction(tx)) => Some(tx),
-                        _ => None,
-                    },
+                let (name, transaction, ids) = match offered {
+                    Some(root) => (root.name, Some(root.transaction), root.ids),
+                    None => {
+                        // Only a span that declares `otel.name` is visited.
+                        let name = if meta.fields().field("otel.name").is_some() {
+                            otel_name(attrs)
+                        } else {
+                            None
+                        };
+                        // A `sentry-tracing` layer makes this span a child of
+                        // that transaction, and the child is what the scope
+                        // holds once the span is entered; Sentry links the
+                        // transaction by its own `thread.id`, so it is kept
+                        // to be tagged too.
+                        let transaction = match Hub::current().configure_scope(|s| s.get_span()) {
+                            Some(TransactionOrSpan::Transaction(tx)) => Some(tx),
+                            _ => None,
+                        };
+                        (
+                            name.unwrap_or_else(|| intern(meta.name())),
+                            transaction,
+                            None,
+                        )
+                    }
                 };
                 span.extensions_mut().insert(SpanLane {
                     lane: new_lane(),
-                    name: Some(name.unwrap_or_else(|| intern(meta.name()))),
+                    name: Some(name),
                     transaction,
+                    ids,
                     state: None,
                 });
                 return;
@@ -376,6 +402,7 @@ where
             lane,
             name: None,
             transaction: None,
+            ids: None,
             state: None,
         });
     }
@@ -417,6 +444,7 @@ where
         let shared_name = ext.get::<SpanLane>().and_then(|l| l.name.as_ref());
         let lane_name = shared_name.map(|n| &**n);
         let outer = ext.get::<SpanLane>().and_then(|l| l.transaction.as_ref());
+        let known_ids = ext.get::<SpanLane>().and_then(|l| l.ids);
         // The span `http_layer()` opens under its transaction: its own
         // Sentry span (if `sentry-tracing` made one) is removed before
         // sending, so the transaction is all it needs, and reading the
@@ -451,13 +479,19 @@ where
                 if let Some(s) = &sentry_span {
                     // A child span's trace context is its transaction's: the
                     // link names the transaction, the request's root span.
-                    let ctx = s.get_trace_context();
+                    let (trace_id, span_id) = match known_ids {
+                        Some(ids) if http_root => ids,
+                        _ => {
+                            let ctx = s.get_trace_context();
+                            (ctx.trace_id, ctx.span_id)
+                        }
+                    };
                     state.holds_lane = sentry_profiling::hooks::lane_started(
                         lane,
                         LaneLink {
                             name: shared_name.cloned().unwrap_or_default(),
-                            trace_id: ctx.trace_id,
-                            span_id: ctx.span_id,
+                            trace_id,
+                            span_id,
                         },
                     );
                 }
