@@ -441,10 +441,12 @@ where
             holds_lane: false,
         };
         let ext = span.extensions();
-        let shared_name = ext.get::<SpanLane>().and_then(|l| l.name.as_ref());
+        let own = ext.get::<SpanLane>();
+        let shared_name = own.and_then(|l| l.name.as_ref());
         let lane_name = shared_name.map(|n| &**n);
-        let outer = ext.get::<SpanLane>().and_then(|l| l.transaction.as_ref());
-        let known_ids = ext.get::<SpanLane>().and_then(|l| l.ids);
+        let outer = own.and_then(|l| l.transaction.as_ref());
+        // Only `http_layer()`'s root spans carry them (see `HttpRoot`).
+        let known_ids = own.and_then(|l| l.ids);
         // The span `http_layer()` opens under its transaction: its own
         // Sentry span (if `sentry-tracing` made one) is removed before
         // sending, so the transaction is all it needs, and reading the
@@ -480,8 +482,8 @@ where
                     // A child span's trace context is its transaction's: the
                     // link names the transaction, the request's root span.
                     let (trace_id, span_id) = match known_ids {
-                        Some(ids) if http_root => ids,
-                        _ => {
+                        Some(ids) => ids,
+                        None => {
                             let ctx = s.get_trace_context();
                             (ctx.trace_id, ctx.span_id)
                         }

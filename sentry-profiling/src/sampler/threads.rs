@@ -18,9 +18,9 @@ const LIST_EVERY_IDLE: Duration = Duration::from_secs(1);
 /// How often every thread's name and identity are re-read. Each read opens
 /// a `/proc` file (tens of microseconds of CPU in a VM): once a second, a
 /// hundred threads would cost the sampler thread several milliseconds of
-/// CPU a second. A thread that exits is
-/// found by the listing, and one whose id was reused by its CPU clock going
-/// back (see `state::clock`); young threads are re-read at every listing.
+/// CPU a second. A thread that exits is found by the listing, and one whose
+/// id was reused by its CPU clock going back (see `state::clock`); young
+/// threads are re-read at every listing.
 const NAMES_EVERY: Duration = Duration::from_secs(10);
 /// A thread first seen less than this long ago has its name re-read at
 /// every listing: std and Tokio name a thread just after creating it, so
