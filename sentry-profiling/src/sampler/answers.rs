@@ -35,6 +35,22 @@ pub(super) const MAX_ASK_EVERY: u64 = 128;
 /// capture yet fires (see [`Worker::nudge`]).
 pub(super) const NUDGE_AFTER: Duration = Duration::from_micros(500);
 
+/// CPU time beyond one period that a thread may run after its latest
+/// capture before the sampler takes the capture its timer owes (see
+/// [`Worker::catch_stalled_timer`]): two ticks of a 250 Hz kernel, the
+/// longest a timer that is checked in time waits for its tick.
+///
+/// [`Worker::catch_stalled_timer`]: super::worker::Worker::catch_stalled_timer
+pub(super) const STALLED_TIMER_SLACK_NS: u64 = 8_000_000;
+
+/// The smallest share of the wall time a thread must have spent on a CPU
+/// since its latest capture (one in this many nanoseconds) for its timer
+/// to count as stalled. A thread that mostly waits gains a period of CPU
+/// time slowly, over many short runs, and a signal sent while it runs
+/// could reach it blocked a moment later and interrupt its system call;
+/// one that keeps a CPU busy, or waits only for a core, is not blocked.
+pub(super) const STALLED_TIMER_MIN_SHARE: u64 = 8;
+
 /// CPU time a thread may gain between samples and still count as idle.
 ///
 /// The thread's clock is read at the tick that signals it, so the signal
@@ -172,6 +188,8 @@ pub(super) enum Look {
 /// Records where `t` waits, just read from here while it was blocked there
 /// (so verified), at period `tick_no`.
 pub(super) fn learned_waiting(t: &mut Tracked, tick_no: u64, stack: Arc<[u64]>, context: u64) {
+    // A thread that blocks is not one whose timer the kernel keeps missing.
+    t.ran_uncaptured_from = None;
     let answer = t.place.found_waiting(stack, context, true);
     t.schedule.answered(answer, tick_no, MAX_ASK_EVERY);
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::answers::{
-    Harvested, IDLE_CPU_SLACK_NS, Look, MAX_ASK_EVERY, NUDGE_AFTER, awaited, emit_for, flush,
-    request, sample_of,
+    Harvested, IDLE_CPU_SLACK_NS, Look, MAX_ASK_EVERY, NUDGE_AFTER, STALLED_TIMER_MIN_SHARE,
+    STALLED_TIMER_SLACK_NS, awaited, emit_for, flush, request, sample_of,
 };
 use super::denied::{Capability, Refusal, is_denial};
 use super::state::Awaited;
@@ -52,6 +52,56 @@ impl Worker {
         match timer.set_first(NUDGE_AFTER, period) {
             Ok(()) => c.timers_nudged.add(1),
             Err(errno) => self.refused(Capability::Timers, "timer_settime", errno, c),
+        }
+    }
+
+    /// Whether thread `idx`, seen running (its CPU clock at `cpu`) with no
+    /// capture at the tick at `ts`, has run more than a period and
+    /// [`STALLED_TIMER_SLACK_NS`] of CPU time since its latest capture or
+    /// wait, busy for at least one [`STALLED_TIMER_MIN_SHARE`]th of that
+    /// time.
+    pub(super) fn timer_overdue(&mut self, idx: usize, cpu: u64, ts: u64) -> bool {
+        let after_ns = self.period.as_nanos() as u64 + STALLED_TIMER_SLACK_NS;
+        let t = self.threads.get_mut(idx);
+        t.timer_armed && overdue(&mut t.ran_uncaptured_from, cpu, ts, after_ns)
+    }
+
+    /// Takes the capture the timer of thread `idx` owes: found running
+    /// (not blocked in a system call, so the signal cannot interrupt one)
+    /// and overdue ([`Worker::timer_overdue`]), its timer expired and not
+    /// fired. The kernel checks a thread's CPU timers only at its ticks,
+    /// and a busy scheduler that switches threads between ticks (slices
+    /// shorter than a tick) can keep a thread off the CPU at every tick for
+    /// hundreds of milliseconds of its CPU time: measured beside four CPU
+    /// hogs on two cores, a thread burning 2 s of CPU got 42 of its 1,000
+    /// timer signals. The sampler then signals it, as it signals a thread
+    /// without a timer, and the timer starts a new period.
+    pub(super) fn catch_stalled_timer(&mut self, idx: usize, now: Instant, c: &Counters) {
+        if self.denied.signals.is_some() || self.denied.timers.is_some() {
+            return;
+        }
+        let period = self.period;
+        let t = self.threads.get_mut(idx);
+        t.ran_uncaptured_from = None;
+        let Some(timer) = t.timer.as_ref() else {
+            return;
+        };
+        // A timer with time left was re-armed since (nudged): not stalled.
+        if timer
+            .remaining()
+            .is_none_or(|left| left > Duration::from_nanos(1))
+        {
+            return;
+        }
+        // Re-armed first: a signal the kernel queued meanwhile is dropped,
+        // so the thread is not sampled twice for the period.
+        if let Err(errno) = timer.set(period) {
+            self.refused(Capability::Timers, "timer_settime", errno, c);
+            return;
+        }
+        match request(self.threads.get_mut(idx), true, now, c) {
+            Some(errno) => self.refused(Capability::Signals, "rt_tgsigqueueinfo", errno, c),
+            None => c.timers_stalled.add(1),
         }
     }
 
@@ -467,5 +517,61 @@ impl Worker {
             }
             t.schedule.reset_checks();
         }
+    }
+}
+
+/// Whether a thread that ran, its CPU clock at `cpu` at the tick at `ts`,
+/// has run at least `after_ns` of CPU time since `from` (its CPU clock and
+/// the tick's time, set here at the first look after its latest capture;
+/// cleared by the caller at a capture or a wait), busy for at least one
+/// [`STALLED_TIMER_MIN_SHARE`]th of the time since. A thread that gained
+/// that CPU time more slowly starts counting again.
+fn overdue(from: &mut Option<(u64, u64)>, cpu: u64, ts: u64, after_ns: u64) -> bool {
+    let (cpu_from, ts_from) = *from.get_or_insert((cpu, ts));
+    let ran = cpu.saturating_sub(cpu_from);
+    if ran < after_ns {
+        return false;
+    }
+    if ran.saturating_mul(STALLED_TIMER_MIN_SHARE) >= ts.saturating_sub(ts_from) {
+        return true;
+    }
+    *from = Some((cpu, ts));
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overdue;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_busy_thread_is_overdue_after_the_cpu_time_since_the_first_look() {
+        let mut from = None;
+        // The first look after a capture only starts the count: what ran
+        // between the capture and it is not known.
+        assert!(!overdue(&mut from, 50 * MS, 1_000 * MS, 10 * MS));
+        assert_eq!(from, Some((50 * MS, 1_000 * MS)));
+        assert!(!overdue(&mut from, 60 * MS - 1, 1_030 * MS, 10 * MS));
+        // 10 ms of CPU in 40 ms: a thread kept waiting for a core.
+        assert!(overdue(&mut from, 60 * MS, 1_040 * MS, 10 * MS));
+        // A capture clears it; the count starts again.
+        from = None;
+        assert!(!overdue(&mut from, 61 * MS, 1_041 * MS, 10 * MS));
+        // A clock that went back (never for one thread) is not overdue.
+        assert!(!overdue(&mut from, 1_000, 1_042 * MS, 10 * MS));
+    }
+
+    #[test]
+    fn a_thread_that_mostly_waits_is_never_overdue() {
+        // 10 ms of CPU gained over a second, in short runs between waits.
+        let mut from = None;
+        assert!(!overdue(&mut from, 0, 0, 10 * MS));
+        assert!(!overdue(&mut from, 10 * MS, 1_000 * MS, 10 * MS));
+        // It starts counting again from there: busy from now on, it is
+        // overdue after another 10 ms of CPU at a busy share.
+        assert_eq!(from, Some((10 * MS, 1_000 * MS)));
+        assert!(!overdue(&mut from, 15 * MS, 1_020 * MS, 10 * MS));
+        assert!(overdue(&mut from, 20 * MS, 1_060 * MS, 10 * MS));
     }
 }

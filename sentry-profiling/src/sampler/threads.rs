@@ -57,6 +57,9 @@ pub(super) struct Tracked {
     pub(super) timer: Option<sys::CpuTimer>,
     /// Whether the timer is armed (the sampler is not paused).
     pub(super) timer_armed: bool,
+    /// Its CPU clock, and the tick's time, when it was first seen running
+    /// after its latest capture or wait (see `Worker::catch_stalled_timer`).
+    pub(super) ran_uncaptured_from: Option<(u64, u64)>,
     pub(super) gone: bool,
     /// Its `/proc/self/task/<tid>/syscall`, kept open (see
     /// `sys::SyscallFile`).
@@ -83,6 +86,7 @@ impl Tracked {
             slot2: None,
             timer: None,
             timer_armed: false,
+            ran_uncaptured_from: None,
             gone: false,
             syscall_file: sys::SyscallFile::default(),
             retried: false,

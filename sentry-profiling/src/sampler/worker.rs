@@ -415,6 +415,7 @@ impl Worker {
         }
         if !running.is_empty() {
             self.captured = true;
+            t.ran_uncaptured_from = None;
             // Alive and running: what was held until the capture leaves with
             // what was known until then.
             flush(&self.tx, c, t, &self.requests, false);
@@ -464,11 +465,23 @@ impl Worker {
                 flush(&self.tx, c, t, &self.requests, false);
                 t.place.ran_uncaptured(t.last_stack.as_ref());
                 t.schedule.ran(tick_no);
-                if !t.asking.is_unresponsive()
-                    && (t.schedule.probe(tick_no, PROBE_EVERY) || in_request)
+                let unresponsive = t.asking.is_unresponsive();
+                let overdue = cpu.is_some_and(|cpu| self.timer_overdue(idx, cpu, tick.ts));
+                if !unresponsive
+                    && (self
+                        .threads
+                        .get_mut(idx)
+                        .schedule
+                        .probe(tick_no, PROBE_EVERY)
+                        || in_request
+                        || overdue)
                 {
-                    if let Look::Waiting(stack, context) = self.look_blocked(idx, c) {
-                        learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
+                    match self.look_blocked(idx, c) {
+                        Look::Waiting(stack, context) => {
+                            learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
+                        }
+                        Look::Running if overdue => self.catch_stalled_timer(idx, tick.now, c),
+                        _ => {}
                     }
                 }
             }
