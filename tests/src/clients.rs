@@ -247,6 +247,10 @@ pub struct Shown {
     pub suspended_ns: u64,
     /// See [`Shown::total_ns`].
     pub uncaptured_ns: u64,
+    /// The heaviest stacks shown that show no client's CPU function
+    /// (synthetic frames included): their innermost few function names, and
+    /// their shown time in nanoseconds, heaviest first (at most three).
+    pub instead: Vec<(String, u64)>,
 }
 
 /// Scores every transaction as Sentry shows it, with
@@ -281,6 +285,7 @@ pub fn shown(transactions: &[Value], chunks: &[ChunkItem]) -> Vec<Shown> {
             total_ns: 0,
             suspended_ns: 0,
             uncaptured_ns: 0,
+            instead: Vec::new(),
         };
         if let Ok(window) = TransactionWindow::from_value(tx) {
             let profile = transaction_profile(&parsed, &window);
@@ -305,9 +310,19 @@ pub fn shown(transactions: &[Value], chunks: &[ChunkItem]) -> Vec<Shown> {
                         s.other_ns += sample.weight_ns;
                         s.other_samples += 1;
                     }
-                    None => {}
+                    None => {
+                        let innermost: Vec<&str> =
+                            names.iter().take(4).map(String::as_str).collect();
+                        let key = innermost.join(" < ");
+                        match s.instead.iter_mut().find(|(k, _)| *k == key) {
+                            Some((_, ns)) => *ns += sample.weight_ns,
+                            None => s.instead.push((key, sample.weight_ns)),
+                        }
+                    }
                 }
             }
+            s.instead.sort_by_key(|b| std::cmp::Reverse(b.1));
+            s.instead.truncate(3);
         }
         out.push(s);
     }
@@ -353,6 +368,9 @@ pub fn assert_shown(what: &str, shown: &[Shown]) {
                 s.suspended_ns as f64 / 1e6,
                 s.uncaptured_ns as f64 / 1e6,
             );
+            for (stack, ns) in &s.instead {
+                println!("    {:.1} ms shown as {stack}", *ns as f64 / 1e6);
+            }
             without_own += 1;
         }
     }

@@ -184,6 +184,8 @@ where
         server.await.expect("server task").expect("server");
         out
     });
+    // What the profiler did, for whoever reads a failing test's output.
+    println!("profiler: {:?}", sentry_profiling::stats());
     drop(runtime);
     drop(guard);
     out
