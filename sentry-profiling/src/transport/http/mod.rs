@@ -337,6 +337,7 @@ impl ClientSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sender::LINGER;
     use std::time::Instant;
 
     /// A loopback listener that accepts connections and never answers: the
@@ -401,5 +402,106 @@ mod tests {
         assert!(!sender.submit(b"{}\n".to_vec()), "closed");
         assert_eq!(counters.delivered.load(Ordering::Relaxed), 0);
         held.join().unwrap();
+    }
+
+    /// A loopback endpoint answering `200` to every request, keeping
+    /// connections alive; returns its port.
+    fn answering_endpoint() -> u16 {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                std::thread::spawn(move || {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        // One request: headers, then `content-length` bytes.
+                        let request_end = loop {
+                            if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                let head = String::from_utf8_lossy(&buf[..at]).to_lowercase();
+                                let len = head
+                                    .lines()
+                                    .find_map(|l| l.strip_prefix("content-length:"))
+                                    .and_then(|v| v.trim().parse::<usize>().ok())
+                                    .unwrap_or(0);
+                                if buf.len() >= at + 4 + len {
+                                    break at + 4 + len;
+                                }
+                            }
+                            match conn.read(&mut chunk) {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        buf.drain(..request_end);
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        if conn.write_all(ok).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    /// After a request the sender lingers without asking for a wake-up:
+    /// an item queued then is still sent, a flush sends it before
+    /// returning, and an item queued after the sender has parked wakes it.
+    #[test]
+    fn items_queued_while_the_sender_lingers_are_sent_and_flushed_at_once() {
+        let port = answering_endpoint();
+        let counters = Arc::new(DeliveryCounters::default());
+        let settings = ClientSettings {
+            url: format!("http://127.0.0.1:{port}/api/1/envelope/")
+                .parse()
+                .unwrap(),
+            auth: "Sentry sentry_key=public, sentry_version=7".into(),
+            http_proxy: None,
+            https_proxy: None,
+            accept_invalid_certs: false,
+            timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+        };
+        let sender = ChunkSender::start(
+            Chunks {
+                counters: Arc::clone(&counters),
+            },
+            CHUNK_BOUNDS,
+            settings,
+        );
+        let delivered = |n: u64, within: Duration| {
+            let deadline = Instant::now() + within;
+            while counters.delivered.load(Ordering::Relaxed) < n && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            counters.delivered.load(Ordering::Relaxed) >= n
+        };
+        // The first item wakes the parked sender.
+        assert!(sender.submit(b"{}\n".to_vec()));
+        assert!(delivered(1, Duration::from_secs(5)), "first item sent");
+        // Queued while it lingers: sent when the linger ends, with no
+        // wake-up asked for.
+        assert!(sender.submit(b"{}\n".to_vec()));
+        assert!(
+            delivered(2, Duration::from_secs(5)),
+            "item queued in the linger sent"
+        );
+        // Queued while it lingers, then flushed (which cuts the linger
+        // short): sent when the flush returns.
+        assert!(sender.submit(b"{}\n".to_vec()));
+        assert!(sender.flush(Duration::from_secs(5)));
+        assert_eq!(counters.delivered.load(Ordering::Relaxed), 3);
+        // Parked again (well past the linger): the next item wakes it.
+        std::thread::sleep(LINGER * 5);
+        assert!(sender.submit(b"{}\n".to_vec()));
+        assert!(
+            delivered(4, Duration::from_secs(5)),
+            "item after parking sent"
+        );
+        assert!(sender.shutdown(Duration::from_secs(5)));
+        assert_eq!(counters.send_failed.load(Ordering::Relaxed), 0);
     }
 }

@@ -57,7 +57,18 @@ struct Queue<T> {
     /// Callers waiting in [`Sender::flush`]: only they need telling that
     /// an item was dealt with.
     flushing: usize,
+    /// The thread waits for an item, and the next one queued must wake it
+    /// (see [`Shared::next`]).
+    parked: bool,
 }
+
+/// How long the thread waits after a request before it looks at the queue
+/// again, without asking callers for a wake-up: items queued meanwhile are
+/// found then, and the callers that queued them (an application's threads)
+/// make no system call. At thousands of transactions a second the thread
+/// wakes about a hundred times a second instead of once per transaction,
+/// and no item waits longer than this for its request to start.
+pub(super) const LINGER: Duration = Duration::from_millis(10);
 
 /// How much a queue holds at most: `items`, and `bytes` (a single item
 /// larger than that is still taken when the queue is empty).
@@ -134,6 +145,7 @@ impl<K: Kind> Sender<K> {
                 abandoned: false,
                 unreported: [0; 4],
                 flushing: 0,
+                parked: false,
             }),
             work: Condvar::new(),
             progress: Condvar::new(),
@@ -174,10 +186,12 @@ impl<K: Kind> Sender<K> {
             shared.lost(&mut q, Some(&item), Some(loss), why);
             return false;
         }
-        // The thread waits for work only on an empty queue (see
-        // `Shared::next`): behind a queued item, it is not waiting, and
-        // finds this one without a wake-up (a system call) from here.
-        let wake = q.items.is_empty();
+        // The thread asks for a wake-up only when it has found the queue
+        // empty after lingering (see `Shared::next`); otherwise it is
+        // sending, or lingering, and finds this item without a wake-up (a
+        // system call) from here. Only the first item after it parked
+        // wakes it.
+        let wake = std::mem::take(&mut q.parked);
         q.bytes += size;
         q.items.push_back(item);
         drop(q);
@@ -193,6 +207,10 @@ impl<K: Kind> Sender<K> {
         let deadline = Instant::now() + timeout;
         let mut q = self.shared.lock();
         q.flushing += 1;
+        if !q.items.is_empty() {
+            // Cuts a linger short.
+            self.shared.work.notify_one();
+        }
         let done = loop {
             if !q.busy && q.items.is_empty() {
                 break true;
@@ -340,17 +358,32 @@ struct Done<T> {
 
 impl<K: Kind> Shared<K> {
     /// Counts what became of the item sent last, if any, then waits for
-    /// the next item to send (one lock for both); `None` once closed and
+    /// the next item to send (one lock for both): after a request, first
+    /// [`LINGER`] without asking for a wake-up, then, the queue still
+    /// empty, until the next item queued wakes it. `None` once closed and
     /// empty.
     fn next(&self, done: Option<&Done<K::Item>>, limits: &RateLimits) -> Option<Next<K::Item>> {
         let mut q = self.lock();
+        let mut linger = done.is_some();
         if let Some(done) = done {
             self.settle(&mut q, done);
         }
         loop {
+            if linger && q.items.is_empty() && !q.closed {
+                // Callers do not wake the thread now (see `LINGER`); a
+                // flush or a shutdown does.
+                q = self
+                    .work
+                    .wait_timeout(q, LINGER)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            linger = false;
             while q.items.is_empty() && !q.closed {
+                q.parked = true;
                 q = self.work.wait(q).unwrap_or_else(|e| e.into_inner());
             }
+            q.parked = false;
             let item = q.items.pop_front()?;
             q.bytes -= K::size(&item);
             if q.abandoned {
