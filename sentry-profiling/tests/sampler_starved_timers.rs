@@ -32,7 +32,7 @@ const BURN: Duration = Duration::from_millis(20);
 const WAIT_MS: i32 = 1;
 /// The longest stretch of a busy thread's CPU time allowed between two
 /// captures of its running code: the sampler takes a capture itself after
-/// a period and 8 ms of CPU time without one, and looks at each tick; the
+/// a period and 5 ms of CPU time without one, and looks at each tick; the
 /// rest is margin for a sampler thread that is itself kept waiting for a
 /// core.
 const MAX_CPU_WITHOUT_CAPTURE: Duration = Duration::from_millis(40);

@@ -37,11 +37,14 @@ pub(super) const NUDGE_AFTER: Duration = Duration::from_micros(500);
 
 /// CPU time beyond one period that a thread may run after its latest
 /// capture before the sampler takes the capture its timer owes (see
-/// [`Worker::catch_stalled_timer`]): two ticks of a 250 Hz kernel, the
-/// longest a timer that is checked in time waits for its tick.
+/// [`Worker::catch_stalled_timer`]): one tick of a 250 Hz kernel (the
+/// longest the expired timer of a thread that keeps its CPU waits to be
+/// fired) and a millisecond of margin. A kernel with fewer ticks (100 Hz)
+/// has some timers caught that it would have fired late: one capture
+/// still stands for each period.
 ///
 /// [`Worker::catch_stalled_timer`]: super::worker::Worker::catch_stalled_timer
-pub(super) const STALLED_TIMER_SLACK_NS: u64 = 8_000_000;
+pub(super) const STALLED_TIMER_SLACK_NS: u64 = 5_000_000;
 
 /// The smallest share of the wall time a thread must have spent on a CPU
 /// since its latest capture (one in this many nanoseconds) for its timer
