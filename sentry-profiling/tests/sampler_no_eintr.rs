@@ -9,51 +9,22 @@
 //! back with `EINTR`, and the threads' samples must still show where they
 //! wait (the waiting function of each thread, by name).
 
+#[path = "support/eintr.rs"]
+mod eintr;
 #[path = "support/names.rs"]
 mod names;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use sentry_profiling::{Sampler, SamplerConfig, Symbolizer};
+use eintr::{Tally, sample_at, timespec_ms};
+use sentry_profiling::Symbolizer;
 
 /// Each call's timeout.
 const TIMEOUT_MS: i32 = 5;
 const RUN: Duration = Duration::from_secs(10);
-
-/// Calls made and `EINTR`s seen by one waiting thread.
-#[derive(Default)]
-struct Tally {
-    calls: AtomicU64,
-    eintr: AtomicU64,
-    /// Other unexpected errors (a broken test, not the profiler's doing).
-    other: AtomicU64,
-}
-
-impl Tally {
-    /// Counts one call's result: `ret < 0` with `errno` set is a failure,
-    /// and `ok_errnos` are the expected ones (timeouts).
-    fn count(&self, ret: libc::c_long, ok_errnos: &[i32]) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        if ret < 0 {
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-            if e == libc::EINTR {
-                self.eintr.fetch_add(1, Ordering::Relaxed);
-            } else if !ok_errnos.contains(&e) {
-                self.other.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-}
-
-fn timespec_ms(ms: i32) -> libc::timespec {
-    libc::timespec {
-        tv_sec: 0,
-        tv_nsec: libc::c_long::from(ms) * 1_000_000,
-    }
-}
 
 fn pipe() -> (i32, i32) {
     let mut fds = [0; 2];
@@ -240,18 +211,7 @@ fn run_at(hz: u32) -> HashMap<&'static str, (u64, u64, u64, usize, usize)> {
     });
     std::thread::sleep(Duration::from_millis(50));
 
-    let sampler = Sampler::start(SamplerConfig::default().frequency_hz(hz)).expect("sampler");
-    let started = Instant::now();
-    let mut samples = Vec::new();
-    while started.elapsed() < RUN {
-        if let Some(s) = sampler.recv_timeout(Duration::from_millis(50)) {
-            samples.push(s);
-        }
-        samples.extend(sampler.try_iter());
-    }
-    let modules = sampler.modules();
-    samples.extend(sampler.try_iter());
-    let stats = sampler.stop();
+    let (samples, modules, stats) = sample_at(hz, RUN);
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         h.join().expect("waiting thread");
@@ -274,17 +234,8 @@ fn run_at(hz: u32) -> HashMap<&'static str, (u64, u64, u64, usize, usize)> {
                     .any(|n| n.contains(func))
             })
             .count();
-        let t = &tallies[i];
-        out.insert(
-            *func,
-            (
-                t.calls.load(Ordering::Relaxed),
-                t.eintr.load(Ordering::Relaxed),
-                t.other.load(Ordering::Relaxed),
-                mine.len(),
-                showing,
-            ),
-        );
+        let (calls, eintr, other) = tallies[i].get();
+        out.insert(*func, (calls, eintr, other, mine.len(), showing));
     }
     out
 }

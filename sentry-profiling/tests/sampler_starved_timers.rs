@@ -13,16 +13,19 @@
 //! none may return `EINTR`, each thread's captures must show its burning
 //! function, and none may run more than [`MAX_CPU_WITHOUT_CAPTURE`] of CPU
 //! time without one. On this project's 2-core VM, without the sampler's
-//! catch-up, such stretches reach 90 to 200 ms.
+//! catch-up, such stretches reach 55 to 317 ms.
 
+#[path = "support/eintr.rs"]
+mod eintr;
 #[path = "support/names.rs"]
 mod names;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use sentry_profiling::{Sampler, SamplerConfig, Symbolizer};
+use eintr::{Tally, sample_at, timespec_ms};
+use sentry_profiling::Symbolizer;
 
 const RUN: Duration = Duration::from_secs(10);
 const HZ: u32 = 500;
@@ -37,29 +40,27 @@ const WAIT_MS: i32 = 1;
 /// core.
 const MAX_CPU_WITHOUT_CAPTURE: Duration = Duration::from_millis(40);
 
-/// Calls made and `EINTR`s seen by one busy thread, and its CPU clock
-/// against the wall clock while it burned.
+/// One busy thread's calls, and its CPU clock against the wall clock while
+/// it burned: (wall-clock ns since the epoch, its CPU time in ns), taken
+/// every 20,000 steps of its burning loop.
 #[derive(Default)]
-struct Tally {
-    calls: AtomicU64,
-    eintr: AtomicU64,
-    other: AtomicU64,
-    /// (wall-clock ns since the epoch, the thread's CPU time in ns), about
-    /// every 100 µs of its CPU time.
-    clock: std::sync::Mutex<Vec<(u64, u64)>>,
+struct Busy {
+    tally: Tally,
+    clock: Mutex<Vec<(u64, u64)>>,
 }
 
-impl Tally {
-    fn count(&self, ret: libc::c_long, ok_errnos: &[i32]) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        if ret < 0 {
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-            if e == libc::EINTR {
-                self.eintr.fetch_add(1, Ordering::Relaxed);
-            } else if !ok_errnos.contains(&e) {
-                self.other.fetch_add(1, Ordering::Relaxed);
-            }
+impl Busy {
+    /// Until `stop`: burns [`BURN`] of CPU time, then makes one call with
+    /// `wait`, which returns the call's result and the `errno`s it may
+    /// expect.
+    fn run(&self, stop: &AtomicBool, mut wait: impl FnMut() -> (libc::c_long, &'static [i32])) {
+        let mut log = Vec::with_capacity(200_000);
+        while !stop.load(Ordering::Relaxed) {
+            burn_between_waits(BURN, &mut log);
+            let (rc, ok_errnos) = wait();
+            self.tally.count(rc, ok_errnos);
         }
+        *self.clock.lock().unwrap() = log;
     }
 }
 
@@ -131,15 +132,7 @@ impl Drop for Hogs {
     }
 }
 
-fn timespec_ms(ms: i32) -> libc::timespec {
-    libc::timespec {
-        tv_sec: 0,
-        tv_nsec: libc::c_long::from(ms) * 1_000_000,
-    }
-}
-
-fn busy_epoll(stop: &AtomicBool, tally: &Tally) {
-    let mut log = Vec::with_capacity(200_000);
+fn busy_epoll(stop: &AtomicBool, busy: &Busy) {
     let mut fds = [0; 2];
     // SAFETY: `fds` is a valid array of two ints for the kernel to fill.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
@@ -155,32 +148,25 @@ fn busy_epoll(stop: &AtomicBool, tally: &Tally) {
     let rc = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fds[0], &mut ev) };
     assert_eq!(rc, 0, "epoll_ctl");
     let mut out = [libc::epoll_event { events: 0, u64: 0 }; 4];
-    while !stop.load(Ordering::Relaxed) {
-        burn_between_waits(BURN, &mut log);
+    busy.run(stop, || {
         // SAFETY: `out` holds 4 events.
         let rc = unsafe { libc::epoll_wait(ep, out.as_mut_ptr(), 4, WAIT_MS) };
-        tally.count(rc.into(), &[]);
-    }
-    *tally.clock.lock().unwrap() = log;
+        (rc.into(), &[])
+    });
 }
 
-fn busy_nanosleep(stop: &AtomicBool, tally: &Tally) {
-    let mut log = Vec::with_capacity(200_000);
-    while !stop.load(Ordering::Relaxed) {
-        burn_between_waits(BURN, &mut log);
+fn busy_nanosleep(stop: &AtomicBool, busy: &Busy) {
+    busy.run(stop, || {
         let ts = timespec_ms(WAIT_MS);
         // SAFETY: `ts` is a valid timespec; no remainder is asked for.
         let rc = unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
-        tally.count(rc.into(), &[]);
-    }
-    *tally.clock.lock().unwrap() = log;
+        (rc.into(), &[])
+    });
 }
 
-fn busy_futex(stop: &AtomicBool, tally: &Tally) {
-    let mut log = Vec::with_capacity(200_000);
+fn busy_futex(stop: &AtomicBool, busy: &Busy) {
     let word = std::sync::atomic::AtomicU32::new(0);
-    while !stop.load(Ordering::Relaxed) {
-        burn_between_waits(BURN, &mut log);
+    busy.run(stop, || {
         let ts = timespec_ms(WAIT_MS);
         // SAFETY: FUTEX_WAIT on a live word with a valid relative timeout.
         let rc = unsafe {
@@ -192,9 +178,8 @@ fn busy_futex(stop: &AtomicBool, tally: &Tally) {
                 &ts as *const libc::timespec,
             )
         };
-        tally.count(rc, &[libc::ETIMEDOUT, libc::EAGAIN]);
-    }
-    *tally.clock.lock().unwrap() = log;
+        (rc, &[libc::ETIMEDOUT, libc::EAGAIN])
+    });
 }
 
 const BUSY: [&str; 3] = ["busy-epoll", "busy-nanosleep", "busy-futex"];
@@ -205,36 +190,25 @@ fn busy_threads_on_a_crowded_machine_are_sampled_where_they_burn_and_never_see_e
     let stop = Arc::new(AtomicBool::new(false));
     // Hogs in processes of their own, as other services on the machine.
     let _hogs = Hogs::start(cores + 2);
-    let tallies: Vec<Arc<Tally>> = BUSY.iter().map(|_| Arc::default()).collect();
+    let threads: Vec<Arc<Busy>> = BUSY.iter().map(|_| Arc::default()).collect();
     let mut busy = Vec::new();
     for (i, name) in BUSY.iter().enumerate() {
         let stop = Arc::clone(&stop);
-        let tally = Arc::clone(&tallies[i]);
+        let busy_i = Arc::clone(&threads[i]);
         busy.push(
             std::thread::Builder::new()
                 .name((*name).to_owned())
                 .spawn(move || match i {
-                    0 => busy_epoll(&stop, &tally),
-                    1 => busy_nanosleep(&stop, &tally),
-                    _ => busy_futex(&stop, &tally),
+                    0 => busy_epoll(&stop, &busy_i),
+                    1 => busy_nanosleep(&stop, &busy_i),
+                    _ => busy_futex(&stop, &busy_i),
                 })
                 .expect("spawn"),
         );
     }
     std::thread::sleep(Duration::from_millis(50));
 
-    let sampler = Sampler::start(SamplerConfig::default().frequency_hz(HZ)).expect("sampler");
-    let started = Instant::now();
-    let mut samples = Vec::new();
-    while started.elapsed() < RUN {
-        if let Some(s) = sampler.recv_timeout(Duration::from_millis(50)) {
-            samples.push(s);
-        }
-        samples.extend(sampler.try_iter());
-    }
-    let modules = sampler.modules();
-    samples.extend(sampler.try_iter());
-    let stats = sampler.stop();
+    let (samples, modules, stats) = sample_at(HZ, RUN);
     stop.store(true, Ordering::Relaxed);
     for h in busy {
         h.join().expect("thread");
@@ -244,12 +218,7 @@ fn busy_threads_on_a_crowded_machine_are_sampled_where_they_burn_and_never_see_e
     let mut sym = Symbolizer::new();
     let mut failures = Vec::new();
     for (i, name) in BUSY.iter().enumerate() {
-        let t = &tallies[i];
-        let (calls, eintr, other) = (
-            t.calls.load(Ordering::Relaxed),
-            t.eintr.load(Ordering::Relaxed),
-            t.other.load(Ordering::Relaxed),
-        );
+        let (calls, eintr, other) = threads[i].tally.get();
         let mine: Vec<_> = samples
             .iter()
             .filter(|s| &**s.thread_name() == *name)
@@ -266,7 +235,7 @@ fn busy_threads_on_a_crowded_machine_are_sampled_where_they_burn_and_never_see_e
                     .any(|n| n.contains("burn_between_waits"))
             })
             .count();
-        let log = t.clock.lock().unwrap();
+        let log = threads[i].clock.lock().unwrap();
         let longest = captures
             .windows(2)
             .filter_map(|w| {

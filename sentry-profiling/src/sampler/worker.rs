@@ -465,17 +465,10 @@ impl Worker {
                 flush(&self.tx, c, t, &self.requests, false);
                 t.place.ran_uncaptured(t.last_stack.as_ref());
                 t.schedule.ran(tick_no);
-                let unresponsive = t.asking.is_unresponsive();
+                let responsive = !t.asking.is_unresponsive();
+                let probe = responsive && t.schedule.probe(tick_no, PROBE_EVERY);
                 let overdue = cpu.is_some_and(|cpu| self.timer_overdue(idx, cpu, tick.ts));
-                if !unresponsive
-                    && (self
-                        .threads
-                        .get_mut(idx)
-                        .schedule
-                        .probe(tick_no, PROBE_EVERY)
-                        || in_request
-                        || overdue)
-                {
+                if responsive && (probe || in_request || overdue) {
                     match self.look_blocked(idx, c) {
                         Look::Waiting(stack, context) => {
                             learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);

@@ -340,6 +340,31 @@ mod tests {
     use sender::LINGER;
     use std::time::Instant;
 
+    /// A chunk sender to a loopback port, with `timeout` for connecting
+    /// and for each request, and its counters.
+    fn chunk_sender(port: u16, timeout: Duration) -> (Arc<ChunkSender>, Arc<DeliveryCounters>) {
+        let counters = Arc::new(DeliveryCounters::default());
+        let settings = ClientSettings {
+            url: format!("http://127.0.0.1:{port}/api/1/envelope/")
+                .parse()
+                .unwrap(),
+            auth: "Sentry sentry_key=public, sentry_version=7".into(),
+            http_proxy: None,
+            https_proxy: None,
+            accept_invalid_certs: false,
+            timeout,
+            connect_timeout: timeout,
+        };
+        let sender = ChunkSender::start(
+            Chunks {
+                counters: Arc::clone(&counters),
+            },
+            CHUNK_BOUNDS,
+            settings,
+        );
+        (sender, counters)
+    }
+
     /// A loopback listener that accepts connections and never answers: the
     /// queue fills, the overflow is counted, requests time out, and
     /// shutdown gives up within its timeout.
@@ -359,25 +384,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(10));
             }
         });
-        let counters = Arc::new(DeliveryCounters::default());
-        let settings = ClientSettings {
-            url: format!("http://127.0.0.1:{port}/api/1/envelope/")
-                .parse()
-                .unwrap(),
-            auth: "Sentry sentry_key=public, sentry_version=7".into(),
-            http_proxy: None,
-            https_proxy: None,
-            accept_invalid_certs: false,
-            timeout: Duration::from_millis(700),
-            connect_timeout: Duration::from_millis(700),
-        };
-        let sender = ChunkSender::start(
-            Chunks {
-                counters: Arc::clone(&counters),
-            },
-            CHUNK_BOUNDS,
-            settings,
-        );
+        let (sender, counters) = chunk_sender(port, Duration::from_millis(700));
         let started = Instant::now();
         let mut queued = 0;
         for _ in 0..CHUNK_BOUNDS.items + 4 {
@@ -453,25 +460,7 @@ mod tests {
     #[test]
     fn items_queued_while_the_sender_lingers_are_sent_and_flushed_at_once() {
         let port = answering_endpoint();
-        let counters = Arc::new(DeliveryCounters::default());
-        let settings = ClientSettings {
-            url: format!("http://127.0.0.1:{port}/api/1/envelope/")
-                .parse()
-                .unwrap(),
-            auth: "Sentry sentry_key=public, sentry_version=7".into(),
-            http_proxy: None,
-            https_proxy: None,
-            accept_invalid_certs: false,
-            timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(5),
-        };
-        let sender = ChunkSender::start(
-            Chunks {
-                counters: Arc::clone(&counters),
-            },
-            CHUNK_BOUNDS,
-            settings,
-        );
+        let (sender, counters) = chunk_sender(port, Duration::from_secs(5));
         let delivered = |n: u64, within: Duration| {
             let deadline = Instant::now() + within;
             while counters.delivered.load(Ordering::Relaxed) < n && Instant::now() < deadline {
