@@ -149,6 +149,19 @@ pub struct PollTotals {
 }
 
 impl PollTotals {
+    /// The values of [`TOKIO_MEASUREMENTS`], in its order and in their
+    /// units: milliseconds, or a count.
+    fn measurements(&self) -> [f64; 5] {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        [
+            ms(self.awaiting_ns),
+            ms(self.longest_ns),
+            ms(self.polled_ns),
+            self.polls as f64,
+            ms(self.queued_ns),
+        ]
+    }
+
     /// The totals as data keys ([`POLLS`] and the rest; the two long-poll
     /// keys only when there were long polls).
     pub fn data(&self) -> impl Iterator<Item = (&'static str, Value)> + use<> {
@@ -261,12 +274,14 @@ fn write_transaction_json(
         Some(Context::Trace(trace)) => Some(&trace.data),
         _ => None,
     };
+    let handed = totals.map(PollTotals::measurements);
     let mut measurements = TOKIO_MEASUREMENTS
         .iter()
-        .filter_map(|&(name, unit)| {
+        .enumerate()
+        .filter_map(|(i, &(name, unit))| {
             // The same numbers as the data keys, from wherever they are.
-            let value = match totals {
-                Some(t) => t.data().find(|(key, _)| *key == name)?.1.as_f64()?,
+            let value = match handed {
+                Some(values) => values[i],
                 None => data?.get(name)?.as_f64()?,
             };
             let value = Some(value).filter(|v| v.is_finite() && *v >= 0.0)?;
@@ -287,9 +302,13 @@ fn write_transaction_json(
             out.push(b',');
         }
         // Names and units are fixed identifiers: nothing to escape.
-        write!(out, "\"{name}\":{{\"value\":")?;
+        out.push(b'"');
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\":{\"value\":");
         serde_json::to_writer(&mut *out, &value)?;
-        write!(out, ",\"unit\":\"{unit}\"}}")?;
+        out.extend_from_slice(b",\"unit\":\"");
+        out.extend_from_slice(unit.as_bytes());
+        out.extend_from_slice(b"\"}");
     }
     out.extend_from_slice(b"}}");
     Ok(())
@@ -310,7 +329,8 @@ pub(crate) fn envelope_bytes(
     totals: Option<&PollTotals>,
 ) -> std::io::Result<Vec<u8>> {
     use sentry_core::protocol::EnvelopeItem;
-    let mut bytes = Vec::new();
+    // Room for a typical transaction: its bytes grow without a copy.
+    let mut bytes = Vec::with_capacity(2048);
     if totals.is_none()
         && !envelope
             .items()
@@ -351,9 +371,17 @@ pub(crate) fn write_transaction(
     let len = bytes.len() - start;
     let mut header = [0u8; 64];
     let mut cursor = &mut header[..];
-    writeln!(cursor, "{{\"type\":\"transaction\",\"length\":{len}}}")?;
+    cursor.write_all(b"{\"type\":\"transaction\",\"length\":")?;
+    serde_json::to_writer(&mut cursor, &len)?;
+    cursor.write_all(b"}\n")?;
     let written = 64 - cursor.len();
-    bytes.splice(start..start, header[..written].iter().copied());
+    let header = &header[..written];
+    // The item header goes before the JSON, whose length it gives: the
+    // JSON moves up by one copy.
+    let end = bytes.len();
+    bytes.extend_from_slice(header);
+    bytes.copy_within(start..end, start + header.len());
+    bytes[start..start + header.len()].copy_from_slice(header);
     bytes.push(b'\n');
     Ok(())
 }
@@ -406,6 +434,39 @@ mod tests {
         let mut bytes = Vec::new();
         write_transaction_json(&mut bytes, &plain, None).unwrap();
         assert_eq!(bytes, serde_json::to_vec(&plain).unwrap());
+    }
+
+    /// Totals handed with a transaction (the transaction sender's case)
+    /// become the same measurements as the data keys they would be, each
+    /// under its own name, and the item header gives the JSON's length.
+    #[test]
+    fn handed_totals_are_written_as_their_data_values() {
+        let totals = PollTotals {
+            polls: 7,
+            polled_ns: 1_250_000,
+            queued_ns: 2_500_000,
+            awaiting_ns: 3_750_000,
+            longest_ns: 500_000,
+            long_polls: 0,
+            longest_start_ns: 0,
+        };
+        let mut bytes = b"head\n".to_vec();
+        let tx = sentry_core::protocol::Transaction::default();
+        write_transaction(&mut bytes, &tx, Some(&totals)).unwrap();
+        let text = std::str::from_utf8(&bytes).unwrap();
+        let mut lines = text.strip_prefix("head\n").unwrap().lines();
+        let header: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+        let body = lines.next().unwrap();
+        assert_eq!(header["type"], "transaction");
+        assert_eq!(header["length"], body.len());
+        assert!(text.ends_with('\n'));
+        let json: serde_json::Value = serde_json::from_str(body).unwrap();
+        let data: std::collections::HashMap<_, _> = totals.data().collect();
+        for (name, unit) in TOKIO_MEASUREMENTS {
+            let m = &json["measurements"][name];
+            assert_eq!(m["value"].as_f64(), data[name].as_f64(), "{name}");
+            assert_eq!(m["unit"], unit, "{name}");
+        }
     }
 
     #[test]
