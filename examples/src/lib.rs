@@ -109,6 +109,9 @@ pub struct Settings {
     pub traces_sample_rate: f32,
     /// `SENTRY_PROFILE_SESSION_SAMPLE_RATE`, default 1.0.
     pub profile_session_sample_rate: f64,
+    /// `SENTRY_PROFILE_FREQUENCY_HZ`: samples per second per thread, 1 to
+    /// 1000, default 101.
+    pub profile_frequency_hz: u32,
     /// `OTEL_EXPORTER_OTLP_ENDPOINT` (`http://host:port`): also post
     /// profiles to this OpenTelemetry collector.
     pub otlp_endpoint: Option<String>,
@@ -135,6 +138,10 @@ impl Settings {
             envelope_dir: var("SENTRY_ENVELOPE_DIR", PathBuf::from("sentry-envelopes"))?,
             traces_sample_rate: var("SENTRY_TRACES_SAMPLE_RATE", 1.0)?,
             profile_session_sample_rate: var("SENTRY_PROFILE_SESSION_SAMPLE_RATE", 1.0)?,
+            profile_frequency_hz: var(
+                "SENTRY_PROFILE_FREQUENCY_HZ",
+                sentry_profiling::DEFAULT_FREQUENCY_HZ,
+            )?,
             otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
                 .ok()
                 .filter(|s| !s.is_empty()),
@@ -173,7 +180,8 @@ pub fn sentry_options(settings: &Settings) -> Result<sentry::ClientOptions, Stri
     options.release = sentry::release_name!();
     let mut profiling = ProfilingIntegration::new()
         .profile_session_sample_rate(settings.profile_session_sample_rate)
-        .profile_lifecycle(ProfileLifecycle::Trace);
+        .profile_lifecycle(ProfileLifecycle::Trace)
+        .frequency_hz(settings.profile_frequency_hz);
     if let Some(endpoint) = &settings.otlp_endpoint {
         profiling = profiling.otlp_endpoint(endpoint.trim_end_matches('/'));
     }

@@ -77,6 +77,7 @@ pub fn local_settings(tag: &str) -> sentry_profiling_examples::Settings {
         envelope_dir: dir,
         traces_sample_rate: 1.0,
         profile_session_sample_rate: 1.0,
+        profile_frequency_hz: sentry_profiling::DEFAULT_FREQUENCY_HZ,
         otlp_endpoint: None,
         profile_export_dir: None,
     }

@@ -32,10 +32,10 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const TWIN: &str = "target/release/service_twin";
+pub(crate) const TWIN: &str = "target/release/service_twin";
 pub(crate) const SINK: &str = "target/release/sentry_sink";
 const LOAD: &str = "target/release/load";
-const SINK_PORT: u16 = 3399;
+pub(crate) const SINK_PORT: u16 = 3399;
 const SERVICE_PORT: u16 = 3311;
 const CONNECTIONS: u32 = 8;
 /// Requests per second of the fixed-rate rounds: below what the
@@ -143,8 +143,15 @@ fn process_ns(pid: u32) -> u64 {
 }
 
 fn start_service(mode: Mode) -> Result<Killed, String> {
-    let child = Command::new(TWIN)
-        .arg(mode.arg)
+    let mut cmd = Command::new(TWIN);
+    cmd.arg(mode.arg).stderr(Stdio::null());
+    spawn_service(cmd, Duration::from_secs(10))
+}
+
+/// Starts `cmd` (the service twin, or a tool running it) against the sink,
+/// and waits up to `patience` until the service listens.
+pub(crate) fn spawn_service(mut cmd: Command, patience: Duration) -> Result<Killed, String> {
+    let child = cmd
         .env("ADDR", format!("127.0.0.1:{SERVICE_PORT}"))
         .env(
             "SENTRY_DSN",
@@ -152,14 +159,13 @@ fn start_service(mode: Mode) -> Result<Killed, String> {
         )
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| format!("cannot start {TWIN}: {e}"))?;
-    let service = Killed(child);
-    let until = Instant::now() + Duration::from_secs(10);
+        .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
+    let mut service = Killed(child);
+    let until = Instant::now() + patience;
     while std::net::TcpStream::connect(("127.0.0.1", SERVICE_PORT)).is_err() {
-        if Instant::now() > until {
-            return Err("the service did not start listening".into());
+        if Instant::now() > until || matches!(service.0.try_wait(), Ok(Some(_))) {
+            return Err(format!("{cmd:?} did not start listening"));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -167,7 +173,7 @@ fn start_service(mode: Mode) -> Result<Killed, String> {
 }
 
 /// Stops the service as an operator would (SIGINT), waiting for it.
-fn stop_service(mut service: Killed) {
+pub(crate) fn stop_service(mut service: Killed) {
     let _ = Command::new("kill")
         .args(["-INT", &service.0.id().to_string()])
         .status();
@@ -181,7 +187,7 @@ fn stop_service(mut service: Killed) {
 }
 
 /// Runs the load generator; returns (answered, seconds, p99 µs).
-fn load(
+pub(crate) fn load(
     path: &str,
     requests: u64,
     conns: u32,
@@ -212,7 +218,7 @@ fn load(
 }
 
 /// Transactions the sink has received so far.
-fn sink_transactions() -> Result<u64, String> {
+pub(crate) fn sink_transactions() -> Result<u64, String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", SINK_PORT))
         .map_err(|e| format!("cannot reach the sink: {e}"))?;
@@ -233,7 +239,7 @@ fn sink_transactions() -> Result<u64, String> {
 /// Waits until the sink has received `count` transactions: the service's
 /// transport may still be sending them after the load ends, and its CPU
 /// for that belongs to the round. An error if they do not all arrive.
-fn wait_for_transactions(count: u64) -> Result<(), String> {
+pub(crate) fn wait_for_transactions(count: u64) -> Result<(), String> {
     let until = Instant::now() + Duration::from_secs(120);
     loop {
         let got = sink_transactions()?;
@@ -326,7 +332,7 @@ fn profiler_ms_per_sec(pid: u32, secs: u64) -> f64 {
 }
 
 /// Builds the binaries the benchmark runs.
-fn build() -> Result<(), String> {
+pub(crate) fn build() -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(&cargo)
         .args(["build", "--release", "-p", "sentry-profiling-benches"])

@@ -27,12 +27,17 @@
 //!   every thread group with 95 % confidence intervals, the profiler
 //!   threads at fixed rates and with requests in flight but idle (see
 //!   `xtask/src/cost.rs`).
+//! - `instructions [REQUESTS]` (default 6000): the user-space instructions
+//!   a `GET /` costs, profiling off and on, counted under valgrind's
+//!   cachegrind rather than timed: a figure the machine's noise does not
+//!   move (see `xtask/src/instructions.rs`).
 //! - `soak [MINUTES]` (default 10): the example's resident memory every
 //!   10 s at the maximum loopback rate with its pprof and OTLP files on,
 //!   profiling off then on (see `xtask/src/soak.rs`).
 
 mod bench;
 mod cost;
+mod instructions;
 mod soak;
 
 use std::process::{Command, ExitCode};
@@ -204,6 +209,12 @@ fn main() -> ExitCode {
                 .map_err(|e| eprintln!("xtask soak: {e}"))
                 .is_ok()
         }
+        Some("instructions") => {
+            let requests = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(6000);
+            instructions::run_all(requests)
+                .map_err(|e| eprintln!("xtask instructions: {e}"))
+                .is_ok()
+        }
         Some("cost") => {
             let rounds = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10);
             cost::run(rounds, false)
@@ -212,7 +223,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <test|ci|bench [--quick]|stress [SECONDS] [HZ] [CHUNK_SECONDS]|cost [ROUNDS]|soak [MINUTES]|view [ENVELOPE_DIR]>"
+                "usage: cargo xtask <test|ci|bench [--quick]|stress [SECONDS] [HZ] [CHUNK_SECONDS]|cost [ROUNDS]|instructions [REQUESTS]|soak [MINUTES]|view [ENVELOPE_DIR]>"
             );
             false
         }
