@@ -126,6 +126,7 @@ mod export;
 #[doc(hidden)]
 pub mod hooks;
 mod integration;
+mod json_members;
 mod lanes;
 mod options;
 #[cfg(profiling_supported)]

@@ -20,8 +20,8 @@ use crate::session::sink::{ChunkSink, Handed};
 use crate::transaction_profile::Intercepted;
 
 use crate::transaction_tags::{
-    HandedLane, Handover, PollTotals, insert_lane, insert_totals_data, lane_window,
-    profile_context, settle_lane, take_handed,
+    HandedLane, Handover, PollTotals, insert_lane, insert_totals_data, is_profiled, lane_window,
+    lane_writable, profile_context, settle_lane, take_handed,
 };
 pub use crate::transaction_tags::{OS_THREAD_ID, OS_THREAD_NAME};
 pub use envelope_dir::EnvelopeDirTransport;
@@ -377,10 +377,29 @@ impl Link {
     /// thread gives every finished lane at least two samples (Sentry drops
     /// a thread with one), so only the OS-thread keys are removed here (see
     /// [`OS_THREAD_ID`]).
-    pub(crate) fn apply(self, envelope: Envelope) -> Envelope {
+    pub(crate) fn apply(mut self, envelope: Envelope) -> Envelope {
+        self.prepare(envelope, true)
+    }
+
+    /// What [`Link::apply`] does, but for the handed lane's tags and the
+    /// `profile` context, which stay in `self` for the crate's transaction
+    /// sender to write into the transaction's JSON (see
+    /// [`crate::transaction_tags::envelope_bytes`]): its maps are left
+    /// alone. A transaction they cannot be written into (its trace data
+    /// has the lane's keys already, or it has a `profile` context) gets
+    /// them here, as [`Link::apply`] gives them.
+    #[cfg_attr(
+        not(feature = "http"),
+        expect(dead_code, reason = "the sender needs `http`")
+    )]
+    pub(crate) fn prepare_for_writing(&mut self, envelope: Envelope) -> Envelope {
+        self.prepare(envelope, false)
+    }
+
+    fn prepare(&mut self, envelope: Envelope, insert: bool) -> Envelope {
         let Link {
             profiler_id,
-            mut lane,
+            lane,
             totals,
         } = self;
         let work = lane.is_some()
@@ -392,20 +411,32 @@ impl Link {
         if !work {
             return envelope;
         }
+        let totals = totals.take();
+        let mut first = true;
         map_transactions(envelope, |tx| {
-            if let Some(lane) = lane.take() {
-                insert_lane(tx, lane);
+            // The handed lane is the first transaction's.
+            let handed = std::mem::take(&mut first) && lane.is_some();
+            if handed && (insert || !lane_writable(tx)) {
+                if let Some(lane) = lane.take() {
+                    insert_lane(tx, lane);
+                }
             }
             if let Some(totals) = &totals {
                 insert_totals_data(tx, totals);
             }
             remove_http_root_spans(tx);
-            let Some(id) = profiler_id.as_deref().filter(|_| is_profiled(tx)) else {
+            let written = handed && lane.is_some();
+            let Some(id) = profiler_id
+                .as_deref()
+                .filter(|_| written || is_profiled(tx))
+            else {
                 return;
             };
             settle_lane(tx, Duration::ZERO);
-            tx.contexts
-                .insert("profile".into(), profile_context("profiler_id", id));
+            if insert || tx.contexts.contains_key("profile") {
+                tx.contexts
+                    .insert("profile".into(), profile_context("profiler_id", id));
+            }
         })
     }
 }
@@ -470,11 +501,6 @@ fn remove_http_root_spans(tx: &mut sentry_core::protocol::Transaction<'_>) {
             span.parent_span_id = parent.or(root);
         }
     }
-}
-
-/// Whether the profiler tagged this transaction (see the tracing layer).
-fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
-    matches!(tx.contexts.get("trace"), Some(Context::Trace(t)) if t.data.contains_key("thread.id"))
 }
 
 /// Tells the profiler thread the window of each profiled transaction in
@@ -644,5 +670,127 @@ mod tests {
         assert!(
             matches!(out.items().next(), Some(EnvelopeItem::Transaction(t)) if t.spans == tx.spans)
         );
+    }
+
+    /// The JSON of the (single) transaction in envelope `bytes`.
+    fn transaction_json(bytes: &[u8]) -> serde_json::Value {
+        let mut lines = bytes.splitn(3, |b| *b == b'\n');
+        lines.next().expect("an envelope header");
+        let header: serde_json::Value =
+            serde_json::from_slice(lines.next().expect("an item header")).unwrap();
+        assert_eq!(header["type"], "transaction");
+        let rest = lines.next().expect("a payload");
+        let len = header["length"].as_u64().unwrap() as usize;
+        assert_eq!(rest.get(len), Some(&b'\n'), "the length is the payload's");
+        serde_json::from_slice(&rest[..len]).unwrap()
+    }
+
+    /// A transaction made to trip a writer that looked for its keys in the
+    /// bytes: `contexts`, `trace` and `data` keys nested in its extra data
+    /// (serialised before its contexts), and strings with quotes, braces
+    /// and escapes.
+    fn awkward_transaction(text: &str, data: &[(&str, &str)], profile: bool) -> Envelope {
+        let mut envelope = envelope_of(SpanId::default(), data, vec![]);
+        let Some(EnvelopeItem::Transaction(tx)) = envelope.items().next().cloned() else {
+            unreachable!()
+        };
+        let mut tx = *tx;
+        tx.name = Some(format!("GET /{text}"));
+        let nested = serde_json::json!({"contexts": {"trace": {"data": {}}, "x": text}});
+        tx.extra.insert("contexts".into(), nested);
+        tx.extra.insert(text.into(), Value::String(text.into()));
+        tx.tags.insert("t".into(), text.into());
+        if profile {
+            tx.contexts
+                .insert("profile".into(), profile_context("profiler_id", "old"));
+        }
+        envelope = Envelope::new();
+        envelope.add_item(tx);
+        envelope
+    }
+
+    /// (text, trace data, lane handed, profiler running, profile context
+    /// there)
+    type Case = (
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        bool,
+        bool,
+        bool,
+    );
+
+    /// What the transaction sender writes (the link added to the SDK's JSON,
+    /// see `Link::prepare_for_writing`) reads as what `Link::apply` makes
+    /// by inserting into the transaction's maps, for every case the two
+    /// paths know: the lane into existing data, into data made for it, or
+    /// inserted because its keys are there already; the profile context
+    /// alone, with no profiler id, or replacing one that was there.
+    #[test]
+    fn the_link_written_into_the_json_reads_as_the_one_inserted() {
+        let lane = || HandedLane {
+            id: 1_000_000_042,
+            name: "GET /users/{id} \"q\"".into(),
+        };
+        let id: Arc<str> = Arc::from("0123456789abcdef0123456789abcdef");
+        let cases: [Case; 9] = [
+            ("a", &[("other", "1")], true, true, false),
+            ("b", &[], true, true, false),
+            ("c", &[("thread.id", "7")], false, true, false),
+            (
+                "d",
+                &[("thread.id", "7"), ("thread.name", "w")],
+                true,
+                true,
+                false,
+            ),
+            ("e", &[("thread.name", "w")], true, true, false),
+            ("f", &[], true, false, false),
+            ("g", &[("other", "1")], true, true, true),
+            ("h", &[], false, true, false),
+            (
+                "\"contexts\":{\"trace\":{\\}}\u{2028}",
+                &[("k", "\"}")],
+                true,
+                true,
+                false,
+            ),
+        ];
+        for (text, data, handed, running, profile) in cases {
+            let link = || Link {
+                profiler_id: running.then(|| Arc::clone(&id)),
+                lane: handed.then(lane),
+                totals: None,
+            };
+            let base = awkward_transaction(text, data, profile);
+            let inserted = link().apply(base.clone());
+            let expected = transaction_json(
+                &crate::transaction_tags::envelope_bytes(&inserted, None, None).unwrap(),
+            );
+            let mut sender = link();
+            let prepared = sender.prepare_for_writing(base);
+            let written = crate::transaction_tags::envelope_bytes(
+                &prepared,
+                None,
+                Some((sender.lane.as_ref(), sender.profiler_id.as_deref())),
+            )
+            .unwrap();
+            let got = transaction_json(&written);
+            assert_eq!(got, expected, "case {text:?}");
+            // The link is there when it should be.
+            let linked = running && (handed || data.iter().any(|(k, _)| *k == "thread.id"));
+            assert_eq!(
+                got["contexts"]["profile"]["profiler_id"] == *id,
+                linked,
+                "case {text:?}: {got}"
+            );
+            if linked {
+                assert_eq!(got["contexts"]["profile"]["type"], "profile");
+            }
+            // Nested look-alikes are untouched.
+            assert_eq!(
+                got["extra"]["contexts"],
+                serde_json::json!({"contexts": {"trace": {"data": {}}, "x": text}})
+            );
+        }
     }
 }

@@ -211,8 +211,9 @@ pub(crate) struct Outgoing {
     pub(crate) link: super::Link,
 }
 
-/// Transactions: linked (see [`super::Link::apply`]) and serialised on the
-/// sender thread, with their poll totals as measurements (see
+/// Transactions: linked (see [`super::Link::prepare_for_writing`]) and
+/// serialised on the sender thread, with their lane, `profile` context
+/// and poll totals (as measurements) written into the SDK's JSON (see
 /// [`crate::transaction_tags::envelope_bytes`]).
 pub(crate) struct Transactions {
     recorder: Recorder,
@@ -234,8 +235,13 @@ impl Kind for Transactions {
 
     fn body(&self, item: &mut Outgoing, _: &[u64; 4]) -> Option<Vec<u8>> {
         let envelope = std::mem::replace(&mut item.envelope, Envelope::new());
-        item.envelope = std::mem::take(&mut item.link).apply(envelope);
-        match crate::transaction_tags::envelope_bytes(&item.envelope, item.totals.as_ref()) {
+        item.envelope = item.link.prepare_for_writing(envelope);
+        let link = (item.link.lane.as_ref(), item.link.profiler_id.as_deref());
+        match crate::transaction_tags::envelope_bytes(
+            &item.envelope,
+            item.totals.as_ref(),
+            Some(link),
+        ) {
             Ok(bytes) => Some(bytes),
             Err(e) => {
                 self.lost(
