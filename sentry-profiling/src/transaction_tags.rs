@@ -268,23 +268,24 @@ fn write_transaction_json(
     out: &mut Vec<u8>,
     tx: &sentry_core::protocol::Transaction<'_>,
     totals: Option<&PollTotals>,
-    link: LinkText<'_>,
+    profiler_id: Option<&str>,
 ) -> std::io::Result<()> {
-    if link.lane.is_none() && link.profiler_id.is_none() {
-        serde_json::to_writer(&mut *out, tx)?;
-    } else {
-        // As the SDK's own envelope writer does, the transaction's JSON
-        // goes to a buffer of its own first, and the link is added to the
-        // bytes rather than to the transaction's maps: a linked
-        // transaction costs the sender the allocations an unlinked one
-        // does. Inserting into the SDK's maps and writing straight into
-        // the envelope's buffer instead left the Tokio workers' glibc
-        // arenas with more to merge when hyper next allocated a read
-        // buffer (`malloc_consolidate`: 0.95 calls per request against
-        // 0.6 without profiling; see BENCHMARKS.md).
-        let mut item = Vec::new();
-        serde_json::to_writer(&mut item, tx)?;
-        write_linked(out, &item, link)?;
+    match profiler_id {
+        None => serde_json::to_writer(&mut *out, tx)?,
+        Some(id) => {
+            // As the SDK's own envelope writer does, the transaction's JSON
+            // goes to a buffer of its own first, and the profile context is
+            // added to the bytes rather than to the transaction's contexts:
+            // a linked transaction costs the sender the allocations an
+            // unlinked one does. Inserting the context and writing straight
+            // into the envelope's buffer instead left the Tokio workers'
+            // glibc arenas with more to merge when hyper next allocated a
+            // read buffer (`malloc_consolidate`: 0.95 calls per request
+            // against 0.6 without profiling; see BENCHMARKS.md).
+            let mut item = Vec::new();
+            serde_json::to_writer(&mut item, tx)?;
+            write_with_profile(out, &item, id)?;
+        }
     }
     let data = match tx.contexts.get("trace") {
         Some(Context::Trace(trace)) => Some(&trace.data),
@@ -330,82 +331,31 @@ fn write_transaction_json(
     Ok(())
 }
 
-/// What the transaction sender writes into a transaction's JSON rather
-/// than into the transaction (see [`write_transaction_json`]).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct LinkText<'a> {
-    /// The lane handed with it: its trace context's `thread.id` and
-    /// `thread.name` (which its data must not have already).
-    pub(crate) lane: Option<&'a HandedLane>,
-    /// Its `profile` context's `profiler_id` (which it must not have
-    /// already).
-    pub(crate) profiler_id: Option<&'a str>,
-}
-
 /// Whether a transaction is filed under a thread: its trace context's data
 /// has a `thread.id`.
 pub(crate) fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
     matches!(tx.contexts.get("trace"), Some(Context::Trace(t)) if t.data.contains_key("thread.id"))
 }
 
-/// Whether a lane handed with `tx` can be written into its JSON (see
-/// [`LinkText::lane`]): it has a trace context, whose data has neither key.
-pub(crate) fn lane_writable(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
-    matches!(tx.contexts.get("trace"), Some(Context::Trace(t))
-        if !t.data.contains_key("thread.id") && !t.data.contains_key("thread.name"))
-}
-
 /// Appends `item` (a transaction's JSON, as serde wrote it) to `out` with
-/// `link` added: the `profile` context first among the contexts, and the
-/// lane's keys first in the trace context's data (which is made if the
-/// transaction has none).
-fn write_linked(out: &mut Vec<u8>, item: &[u8], link: LinkText<'_>) -> std::io::Result<()> {
-    use crate::json_members::{is_empty_object, member};
-    let missing = || {
+/// a `profile` context naming `profiler_id` first among its contexts.
+fn write_with_profile(out: &mut Vec<u8>, item: &[u8], profiler_id: &str) -> std::io::Result<()> {
+    use crate::json_members::{is_empty_object, transaction_contexts};
+    let contexts = transaction_contexts(item).ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            "the transaction's JSON has no trace context to link",
+            "the transaction's JSON has no contexts to link",
         )
-    };
-    let (contexts, _) = member(item, 0, "contexts").ok_or_else(missing)?;
-    let mut rest = 0;
-    if let Some(id) = link.profiler_id {
-        let at = contexts + 1;
-        out.extend_from_slice(&item[rest..at]);
-        out.extend_from_slice(b"\"profile\":{\"type\":\"profile\",\"profiler_id\":");
-        serde_json::to_writer(&mut *out, id)?;
-        out.push(b'}');
-        if !is_empty_object(item, contexts) {
-            out.push(b',');
-        }
-        rest = at;
+    })?;
+    let at = contexts + 1;
+    out.extend_from_slice(&item[..at]);
+    out.extend_from_slice(b"\"profile\":{\"type\":\"profile\",\"profiler_id\":");
+    serde_json::to_writer(&mut *out, profiler_id)?;
+    out.push(b'}');
+    if !is_empty_object(item, contexts) {
+        out.push(b',');
     }
-    if let Some(lane) = link.lane {
-        let (trace, _) = member(item, contexts, "trace").ok_or_else(missing)?;
-        let data = member(item, trace, "data").map(|(d, _)| d);
-        let (open, made) = match data {
-            Some(d) if item[d] == b'{' => (d, false),
-            Some(_) => return Err(missing()),
-            None => (trace, true),
-        };
-        let at = open + 1;
-        out.extend_from_slice(&item[rest..at]);
-        if made {
-            out.extend_from_slice(b"\"data\":{");
-        }
-        out.extend_from_slice(b"\"thread.id\":\"");
-        serde_json::to_writer(&mut *out, &lane.id)?;
-        out.extend_from_slice(b"\",\"thread.name\":");
-        serde_json::to_writer(&mut *out, &*lane.name)?;
-        if made {
-            out.push(b'}');
-        }
-        if !is_empty_object(item, open) {
-            out.push(b',');
-        }
-        rest = at;
-    }
-    out.extend_from_slice(&item[rest..]);
+    out.extend_from_slice(&item[at..]);
     Ok(())
 }
 
@@ -422,14 +372,12 @@ fn has_totals(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
 pub(crate) fn envelope_bytes(
     envelope: &sentry_core::Envelope,
     totals: Option<&PollTotals>,
-    link: Option<(Option<&HandedLane>, Option<&str>)>,
+    profiler_id: Option<&str>,
 ) -> std::io::Result<Vec<u8>> {
     use sentry_core::protocol::EnvelopeItem;
     // Room for a typical transaction: its bytes grow without a copy.
     let mut bytes = Vec::with_capacity(2048);
-    let (mut lane, profiler_id) = link.unwrap_or_default();
     if totals.is_none()
-        && lane.is_none()
         && profiler_id.is_none()
         && !envelope
             .items()
@@ -444,16 +392,9 @@ pub(crate) fn envelope_bytes(
     for item in envelope.items() {
         match item {
             EnvelopeItem::Transaction(tx) => {
-                // The handed lane is the first transaction's (as
-                // `Link::apply` inserts it).
-                let lane = lane.take();
-                let profiled = lane.is_some() || is_profiled(tx);
-                let link = LinkText {
-                    lane,
-                    profiler_id: profiler_id
-                        .filter(|_| profiled && !tx.contexts.contains_key("profile")),
-                };
-                write_transaction(&mut bytes, tx, totals, link)?;
+                let id =
+                    profiler_id.filter(|_| is_profiled(tx) && !tx.contexts.contains_key("profile"));
+                write_transaction(&mut bytes, tx, totals, id)?;
             }
             // Typically the SDK's client report: written by the SDK, less
             // its (empty) header line.
@@ -475,10 +416,10 @@ pub(crate) fn write_transaction(
     bytes: &mut Vec<u8>,
     tx: &sentry_core::protocol::Transaction<'_>,
     totals: Option<&PollTotals>,
-    link: LinkText<'_>,
+    profiler_id: Option<&str>,
 ) -> std::io::Result<()> {
     let start = bytes.len();
-    write_transaction_json(bytes, tx, totals, link)?;
+    write_transaction_json(bytes, tx, totals, profiler_id)?;
     let len = bytes.len() - start;
     let mut header = [0u8; 64];
     let mut cursor = &mut header[..];
@@ -518,7 +459,7 @@ mod tests {
         tx.contexts
             .insert("trace".into(), Context::Trace(Box::new(trace)));
         let mut bytes = Vec::new();
-        write_transaction_json(&mut bytes, &tx, None, LinkText::default()).unwrap();
+        write_transaction_json(&mut bytes, &tx, None, None).unwrap();
         // The typed transaction writes no `measurements` of its own (were a
         // newer sentry-types to add them, the key would appear twice).
         let text = String::from_utf8(bytes.clone()).unwrap();
@@ -543,7 +484,7 @@ mod tests {
         // Without totals, the SDK's own serialisation.
         let plain = sentry_core::protocol::Transaction::default();
         let mut bytes = Vec::new();
-        write_transaction_json(&mut bytes, &plain, None, LinkText::default()).unwrap();
+        write_transaction_json(&mut bytes, &plain, None, None).unwrap();
         assert_eq!(bytes, serde_json::to_vec(&plain).unwrap());
     }
 
@@ -563,7 +504,7 @@ mod tests {
         };
         let mut bytes = b"head\n".to_vec();
         let tx = sentry_core::protocol::Transaction::default();
-        write_transaction(&mut bytes, &tx, Some(&totals), LinkText::default()).unwrap();
+        write_transaction(&mut bytes, &tx, Some(&totals), None).unwrap();
         let text = std::str::from_utf8(&bytes).unwrap();
         let mut lines = text.strip_prefix("head\n").unwrap().lines();
         let header: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();

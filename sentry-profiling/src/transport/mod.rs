@@ -21,7 +21,7 @@ use crate::transaction_profile::Intercepted;
 
 use crate::transaction_tags::{
     HandedLane, Handover, PollTotals, insert_lane, insert_totals_data, is_profiled, lane_window,
-    lane_writable, profile_context, settle_lane, take_handed,
+    profile_context, settle_lane, take_handed,
 };
 pub use crate::transaction_tags::{OS_THREAD_ID, OS_THREAD_NAME};
 pub use envelope_dir::EnvelopeDirTransport;
@@ -381,13 +381,12 @@ impl Link {
         self.prepare(envelope, true)
     }
 
-    /// What [`Link::apply`] does, but for the handed lane's tags and the
-    /// `profile` context, which stay in `self` for the crate's transaction
-    /// sender to write into the transaction's JSON (see
-    /// [`crate::transaction_tags::envelope_bytes`]): its maps are left
-    /// alone. A transaction they cannot be written into (its trace data
-    /// has the lane's keys already, or it has a `profile` context) gets
-    /// them here, as [`Link::apply`] gives them.
+    /// What [`Link::apply`] does, but for the `profile` context, whose
+    /// profiler id stays in `self` for the crate's transaction sender to
+    /// write into the transaction's JSON (see
+    /// [`crate::transaction_tags::envelope_bytes`]): its contexts are left
+    /// alone. A transaction that has a `profile` context already gets it
+    /// replaced here, as [`Link::apply`] does.
     #[cfg_attr(
         not(feature = "http"),
         expect(dead_code, reason = "the sender needs `http`")
@@ -412,24 +411,15 @@ impl Link {
             return envelope;
         }
         let totals = totals.take();
-        let mut first = true;
         map_transactions(envelope, |tx| {
-            // The handed lane is the first transaction's.
-            let handed = std::mem::take(&mut first) && lane.is_some();
-            if handed && (insert || !lane_writable(tx)) {
-                if let Some(lane) = lane.take() {
-                    insert_lane(tx, lane);
-                }
+            if let Some(lane) = lane.take() {
+                insert_lane(tx, lane);
             }
             if let Some(totals) = &totals {
                 insert_totals_data(tx, totals);
             }
             remove_http_root_spans(tx);
-            let written = handed && lane.is_some();
-            let Some(id) = profiler_id
-                .as_deref()
-                .filter(|_| written || is_profiled(tx))
-            else {
+            let Some(id) = profiler_id.as_deref().filter(|_| is_profiled(tx)) else {
                 return;
             };
             settle_lane(tx, Duration::ZERO);
@@ -700,6 +690,10 @@ mod tests {
         tx.extra.insert("contexts".into(), nested);
         tx.extra.insert(text.into(), Value::String(text.into()));
         tx.tags.insert("t".into(), text.into());
+        let mut request = sentry_core::protocol::Request::default();
+        request.headers.insert("contexts".into(), text.into());
+        request.data = Some(format!("\"contexts\":{{{text}"));
+        tx.request = Some(request);
         if profile {
             tx.contexts
                 .insert("profile".into(), profile_context("profiler_id", "old"));
@@ -771,7 +765,7 @@ mod tests {
             let written = crate::transaction_tags::envelope_bytes(
                 &prepared,
                 None,
-                Some((sender.lane.as_ref(), sender.profiler_id.as_deref())),
+                sender.profiler_id.as_deref(),
             )
             .unwrap();
             let got = transaction_json(&written);

@@ -212,8 +212,8 @@ pub(crate) struct Outgoing {
 }
 
 /// Transactions: linked (see [`super::Link::prepare_for_writing`]) and
-/// serialised on the sender thread, with their lane, `profile` context
-/// and poll totals (as measurements) written into the SDK's JSON (see
+/// serialised on the sender thread, with their `profile` context and poll
+/// totals (as measurements) written into the SDK's JSON (see
 /// [`crate::transaction_tags::envelope_bytes`]).
 pub(crate) struct Transactions {
     recorder: Recorder,
@@ -236,11 +236,10 @@ impl Kind for Transactions {
     fn body(&self, item: &mut Outgoing, _: &[u64; 4]) -> Option<Vec<u8>> {
         let envelope = std::mem::replace(&mut item.envelope, Envelope::new());
         item.envelope = item.link.prepare_for_writing(envelope);
-        let link = (item.link.lane.as_ref(), item.link.profiler_id.as_deref());
         match crate::transaction_tags::envelope_bytes(
             &item.envelope,
             item.totals.as_ref(),
-            Some(link),
+            item.link.profiler_id.as_deref(),
         ) {
             Ok(bytes) => Some(bytes),
             Err(e) => {
