@@ -7,7 +7,8 @@
 //! A load generator of our own (`load`) makes a fixed number of requests per
 //! round over 8 keep-alive connections. Each round starts a fresh service in
 //! one mode: profiling off (session rate 0), on (Trace lifecycle, 101 Hz),
-//! or pprof-rs (100 Hz); modes alternate within every round. CPU comes from
+//! or pprof-rs (100 Hz); modes alternate within every round, their order
+//! turning by one from round to round. CPU comes from
 //! the kernel's accounting of every thread of the service
 //! (`/proc/<pid>/task/*/stat`), grouped as Tokio workers, the transport
 //! threads (the SDK's and the crate's transaction sender), and the
@@ -388,7 +389,13 @@ pub(crate) fn run(rounds: usize, quick: bool) -> Result<String, String> {
         let modes = [OFF, ON, PPROF];
         let mut rounds_by_mode: Vec<Vec<Round>> = vec![Vec::new(); modes.len()];
         for round in 0..rounds {
-            for (i, mode) in modes.iter().enumerate() {
+            // The order of the modes turns by one every round, so that none
+            // is always the first after a fresh start or the last before
+            // the next round: a drift of the machine within rounds falls
+            // on every mode alike.
+            for k in 0..modes.len() {
+                let i = (round + k) % modes.len();
+                let mode = &modes[i];
                 let r = run_round(*mode, path, requests, rate)?;
                 eprintln!(
                     "GET {path} round {} {:<16} {:>7.1} µs/request (workers {:.1}, transport {:.1}, profiler {:.1}, other {:.1}) {:>7.0} req/s",
