@@ -395,8 +395,8 @@ pub(crate) fn run(rounds: usize, quick: bool) -> Result<String, String> {
             // on every mode alike.
             for k in 0..modes.len() {
                 let i = (round + k) % modes.len();
-                let mode = &modes[i];
-                let r = run_round(*mode, path, requests, rate)?;
+                let mode = modes[i];
+                let r = run_round(mode, path, requests, rate)?;
                 eprintln!(
                     "GET {path} round {} {:<16} {:>7.1} µs/request (workers {:.1}, transport {:.1}, profiler {:.1}, other {:.1}) {:>7.0} req/s",
                     round + 1,
