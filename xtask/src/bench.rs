@@ -57,7 +57,7 @@ fn machine() -> String {
     )
 }
 
-const BENCHES: [&str; 7] = [
+const BENCHES: [&str; 8] = [
     "sampler",
     "per_sample",
     "growth",
@@ -65,6 +65,7 @@ const BENCHES: [&str; 7] = [
     "attribution",
     "preview",
     "request_rate",
+    "context_publish",
 ];
 
 /// Runs everything and writes the report.
