@@ -23,7 +23,26 @@ const UNCLAIMED: u32 = u32::MAX;
 /// `MY_SLOT` value: the table was full; do not try again.
 const NONE: u32 = u32::MAX - 1;
 
-static SLOTS: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
+/// What a slot's thread writes at every change of its word: the word, and
+/// how many times it was published. One cache line per slot: kept in two
+/// packed arrays, neighbouring slots (a runtime's workers claim theirs one
+/// after the other) shared lines, and each worker's publication took the
+/// line from the core of the worker publishing beside it, which tripled
+/// the cost of a publication with two workers busy (`context_publish`
+/// bench).
+#[repr(align(64))]
+struct Published {
+    word: AtomicU64,
+    changes: AtomicU64,
+}
+
+static PUBLISHED: [Published; MAX_SLOTS] = [const {
+    Published {
+        word: AtomicU64::new(0),
+        changes: AtomicU64::new(0),
+    }
+}; MAX_SLOTS];
+
 /// The thread id holding each slot (0: free), so that a reader holding a
 /// slot number learned before its thread exited does not read the word of
 /// the next thread that claimed it.
@@ -45,8 +64,6 @@ static STACK_HINT: [AtomicUsize; MAX_SLOTS] = [const { AtomicUsize::new(0) }; MA
 static EXITED_SEQ: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
 static EXITED_OWNER: [AtomicU32; MAX_SLOTS] = [const { AtomicU32::new(0) }; MAX_SLOTS];
 static CLAIMED_AT_OF_EXITED: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
-/// How many times each slot's word was published.
-static CHANGES: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0) }; MAX_SLOTS];
 
 /// How many of a thread's latest words are kept, each with the time it was
 /// published: the sampler asks what a thread's word was at a tick it
@@ -64,17 +81,25 @@ struct Entry {
 }
 
 /// Each slot's latest words: publication `n` is at `n % HISTORY`. Only the
-/// owner writes; readers check [`CHANGES`] before and after (a sequence
-/// lock) and trust only entries no newer publication can have overwritten.
-static HISTORY_TABLE: [[Entry; HISTORY]; MAX_SLOTS] = [const {
-    [const {
-        Entry {
-            value: AtomicU64::new(0),
-            since_ns: AtomicU64::new(0),
-            woken_ns: AtomicU64::new(0),
-        }
-    }; HISTORY]
+/// owner writes; readers check the slot's count of publications before and
+/// after (a sequence lock) and trust only entries no newer publication can
+/// have overwritten.
+static HISTORY_TABLE: [History; MAX_SLOTS] = [const {
+    History(
+        [const {
+            Entry {
+                value: AtomicU64::new(0),
+                since_ns: AtomicU64::new(0),
+                woken_ns: AtomicU64::new(0),
+            }
+        }; HISTORY],
+    )
 }; MAX_SLOTS];
+
+/// One slot's history, starting on a cache line of its own (see
+/// [`Published`]).
+#[repr(align(64))]
+struct History([Entry; HISTORY]);
 
 /// Slot bookkeeping: who holds which slot, and which are free.
 #[derive(Default)]
@@ -108,10 +133,13 @@ impl Drop for SlotGuard {
         // slot another thread may claim next.
         let _ = MY_SLOT.try_with(|s| s.set(NONE));
         let i = self.slot as usize;
-        EXITED_SEQ[i].store(CHANGES[i].load(Ordering::Relaxed), Ordering::Relaxed);
+        EXITED_SEQ[i].store(
+            PUBLISHED[i].changes.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         EXITED_OWNER[i].store(self.tid, Ordering::Relaxed);
         CLAIMED_AT_OF_EXITED[i].store(CLAIMED_AT[i].load(Ordering::Relaxed), Ordering::Relaxed);
-        SLOTS[i].store(0, Ordering::Relaxed);
+        PUBLISHED[i].word.store(0, Ordering::Relaxed);
         OWNERS[i].store(0, Ordering::Release);
         if crate::sys::in_forked_child() {
             // See `publish`: never wait for a lock held across the fork.
@@ -161,7 +189,7 @@ fn claim(tid: u32) -> u32 {
     drop(table);
     CLAIMED_AT[slot as usize].store(crate::sys::realtime_ns(), Ordering::Relaxed);
     CLAIMED_SEQ[slot as usize].store(
-        CHANGES[slot as usize].load(Ordering::Relaxed),
+        PUBLISHED[slot as usize].changes.load(Ordering::Relaxed),
         Ordering::Relaxed,
     );
     let on_stack = 0u8;
@@ -196,19 +224,22 @@ pub(crate) fn publish(value: u64, tid: impl FnOnce() -> u32) {
         let i = slot as usize;
         // Unchanged (a child span of the request entered or left): nothing
         // to record, and no clock to read.
-        if SLOTS[i].load(Ordering::Relaxed) == value {
+        let published = &PUBLISHED[i];
+        if published.word.load(Ordering::Relaxed) == value {
             return;
         }
-        SLOTS[i].store(value, Ordering::Relaxed);
+        published.word.store(value, Ordering::Relaxed);
         // Only the slot's owner writes it: no read-modify-write needed.
-        let n = CHANGES[i].load(Ordering::Relaxed);
-        let entry = &HISTORY_TABLE[i][n as usize % HISTORY];
+        let n = published.changes.load(Ordering::Relaxed);
+        let entry = &HISTORY_TABLE[i].0[n as usize % HISTORY];
         let now = crate::sys::realtime_ns();
         entry.value.store(value, Ordering::Relaxed);
         entry.since_ns.store(now, Ordering::Relaxed);
         let woken = POLL_WOKEN.try_with(|w| w.replace(0)).unwrap_or(0);
         entry.woken_ns.store(woken, Ordering::Relaxed);
-        CHANGES[i].store(n.wrapping_add(1), Ordering::Release);
+        published
+            .changes
+            .store(n.wrapping_add(1), Ordering::Release);
         let _ = LAST_PUBLISHED_NS.try_with(|c| c.set(now));
     }
 }
@@ -251,9 +282,9 @@ pub(crate) fn stack_hint(slot: u32, tid: i32) -> Option<usize> {
 /// The context word last published in `slot`.
 #[inline]
 pub(crate) fn read(slot: u32) -> u64 {
-    SLOTS
+    PUBLISHED
         .get(slot as usize)
-        .map_or(0, |s| s.load(Ordering::Relaxed))
+        .map_or(0, |s| s.word.load(Ordering::Relaxed))
 }
 
 /// The context word last published in `slot` by thread `tid`; 0 if the
@@ -264,7 +295,7 @@ pub(crate) fn read_for(slot: u32, tid: i32) -> u64 {
     if i >= MAX_SLOTS || OWNERS[i].load(Ordering::Acquire) != tid as u32 {
         return 0;
     }
-    let value = SLOTS[i].load(Ordering::Relaxed);
+    let value = PUBLISHED[i].word.load(Ordering::Relaxed);
     // Claimed by another thread in between: its word, not `tid`'s.
     if OWNERS[i].load(Ordering::Acquire) != tid as u32 {
         return 0;
@@ -285,7 +316,7 @@ pub(crate) fn word_at(slot: u32, tid: i32, at_ns: u64) -> Option<u64> {
         // Before the thread's first word.
         return Some(0);
     }
-    let before = CHANGES[i].load(Ordering::Acquire);
+    let before = PUBLISHED[i].changes.load(Ordering::Acquire);
     let mut found = None;
     let mut oldest_since = None;
     // Newest first; the entry the next publication writes is left out.
@@ -293,11 +324,11 @@ pub(crate) fn word_at(slot: u32, tid: i32, at_ns: u64) -> Option<u64> {
         let Some(n) = before.checked_sub(back) else {
             break;
         };
-        let entry = &HISTORY_TABLE[i][n as usize % HISTORY];
+        let entry = &HISTORY_TABLE[i].0[n as usize % HISTORY];
         let since = entry.since_ns.load(Ordering::Relaxed);
         let value = entry.value.load(Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Acquire);
-        let after = CHANGES[i].load(Ordering::Relaxed);
+        let after = PUBLISHED[i].changes.load(Ordering::Relaxed);
         // Publication `n + HISTORY` overwrites this entry; it may have
         // begun once the count reached it.
         if after >= n + HISTORY as u64 {
@@ -341,8 +372,8 @@ impl ChangeCursor {
                 let owner = OWNERS[i].load(Ordering::Acquire);
                 SlotCursor {
                     owner,
-                    seen: CHANGES[i].load(Ordering::Acquire),
-                    word: (owner != 0).then(|| SLOTS[i].load(Ordering::Relaxed)),
+                    seen: PUBLISHED[i].changes.load(Ordering::Acquire),
+                    word: (owner != 0).then(|| PUBLISHED[i].word.load(Ordering::Relaxed)),
                 }
             })
             .collect();
@@ -408,7 +439,7 @@ pub(crate) fn read_changes(
                 word: Some(0),
             };
         }
-        let changes = CHANGES[i].load(Ordering::Acquire);
+        let changes = PUBLISHED[i].changes.load(Ordering::Acquire);
         lost += read_entries(i, c, changes, claimed_at, &mut report);
     }
     lost
@@ -428,7 +459,8 @@ fn read_entries(
     let mut lost = 0;
     // The entry the next publication writes is left out of the kept ones,
     // as in `word_at`.
-    let oldest_kept = CHANGES[i]
+    let oldest_kept = PUBLISHED[i]
+        .changes
         .load(Ordering::Acquire)
         .saturating_sub(HISTORY as u64 - 1);
     if c.seen < oldest_kept.min(until) {
@@ -437,12 +469,12 @@ fn read_entries(
         c.word = None;
     }
     for n in c.seen..until {
-        let entry = &HISTORY_TABLE[i][n as usize % HISTORY];
+        let entry = &HISTORY_TABLE[i].0[n as usize % HISTORY];
         let value = entry.value.load(Ordering::Relaxed);
         let since = entry.since_ns.load(Ordering::Relaxed);
         let woken = entry.woken_ns.load(Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Acquire);
-        if CHANGES[i].load(Ordering::Relaxed) >= n + HISTORY as u64 {
+        if PUBLISHED[i].changes.load(Ordering::Relaxed) >= n + HISTORY as u64 {
             // Overwritten while read.
             lost += 1;
             c.word = None;
