@@ -496,6 +496,17 @@ fn read_entries(
 mod tests {
     use super::*;
 
+    /// The tests share the process's slot table: a slot one test's thread
+    /// gives back can be claimed by another test's thread, whose words then
+    /// overwrite the history the first test reads. They run one at a time.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// A thread that publishes words 0, 1, 2, 0, 1, … on request, as `tid`.
     struct Publisher {
         go: std::sync::mpsc::Sender<u32>,
@@ -532,6 +543,7 @@ mod tests {
 
     #[test]
     fn every_change_is_read_once_in_order() {
+        let _serial = serial();
         let tid = 4_200_000u32;
         let publisher = Publisher::start(tid);
         let mut cursor = ChangeCursor::default();
@@ -569,6 +581,7 @@ mod tests {
 
     #[test]
     fn a_thread_that_exits_before_the_read_still_has_its_words_read() {
+        let _serial = serial();
         let tid = 4_400_000u32;
         let mut cursor = ChangeCursor::default();
         let (go_tx, go) = std::sync::mpsc::channel::<()>();
@@ -605,6 +618,7 @@ mod tests {
 
     #[test]
     fn a_cursor_starting_now_counts_nothing_before_it_as_lost() {
+        let _serial = serial();
         let tid = 4_300_000u32;
         let publisher = Publisher::start(tid);
         // An earlier session's history, far more than is kept.
@@ -631,6 +645,7 @@ mod tests {
 
     #[test]
     fn the_word_at_a_past_moment_comes_from_the_history() {
+        let _serial = serial();
         let h = std::thread::spawn(move || {
             let tid = 4_100_000;
             let mut times = Vec::new();
@@ -652,6 +667,7 @@ mod tests {
 
     #[test]
     fn a_thread_publishes_and_gives_its_slot_back() {
+        let _serial = serial();
         let (tx, rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let h = std::thread::spawn(move || {
