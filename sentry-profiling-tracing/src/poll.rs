@@ -184,7 +184,7 @@ impl PollTracker {
         if let Some(from) = queued_from {
             self.totals.queued_ns += start.saturating_sub(from);
         }
-        hooks::set_poll_woken(queued_from.unwrap_or(hooks::NOT_WOKEN));
+        hooks::set_poll_started(queued_from.unwrap_or(hooks::NOT_WOKEN), start);
         let waker = self
             .waker
             .get_or_insert_with(|| Waker::from(Arc::clone(&self.state)));

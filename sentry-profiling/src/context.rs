@@ -156,9 +156,10 @@ impl Drop for SlotGuard {
 thread_local! {
     static MY_SLOT: Cell<u32> = const { Cell::new(UNCLAIMED) };
     static GUARD: Cell<Option<SlotGuard>> = const { Cell::new(None) };
-    /// When the future whose poll this thread is about to begin was woken
-    /// (see [`set_poll_woken`]); taken by the next publication.
-    static POLL_WOKEN: Cell<u64> = const { Cell::new(0) };
+    /// When the future whose poll this thread is about to begin was woken,
+    /// and when that poll began (0: unknown; see [`set_poll_woken`]); taken
+    /// by the next publication.
+    static POLL_WOKEN: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
     /// See [`take_last_published_ns`].
     static LAST_PUBLISHED_NS: Cell<u64> = const { Cell::new(0) };
 }
@@ -167,11 +168,14 @@ thread_local! {
 /// woken (`CLOCK_REALTIME`, ns; 1: it was not woken, as for its first
 /// poll): the next word this thread publishes (the request's, as the poll
 /// enters its span) carries it, so the profiler thread knows how long the
-/// request waited for a worker before that poll. 0 takes it back (the
-/// span was already entered, and no word was published).
+/// request waited for a worker before that poll. `start_ns` is when the
+/// poll began, if the caller read the clock for it (else 0): the
+/// publication is stamped with it instead of reading the clock again. 0
+/// takes both back (the span was already entered, and no word was
+/// published).
 #[inline]
-pub(crate) fn set_poll_woken(woken_ns: u64) {
-    let _ = POLL_WOKEN.try_with(|w| w.set(woken_ns));
+pub(crate) fn set_poll_woken(woken_ns: u64, start_ns: u64) {
+    let _ = POLL_WOKEN.try_with(|w| w.set((woken_ns, start_ns)));
 }
 
 fn claim(tid: u32) -> u32 {
@@ -211,6 +215,7 @@ pub(crate) fn publish(value: u64, tid: impl FnOnce() -> u32) {
     let Ok(mut slot) = MY_SLOT.try_with(Cell::get) else {
         return;
     };
+    let mut claimed_now = false;
     if slot == UNCLAIMED {
         if crate::sys::in_forked_child() {
             // The table's lock may have been held by a thread that stayed in
@@ -218,6 +223,7 @@ pub(crate) fn publish(value: u64, tid: impl FnOnce() -> u32) {
             return;
         }
         slot = claim(tid());
+        claimed_now = true;
         let _ = MY_SLOT.try_with(|s| s.set(slot));
     }
     if slot != NONE {
@@ -232,10 +238,17 @@ pub(crate) fn publish(value: u64, tid: impl FnOnce() -> u32) {
         // Only the slot's owner writes it: no read-modify-write needed.
         let n = published.changes.load(Ordering::Relaxed);
         let entry = &HISTORY_TABLE[i].0[n as usize % HISTORY];
-        let now = crate::sys::realtime_ns();
+        let (woken, start) = POLL_WOKEN.try_with(|w| w.replace((0, 0))).unwrap_or((0, 0));
+        // A poll about to begin read the clock already: its start is the
+        // moment the thread took up the request. Not on the slot's first
+        // publication: the reader skips entries older than the claim.
+        let now = if start == 0 || claimed_now {
+            crate::sys::realtime_ns()
+        } else {
+            start
+        };
         entry.value.store(value, Ordering::Relaxed);
         entry.since_ns.store(now, Ordering::Relaxed);
-        let woken = POLL_WOKEN.try_with(|w| w.replace(0)).unwrap_or(0);
         entry.woken_ns.store(woken, Ordering::Relaxed);
         published
             .changes
@@ -586,22 +599,31 @@ mod tests {
         let mut cursor = ChangeCursor::default();
         let (go_tx, go) = std::sync::mpsc::channel::<()>();
         let (ready, ready_rx) = std::sync::mpsc::channel::<()>();
+        let (start_tx, start_rx) = std::sync::mpsc::channel::<u64>();
         let h = std::thread::spawn(move || {
+            // Its first word, of a poll that began before the thread had a
+            // slot: still read (not taken for an older thread's).
+            set_poll_woken(0, crate::sys::realtime_ns() - 1_000_000);
             publish(7, || tid);
             ready.send(()).unwrap();
             go.recv().unwrap();
-            // A poll of a future woken at 123, then back to no request;
-            // then the thread exits, before any read.
-            set_poll_woken(123);
+            // A poll of a future woken at 123 that began at `start` (the
+            // caller read the clock), then back to no request; then the
+            // thread exits, before any read.
+            let start = crate::sys::realtime_ns();
+            set_poll_woken(123, start);
             publish(8, || tid);
+            start_tx.send(start).unwrap();
             publish(0, || tid);
         });
         ready_rx.recv().unwrap();
         let mut mine = Vec::new();
+        let mut times = Vec::new();
         let mut read = |cursor: &mut ChangeCursor| {
-            read_changes(cursor, |t, from, to, _, woken| {
+            read_changes(cursor, |t, from, to, at, woken| {
                 if t == tid {
                     mine.push((from, to, woken));
+                    times.push(at);
                 }
             })
         };
@@ -613,6 +635,12 @@ mod tests {
             mine,
             vec![(Some(0), 7, 0), (Some(7), 8, 123), (Some(8), 0, 0)],
             "the exited thread's last words, with the wake its poll carried"
+        );
+        let start = start_rx.recv().unwrap();
+        assert_eq!(times[1], start, "the poll's word is stamped with its start");
+        assert!(
+            times[0] <= start && times[2] >= start,
+            "the other words read the clock: {times:?}"
         );
     }
 

@@ -109,10 +109,18 @@ pub fn wall_ns() -> u64 {
 /// (an entry that published nothing leaves it set).
 #[inline]
 pub fn set_poll_woken(woken_ns: u64) {
+    set_poll_started(woken_ns, 0);
+}
+
+/// As [`set_poll_woken`], for a poll that began at `start_ns` (read from
+/// [`wall_ns`] by the caller): the span's publication is stamped with it,
+/// without reading the clock again.
+#[inline]
+pub fn set_poll_started(woken_ns: u64, start_ns: u64) {
     #[cfg(profiling_supported)]
-    crate::context::set_poll_woken(woken_ns);
+    crate::context::set_poll_woken(woken_ns, start_ns);
     #[cfg(not(profiling_supported))]
-    let _ = woken_ns;
+    let _ = (woken_ns, start_ns);
 }
 
 pub use crate::lanes::NOT_WOKEN;
@@ -199,12 +207,26 @@ thread_local! {
     /// The lane whose root span last called [`root_span_started`] on
     /// this thread, and when.
     static ROOT_STARTED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+    /// When this thread last reported a lane's end (see
+    /// [`take_lane_finished_ns`]).
+    static LANE_FINISHED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// The root span holding `lane`, for which [`lane_started`] returned
 /// true, closed. Never blocks.
 pub fn lane_finished(lane: u64) {
     if let Some(rt) = crate::session::current() {
-        rt.lane_finished(lane, now_ns());
+        let end_ns = now_ns();
+        rt.lane_finished(lane, end_ns);
+        let _ = LANE_FINISHED.try_with(|c| c.set(end_ns));
     }
+}
+
+/// When this thread last reported a lane's end ([`lane_finished`]; 0: not
+/// since the last call), and forgets it: the request's end, for its
+/// totals, without another clock read. Call it once before closing the
+/// root span (to forget an older end) and once after.
+#[inline]
+pub fn take_lane_finished_ns() -> u64 {
+    LANE_FINISHED.try_with(|c| c.replace(0)).unwrap_or(0)
 }

@@ -119,14 +119,20 @@ impl RequestScope {
             lane,
             ..
         } = self;
+        sentry_profiling::hooks::take_lane_finished_ns();
         drop(span);
         if let Some(tx) = transaction {
             if let Some(status) = status {
                 tx.set_status(status);
             }
+            // Closing the root span ended its lane and read the clock then:
+            // the request's end (read here only when it did not).
+            let end_ns = match sentry_profiling::hooks::take_lane_finished_ns() {
+                0 => sentry_profiling::hooks::wall_ns(),
+                end_ns => end_ns,
+            };
             let handover = Handover {
-                totals: tracker
-                    .and_then(|t| t.totals().snapshot(sentry_profiling::hooks::wall_ns())),
+                totals: tracker.and_then(|t| t.totals().snapshot(end_ns)),
                 lane,
             };
             if handover.totals.is_none() && handover.lane.is_none() {
