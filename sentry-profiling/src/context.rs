@@ -316,6 +316,30 @@ pub(crate) fn read_for(slot: u32, tid: i32) -> u64 {
     value
 }
 
+/// The context word last published in `slot` by thread `tid`, and how many
+/// words the slot has held so far (its count of publications); `None` if
+/// the slot is no longer that thread's. The count tells a reader how fast
+/// the thread changes its word: the history keeps only the last
+/// `HISTORY` of them.
+#[inline]
+pub(crate) fn word_and_changes(slot: u32, tid: i32) -> Option<(u64, u64)> {
+    let i = slot as usize;
+    if i >= MAX_SLOTS || OWNERS[i].load(Ordering::Acquire) != tid as u32 {
+        return None;
+    }
+    let changes = PUBLISHED[i].changes.load(Ordering::Acquire);
+    let word = PUBLISHED[i].word.load(Ordering::Relaxed);
+    // Claimed by another thread in between: its word, not `tid`'s.
+    if OWNERS[i].load(Ordering::Acquire) != tid as u32 {
+        return None;
+    }
+    Some((word, changes))
+}
+
+/// How many of a thread's latest publications its history keeps (see
+/// [`word_at`]).
+pub(crate) const HISTORY_KEPT: u64 = HISTORY as u64 - 1;
+
 /// The context word thread `tid` (publishing in `slot`) had at `at_ns`
 /// (`CLOCK_REALTIME`); `None` when that is older than the history kept, or
 /// the slot is not the thread's.

@@ -13,6 +13,11 @@
 //! with two CPU hogs per core in other processes (so the threads are
 //! preempted, their CPU-time timers fire late and the sampler thread itself
 //! waits for a core).
+//!
+//! Threads that run now and then (a service at a few hundred requests a
+//! second) let the sampler sleep through a few periods between captures
+//! (its light doze): it wakes far fewer times a second, and every period
+//! still gets its sample.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,8 +34,14 @@ const RUN: Duration = Duration::from_secs(3);
 /// from a pair of readings taken within 20 µs of each other.
 const CLOCK_SLACK_NS: f64 = 100_000.0;
 
-/// The threads sampled: a name and how long each runs, then sleeps, in ms.
-const THREADS: [(&str, u64, u64); 4] = [
+/// A thread sampled: its name and how long it runs, then sleeps, in ms.
+type Spec = (&'static str, u64, u64);
+
+/// One test at a time: each starts the process's sampler.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The threads sampled.
+const THREADS: [Spec; 4] = [
     ("spacing-busy", 1_000, 0),
     ("spacing-short", 3, 4),
     ("spacing-long", 25, 25),
@@ -49,8 +60,12 @@ fn spin_for(d: Duration) {
     std::hint::black_box(x);
 }
 
-fn start_threads(stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
-    THREADS
+/// Threads that run a millisecond at a time, now and then: none runs a
+/// whole period of CPU time between two of the sampler's usual ticks.
+const LIGHT_THREADS: [Spec; 2] = [("light-short", 1, 9), ("light-parked", 0, 200)];
+
+fn start_threads(specs: &[Spec], stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
+    specs
         .iter()
         .map(|&(name, run_ms, sleep_ms)| {
             let stop = Arc::clone(stop);
@@ -84,14 +99,14 @@ fn sample_for(run: Duration) -> (Vec<Sample>, SamplerStats) {
 
 /// Checks one run; returns what breaks the spacing (both runs are looked at
 /// before the test fails).
-fn check(label: &str, samples: &[Sample], stats: &SamplerStats) -> Option<String> {
+fn check(label: &str, specs: &[Spec], samples: &[Sample], stats: &SamplerStats) -> Option<String> {
     let period_ns = 1e9 / f64::from(HZ);
     let mut by_thread: HashMap<&str, Vec<&Sample>> = HashMap::new();
     for s in samples {
         by_thread.entry(&**s.thread_name()).or_default().push(s);
     }
     let mut failures = Vec::new();
-    for (name, ..) in THREADS {
+    for &(name, ..) in specs {
         let list = by_thread.get(name).map(Vec::as_slice).unwrap_or_default();
         assert!(
             list.len() as f64 >= 0.8 * f64::from(HZ) * RUN.as_secs_f64(),
@@ -142,13 +157,14 @@ fn check(label: &str, samples: &[Sample], stats: &SamplerStats) -> Option<String
 
 #[test]
 fn every_period_of_every_thread_gets_a_sample_idle_and_contended() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let stop = Arc::new(AtomicBool::new(false));
-    let threads = start_threads(&stop);
+    let threads = start_threads(&THREADS, &stop);
     // Let the threads name themselves before the sampler lists them.
     std::thread::sleep(Duration::from_millis(50));
 
     let (samples, stats) = sample_for(RUN);
-    let idle = check("idle", &samples, &stats);
+    let idle = check("idle", &THREADS, &samples, &stats);
 
     let mut hogs = CpuHogs::start();
     let (samples, stats) = sample_for(RUN);
@@ -156,7 +172,7 @@ fn every_period_of_every_thread_gets_a_sample_idle_and_contended() {
     drop(hogs);
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     assert_eq!(running, 2 * cores, "a CPU hog died during the run");
-    let contended = check("contended", &samples, &stats);
+    let contended = check("contended", &THREADS, &samples, &stats);
 
     stop.store(true, Ordering::Relaxed);
     for t in threads {
@@ -164,4 +180,38 @@ fn every_period_of_every_thread_gets_a_sample_idle_and_contended() {
     }
     let failures: Vec<String> = [idle, contended].into_iter().flatten().collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn threads_that_run_now_and_then_cost_fewer_wake_ups_and_keep_every_period() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads = start_threads(&LIGHT_THREADS, &stop);
+    std::thread::sleep(Duration::from_millis(50));
+
+    let (samples, stats) = sample_for(RUN);
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let periods = f64::from(HZ) * RUN.as_secs_f64();
+    eprintln!(
+        "light: {} ticks, {} light dozes in {periods} periods",
+        stats.ticks, stats.light_dozes
+    );
+    // The application used 10 % of a core: too busy for the sampler's
+    // long doze, idle enough for its light one.
+    assert!(
+        stats.light_dozes as f64 >= 0.1 * periods,
+        "the sampler dozed lightly {} times in {periods} periods: {stats:?}",
+        stats.light_dozes
+    );
+    assert!(
+        (stats.ticks as f64) <= 0.75 * periods,
+        "{} ticks in {periods} periods: the light doze saved no wake-up: {stats:?}",
+        stats.ticks
+    );
+    if let Some(failure) = check("light", &LIGHT_THREADS, &samples, &stats) {
+        panic!("{failure}");
+    }
 }

@@ -45,6 +45,11 @@ counters! {
     /// period, or the thread was not given a core); the tick that runs
     /// next records every thread's samples for them (up to 100 periods).
     ticks_skipped,
+    /// Light dozes: ticks after which the sampler slept up to 4 periods (or
+    /// until a thread ran a period of CPU time), because no thread was in
+    /// a request and none needed a look every period; the tick after one
+    /// records every period slept through.
+    light_dozes,
     /// Signals sent to threads by the sampler thread (timer signals are not
     /// counted here).
     signals_sent,

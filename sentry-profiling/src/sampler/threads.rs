@@ -49,6 +49,9 @@ pub(super) struct Tracked {
     pub(super) ledger: Ledger,
     /// Where the thread publishes its context word (see `crate::context`).
     pub(super) context_slot: Option<u32>,
+    /// How many words it had published at the last tick (see
+    /// `crate::context::word_and_changes`).
+    pub(super) changes_seen: u64,
     pub(super) stack_bounds: Option<(usize, usize)>,
     /// The capture slots bound to the thread (the second is filled while
     /// the first waits to be read), and its CPU-time timer.
@@ -81,6 +84,7 @@ impl Tracked {
             schedule: Schedule::default(),
             ledger: Ledger::default(),
             context_slot: None,
+            changes_seen: 0,
             stack_bounds: None,
             slot: None,
             slot2: None,

@@ -41,6 +41,22 @@ const IDLE_TICKS_BEFORE_DOZING: u32 = 3;
 /// requests in flight that all wait, 16-period dozes cost the sampler
 /// thread 1.1 ms of CPU a second, 48-period ones 0.3.
 const DOZE_PERIODS: u32 = 48;
+/// How many periods a light doze lasts at most (see
+/// [`Worker::light_doze_periods`]): while the application runs now and then
+/// (requests come at a few hundred a second or fewer) but no thread is in a
+/// request at the tick, the sampler sleeps up to this many periods, and any
+/// capture wakes it at once. Each wake-up costs the sampler thread 30 to
+/// 60 µs of CPU in the VM this is developed on (a timed `futex` wait, measured
+/// alone), more than the work of most ticks.
+const LIGHT_DOZE_PERIODS: u32 = 4;
+/// Most context-word changes a thread may make during a light doze, at the
+/// rate it changed its word since the tick before: the periods slept
+/// through keep every word it published (its history holds
+/// `context::HISTORY_KEPT`, a quarter of it left for bursts), which the
+/// fills of those periods and the lanes' poll edges are read from
+/// afterwards. A doze is as long as that allows, up to
+/// [`LIGHT_DOZE_PERIODS`]; none is shorter than two periods.
+const LIGHT_DOZE_MAX_CHANGES: u64 = crate::context::HISTORY_KEPT * 3 / 4;
 
 /// Sampling periods between two looks at whether a thread that keeps running now and
 /// then is waiting, to learn where it waits (about 100 ms at 101 Hz).
@@ -74,6 +90,13 @@ pub(super) struct Worker {
     /// Whether this tick harvested a timer capture: an application thread
     /// ran a period of CPU time.
     pub(super) captured: bool,
+    /// Whether this tick found a thread that ran inside a request since the
+    /// tick before (without a capture): it may be about to block there, and
+    /// the sampler does not doze before it has looked at it again.
+    pub(super) request_ran: bool,
+    /// How many periods the light doze after the last tick may last (0:
+    /// none; see [`Worker::light_doze_periods`]).
+    pub(super) light_doze: u32,
     /// The sampler thread's CPU time at the end of its last tick (`None`
     /// after a pause): a tick's cost counts from there, its wake-up
     /// included.
@@ -132,6 +155,8 @@ impl Worker {
             idle_ticks: 0,
             app_cpu_ns: None,
             captured: false,
+            request_ran: false,
+            light_doze: 0,
             cpu_mark: None,
             denied: Denials::new(config.cpu_timers),
             config,
@@ -163,6 +188,9 @@ impl Worker {
                 continue;
             }
             let cpu_before = self.cpu_mark.unwrap_or_else(sys::own_cpu_time_ns);
+            // Read before the tick: a capture completed during it, after its
+            // thread was harvested, ends a doze that follows at once.
+            let seen = sys::completion_seq();
             let (periods, passed) = self.tick(deadline);
             if let Some(hook) = self.shared.tick_hook.get() {
                 (hook.0)();
@@ -172,25 +200,35 @@ impl Worker {
             let c = &self.shared.counters;
             c.tick_cpu_ns.add(cpu_after.saturating_sub(cpu_before));
             deadline += self.period * (1 + passed);
-            if self.note_idle(periods, cpu_after) {
+            let idle = self.note_idle(periods, cpu_after);
+            if idle || self.light_doze > 1 {
                 // Nothing of the application ran for a few ticks (every
-                // thread waits): sleep until a thread runs a period of CPU
-                // time (its timer's capture wakes this thread) or the doze
-                // ends. The tick after it stands for every period slept
-                // through, so no thread loses a sample; it only costs fewer
-                // wake-ups.
-                let seen = sys::completion_seq();
-                let until = deadline + self.period * (DOZE_PERIODS - 1);
+                // thread waits), or nothing that needs a look every period
+                // (see `light_doze_periods`): sleep until a thread runs a
+                // period of CPU time (its timer's capture wakes this
+                // thread) or the doze ends. The tick after it stands for
+                // every period slept through, so no thread loses a sample;
+                // it only costs fewer wake-ups.
+                let doze = if idle { DOZE_PERIODS } else { self.light_doze };
+                let until = deadline + self.period * (doze - 1);
                 let now = Instant::now();
                 if until > now && !self.shared.stop.load(Ordering::Acquire) {
-                    self.shared.dozing.store(true, Ordering::Release);
-                    self.wake_reader();
+                    if idle {
+                        // Long enough for the reader to read the lanes
+                        // itself meanwhile.
+                        self.shared.dozing.store(true, Ordering::Release);
+                        self.wake_reader();
+                    } else {
+                        self.shared.counters.light_dozes.add(1);
+                    }
                     sys::wait_completion(seen, until - now);
-                    self.shared.dozing.store(false, Ordering::Release);
-                    if Instant::now() < until {
-                        // A thread ran: the reader goes back to its pace.
-                        if let Some(reader) = self.shared.reader.get() {
-                            reader.unpark();
+                    if idle {
+                        self.shared.dozing.store(false, Ordering::Release);
+                        if Instant::now() < until {
+                            // A thread ran: the reader goes back to its pace.
+                            if let Some(reader) = self.shared.reader.get() {
+                                reader.unpark();
+                            }
                         }
                     }
                 }
@@ -251,11 +289,14 @@ impl Worker {
     /// every 100 ms at most (it reads the lanes), and while it dozes they
     /// do little, so they do not keep it awake; reading their clocks too
     /// cost three system calls a tick. A tick that harvested a timer
-    /// capture was not idle (a thread ran a whole period of CPU time): no
-    /// clock is read then. The next tick that reads them counts as busy,
-    /// having nothing to compare with.
+    /// capture was not idle (a thread ran a whole period of CPU time), nor
+    /// one that found a thread in a request that ran since the tick before
+    /// (it may block there next: a doze begins only once it was looked at
+    /// again): no clock is read then. The next tick that reads them counts
+    /// as busy, having nothing to compare with.
     fn note_idle(&mut self, periods: u32, own_cpu_ns: u64) -> bool {
-        if std::mem::take(&mut self.captured) {
+        let request_ran = std::mem::take(&mut self.request_ran);
+        if std::mem::take(&mut self.captured) || request_ran {
             self.app_cpu_ns = None;
             self.idle_ticks = 0;
             return false;
@@ -271,6 +312,45 @@ impl Worker {
             self.idle_ticks = 0;
         }
         self.idle_ticks >= IDLE_TICKS_BEFORE_DOZING
+    }
+
+    /// How many periods the sampler may sleep through after the tick that
+    /// stood for `periods`, woken at once by any capture (0 or 1: none).
+    /// None when this tick harvested a capture (a thread ran a period of
+    /// CPU time), when a thread has no CPU-time timer of its own (only a
+    /// timer's capture wakes the sampler), or when a thread is inside a
+    /// request now (a worker that blocks in a request's poll is looked at
+    /// every period). Otherwise up to [`LIGHT_DOZE_PERIODS`], fewer for a
+    /// thread that changes its context word often (see
+    /// [`LIGHT_DOZE_MAX_CHANGES`]).
+    fn light_doze_periods(&mut self, periods: u32) -> u32 {
+        let mut doze = if self.captured { 0 } else { LIGHT_DOZE_PERIODS };
+        let periods = u64::from(periods.max(1));
+        for idx in 0..self.threads.len() {
+            let t = self.threads.get_mut(idx);
+            if t.gone {
+                continue;
+            }
+            if t.timer.is_none() {
+                doze = 0;
+            }
+            let Some(slot) = t.context_slot else {
+                continue;
+            };
+            let Some((word, changes)) = crate::context::word_and_changes(slot, t.info.tid) else {
+                continue;
+            };
+            // Changes per period since the tick before, rounded up.
+            let rate = changes.saturating_sub(t.changes_seen).div_ceil(periods);
+            t.changes_seen = changes;
+            if crate::lanes::is_lane(word) {
+                doze = 0;
+            } else if let Some(most) = LIGHT_DOZE_MAX_CHANGES.checked_div(rate) {
+                // (No change at all allows the longest doze.)
+                doze = doze.min(most.min(u64::from(LIGHT_DOZE_PERIODS)) as u32);
+            }
+        }
+        doze
     }
 
     /// One tick, due at `deadline`; returns how many periods it stood for,
@@ -305,6 +385,7 @@ impl Worker {
         for idx in 0..self.threads.len() {
             self.tick_thread(idx, &tick, c);
         }
+        self.light_doze = self.light_doze_periods(periods);
         // After the captures: those were taken by the threads the table
         // still names, even if the listing now finds an id reused since.
         if self
@@ -465,6 +546,7 @@ impl Worker {
                 flush(&self.tx, c, t, &self.requests, false);
                 t.place.ran_uncaptured(t.last_stack.as_ref());
                 t.schedule.ran(tick_no);
+                self.request_ran |= in_request;
                 let responsive = !t.asking.is_unresponsive();
                 let probe = responsive && t.schedule.probe(tick_no, PROBE_EVERY);
                 let overdue = cpu.is_some_and(|cpu| self.timer_overdue(idx, cpu, tick.ts));
