@@ -1,5 +1,6 @@
 //! The sampler thread: its loop (ticks on the period grid, pausing, dozing
-//! while the application is idle), and each tick's work on every tracked
+//! while the application is idle, and lightly between captures while no
+//! thread is in a request), and each tick's work on every tracked
 //! thread: harvesting timer captures, reading CPU clocks and `/proc`,
 //! signalling, unwinding, and handing what it learns to each thread's
 //! state and ledger (see `state` and `ledger`), whose samples leave in
