@@ -67,9 +67,13 @@ static CLAIMED_AT_OF_EXITED: [AtomicU64; MAX_SLOTS] = [const { AtomicU64::new(0)
 
 /// How many of a thread's latest words are kept, each with the time it was
 /// published: the sampler asks what a thread's word was at a tick it
-/// processes later (it may itself wait for a core on a busy machine, and a
-/// request's future yields every few milliseconds).
-const HISTORY: usize = 64;
+/// processes later (it may itself wait for a core on a busy machine, or
+/// doze through a few periods, and a request's future yields every few
+/// milliseconds). A Tokio worker serving 500 requests a second changes its
+/// word about 24 times a period; 128 entries let the sampler doze three
+/// periods at that rate (64 allowed none), at 3 KiB per thread that
+/// publishes.
+const HISTORY: usize = 128;
 
 /// One published word and when (`CLOCK_REALTIME`, ns), with, for a poll
 /// of an instrumented future that begins here, when that future was woken
@@ -701,18 +705,20 @@ mod tests {
         let h = std::thread::spawn(move || {
             let tid = 4_100_000;
             let mut times = Vec::new();
-            for value in 1..=68u64 {
+            // The history keeps the last `HISTORY - 1`: words 6 and on.
+            let last = HISTORY as u64 + 4;
+            for value in 1..=last {
                 publish(value, || tid as u32);
                 times.push(crate::sys::realtime_ns());
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
             let slot = slots_by_tid()[&(tid as u32)];
-            assert_eq!(word_at(slot, tid, times[67]), Some(68));
+            assert_eq!(word_at(slot, tid, times[last as usize - 1]), Some(last));
             assert_eq!(word_at(slot, tid, times[30]), Some(31));
             assert_eq!(word_at(slot, tid, times[5]), Some(6));
             // Older than the history kept: not known.
             assert_eq!(word_at(slot, tid, times[4]), None);
-            assert_eq!(word_at(slot, tid + 1, times[67]), None);
+            assert_eq!(word_at(slot, tid + 1, times[last as usize - 1]), None);
         });
         h.join().unwrap();
     }
