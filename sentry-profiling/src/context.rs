@@ -324,7 +324,7 @@ pub(crate) fn read_for(slot: u32, tid: i32) -> u64 {
 /// words the slot has held so far (its count of publications); `None` if
 /// the slot is no longer that thread's. The count tells a reader how fast
 /// the thread changes its word: the history keeps only the last
-/// `HISTORY` of them.
+/// `HISTORY_KEPT` of them.
 #[inline]
 pub(crate) fn word_and_changes(slot: u32, tid: i32) -> Option<(u64, u64)> {
     let i = slot as usize;
