@@ -308,16 +308,7 @@ pub(crate) fn read(slot: u32) -> u64 {
 /// slot is no longer that thread's.
 #[inline]
 pub(crate) fn read_for(slot: u32, tid: i32) -> u64 {
-    let i = slot as usize;
-    if i >= MAX_SLOTS || OWNERS[i].load(Ordering::Acquire) != tid as u32 {
-        return 0;
-    }
-    let value = PUBLISHED[i].word.load(Ordering::Relaxed);
-    // Claimed by another thread in between: its word, not `tid`'s.
-    if OWNERS[i].load(Ordering::Acquire) != tid as u32 {
-        return 0;
-    }
-    value
+    word_and_changes(slot, tid).map_or(0, |(word, _)| word)
 }
 
 /// The context word last published in `slot` by thread `tid`, and how many

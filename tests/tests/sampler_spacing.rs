@@ -82,6 +82,21 @@ fn start_threads(specs: &[Spec], stop: &Arc<AtomicBool>) -> Vec<std::thread::Joi
         .collect()
 }
 
+/// Runs `specs`' threads while `body` samples them; stops and joins them
+/// after.
+fn with_threads<T>(specs: &[Spec], body: impl FnOnce() -> T) -> T {
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads = start_threads(specs, &stop);
+    // Let the threads name themselves before the sampler lists them.
+    std::thread::sleep(Duration::from_millis(50));
+    let out = body();
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    out
+}
+
 fn sample_for(run: Duration) -> (Vec<Sample>, SamplerStats) {
     let sampler =
         Sampler::start(SamplerConfig::default().frequency_hz(HZ)).expect("sampler starts");
@@ -158,26 +173,18 @@ fn check(label: &str, specs: &[Spec], samples: &[Sample], stats: &SamplerStats) 
 #[test]
 fn every_period_of_every_thread_gets_a_sample_idle_and_contended() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let stop = Arc::new(AtomicBool::new(false));
-    let threads = start_threads(&THREADS, &stop);
-    // Let the threads name themselves before the sampler lists them.
-    std::thread::sleep(Duration::from_millis(50));
+    let (idle, contended) = with_threads(&THREADS, || {
+        let (samples, stats) = sample_for(RUN);
+        let idle = check("idle", &THREADS, &samples, &stats);
 
-    let (samples, stats) = sample_for(RUN);
-    let idle = check("idle", &THREADS, &samples, &stats);
-
-    let mut hogs = CpuHogs::start();
-    let (samples, stats) = sample_for(RUN);
-    let running = hogs.running();
-    drop(hogs);
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    assert_eq!(running, 2 * cores, "a CPU hog died during the run");
-    let contended = check("contended", &THREADS, &samples, &stats);
-
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().unwrap();
-    }
+        let mut hogs = CpuHogs::start();
+        let (samples, stats) = sample_for(RUN);
+        let running = hogs.running();
+        drop(hogs);
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        assert_eq!(running, 2 * cores, "a CPU hog died during the run");
+        (idle, check("contended", &THREADS, &samples, &stats))
+    });
     let failures: Vec<String> = [idle, contended].into_iter().flatten().collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
@@ -185,15 +192,7 @@ fn every_period_of_every_thread_gets_a_sample_idle_and_contended() {
 #[test]
 fn threads_that_run_now_and_then_cost_fewer_wake_ups_and_keep_every_period() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let stop = Arc::new(AtomicBool::new(false));
-    let threads = start_threads(&LIGHT_THREADS, &stop);
-    std::thread::sleep(Duration::from_millis(50));
-
-    let (samples, stats) = sample_for(RUN);
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().unwrap();
-    }
+    let (samples, stats) = with_threads(&LIGHT_THREADS, || sample_for(RUN));
     let periods = f64::from(HZ) * RUN.as_secs_f64();
     eprintln!(
         "light: {} ticks, {} light dozes in {periods} periods",
