@@ -234,6 +234,11 @@ impl Worker {
                     }
                 }
                 let now = Instant::now();
+                // Periods past the doze's end are late, as for a tick that
+                // overran: the thread was not given a core in time.
+                let late =
+                    now.saturating_duration_since(until).as_nanos() / self.period.as_nanos().max(1);
+                self.shared.counters.ticks_skipped.add(late as u64);
                 if now >= deadline {
                     let passed = (now.duration_since(deadline).as_nanos()
                         / self.period.as_nanos().max(1)) as u32;
