@@ -105,16 +105,28 @@ impl LaneMap {
         };
         let lane = self.ring[i].take()?;
         self.in_ring -= 1;
-        self.trim();
+        // Only the start: the empty places at the end are where the next
+        // lanes go. Dropping them too cost a request the whole gap back to
+        // the lane before it whenever that one is kept (a linked request
+        // waits for its chunk; a short one after it is forgotten at once),
+        // as the next insert put the same places back: thousands of
+        // instructions a request on the profiler thread once every other
+        // request was linked.
+        self.trim_front();
         Some(*lane)
     }
 
-    /// Drops the empty places at both ends of the ring.
-    fn trim(&mut self) {
+    /// Drops the empty places at the ring's start.
+    fn trim_front(&mut self) {
         while self.ring.front().is_some_and(Option::is_none) {
             self.ring.pop_front();
             self.base += 1;
         }
+    }
+
+    /// Drops the empty places at both ends of the ring.
+    fn trim(&mut self) {
+        self.trim_front();
         while self.ring.back().is_some_and(Option::is_none) {
             self.ring.pop_back();
         }
@@ -198,6 +210,25 @@ mod tests {
         assert_eq!((map.len(), map.ring.len()), (0, 0), "the ring is trimmed");
         map.insert(300, lane(300));
         assert_eq!(ids(&map), [300]);
+    }
+
+    #[test]
+    fn forgetting_the_newest_lane_keeps_the_places_before_it() {
+        // A kept lane (linked, waiting for its chunk), then short ones
+        // forgotten as they end: the ring keeps its places, so a lane costs
+        // the same however far back the kept one is.
+        let mut map = LaneMap::default();
+        map.insert(10, lane(10));
+        for id in 11..500 {
+            map.insert(id, lane(id));
+            assert!(map.remove(id).is_some());
+            assert_eq!(map.ring.len(), (id - 10 + 1) as usize, "no place given back at the end");
+        }
+        assert_eq!(ids(&map), [10]);
+        map.insert(20, lane(20));
+        assert_eq!(map.ring.len(), 490, "an empty place is reused");
+        map.retain(|id, _| id == 20);
+        assert_eq!((map.base, map.ring.len()), (20, 1), "retain trims both ends");
     }
 
     #[test]
