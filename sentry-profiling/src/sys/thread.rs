@@ -194,6 +194,7 @@ pub(crate) fn own_cpu_time_ns() -> u64 {
 
 /// `CLOCK_REALTIME` in nanoseconds since the Unix epoch, the same clock the
 /// signal handler stamps samples with.
+#[inline]
 pub(crate) fn realtime_ns() -> u64 {
     clock_ns(libc::CLOCK_REALTIME).unwrap_or(0)
 }
