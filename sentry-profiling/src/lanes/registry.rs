@@ -50,7 +50,10 @@ pub(crate) fn read_interval(busy: bool, period: Duration, idle: Duration) -> Dur
 /// The registry's counters (see [`crate::ProfilerStats`]).
 #[derive(Debug, Default)]
 pub(crate) struct RegistryCounters {
-    pub(crate) registered: AtomicU64,
+    /// Places given back (ends read, lanes expired): written by the reader
+    /// only, so that registering a lane adds to no counter the
+    /// application's threads share (see [`LaneRegistry::registered`]).
+    released: AtomicU64,
     pub(crate) refused: AtomicU64,
     pub(crate) events_dropped: AtomicU64,
 }
@@ -81,6 +84,15 @@ impl LaneRegistry {
     /// Records the thread that reads the queue.
     pub(crate) fn set_reader(&self, thread: std::thread::Thread) {
         let _ = self.reader.set(thread);
+    }
+
+    /// Lanes registered so far: each holds its places until they are given
+    /// back, so it is the places given back plus those held. Exact once no
+    /// lane registers or ends meanwhile; otherwise off by the lanes that
+    /// did between the two reads.
+    pub(crate) fn registered(&self) -> u64 {
+        let released = self.counters.released.load(Ordering::Relaxed);
+        released + self.in_flight() as u64
     }
 
     /// Lanes registered whose end was not read yet.
@@ -128,7 +140,6 @@ impl LaneRegistry {
             c.events_dropped.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        c.registered.fetch_add(1, Ordering::Relaxed);
         true
     }
 
@@ -170,6 +181,9 @@ impl LaneRegistry {
     /// for good): their places are free again, so that a leaked span does
     /// not hold places for the life of the process.
     pub(crate) fn released(&self, lanes: usize) {
+        self.counters
+            .released
+            .fetch_add(lanes as u64, Ordering::Relaxed);
         let _ = self
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {

@@ -169,7 +169,7 @@ impl Session {
                 rate_limited: self.delivery.rate_limited.load(Ordering::Relaxed),
             },
             lane_events_dropped: lanes.events_dropped.load(Ordering::Relaxed),
-            lanes_registered: lanes.registered.load(Ordering::Relaxed),
+            lanes_registered: self.lanes.registered(),
             lane_registrations_refused: lanes.refused.load(Ordering::Relaxed),
             lanes_in_flight: self.lanes.in_flight() as u64,
             lanes_tracked: c.lanes_tracked.load(Ordering::Relaxed),
