@@ -456,9 +456,10 @@ where
             Some(tx) if http_root => Some(TransactionOrSpan::Transaction(tx.clone())),
             _ => Hub::current().configure_scope(|scope| scope.get_span()),
         };
-        // The profiler id, read once per first entry: it is shared by
-        // every thread, and each copy touches its reference count.
-        let mut running = None;
+        // Whether the profiler runs; its id is copied only to write it
+        // (every thread shares it, and each copy touches its reference
+        // count).
+        let mut running = false;
         // A registry look-up each time: asked once.
         let is_root = span.parent().is_none();
         if is_root {
@@ -470,14 +471,14 @@ where
             if sampled {
                 running =
                     sentry_profiling::hooks::root_span_started(lane, lane_name.unwrap_or_default());
-                state.holds_profiler = running.is_some();
+                state.holds_profiler = running;
             }
-            if running.is_none() {
-                running = sentry_profiling::hooks::running_profiler_id();
+            if !running {
+                running = sentry_profiling::hooks::profiler_running();
             }
             // Either lifecycle: a sampled root span seen while the profiler
             // runs gets its lane.
-            if sampled && running.is_some() {
+            if sampled && running {
                 if let Some(s) = &sentry_span {
                     // A child span's trace context is its transaction's: the
                     // link names the transaction, the request's root span.
@@ -511,16 +512,24 @@ where
         } else {
             lane
         };
-        if !is_root {
-            running = sentry_profiling::hooks::running_profiler_id();
-        }
-        if let (Some(s), Some(profiler_id)) = (&sentry_span, running) {
-            // The span `http_layer()` opens: its transaction is tagged by
-            // the middleware, which hands its own transaction's lane to
-            // the transport rather than writing it (see
-            // `http::body::RequestScope::poll`); its Sentry span, if
-            // `sentry-tracing` made one, is removed before sending (it only
-            // repeats the transaction).
+        // The span `http_layer()` opens: its transaction is tagged by the
+        // middleware, which hands its own transaction's lane to the
+        // transport rather than writing it (see
+        // `http::body::RequestScope::poll`); its Sentry span, if
+        // `sentry-tracing` made one, is removed before sending (it only
+        // repeats the transaction). So it needs the profiler id only under
+        // a transaction that was already there.
+        let tags_outer = matches!(
+            (&sentry_span, outer),
+            (Some(TransactionOrSpan::Span(_)), Some(_))
+        );
+        let profiler_id =
+            if sentry_span.is_some() && (!http_root || tags_outer) && (running || !is_root) {
+                sentry_profiling::hooks::running_profiler_id()
+            } else {
+                None
+            };
+        if let (Some(s), Some(profiler_id)) = (&sentry_span, profiler_id) {
             if !http_root {
                 tag_with_thread(s, &profiler_id, lane, lane_name);
             }

@@ -41,13 +41,15 @@ pub fn set_envelope_dir_write_delay(
     transport.set_write_delay(per_write);
 }
 
-/// A sampled root span (transaction) became active. Returns the session's
-/// `profiler_id` when the profiler runs for it (trace lifecycle, session
-/// sampled); the caller must then call [`root_span_finished`] once.
+/// A sampled root span (transaction) became active. Returns whether the
+/// profiler runs for it (trace lifecycle, session sampled); the caller must
+/// then call [`root_span_finished`] once. The `profiler_id` is not handed
+/// out here: each copy of it touches a reference count every thread shares,
+/// so [`running_profiler_id`] is asked only where it is written.
 ///
 /// `lane` and `name` identify the root span; with transaction-based
 /// profiling they decide (deterministically) whether it is profiled.
-pub fn root_span_started(lane: u64, name: &str) -> Option<std::sync::Arc<str>> {
+pub fn root_span_started(lane: u64, name: &str) -> bool {
     // The lane begins now, before the profiler resumes: resuming wakes
     // the sampler thread, which on a busy machine can take this
     // thread's core for a while, and the lane must cover that time. A
@@ -56,17 +58,21 @@ pub fn root_span_started(lane: u64, name: &str) -> Option<std::sync::Arc<str>> {
     if crate::lanes::LANE_CREATED.with(std::cell::Cell::get).0 != lane {
         ROOT_STARTED.with(|c| c.set((lane, now_ns())));
     }
-    let rt = crate::session::current()?;
-    rt.root_started(lane, name)
-        .then(|| rt.shared_profiler_id())
-        .flatten()
+    crate::session::current()
+        .is_some_and(|rt| rt.root_started(lane, name) && rt.profiler_id().is_some())
 }
 
-/// A root span for which [`root_span_started`] returned `Some` finished.
+/// A root span for which [`root_span_started`] returned true finished.
 pub fn root_span_finished() {
     if let Some(rt) = crate::session::current() {
         rt.root_finished();
     }
+}
+
+/// Whether samples are being taken right now (either lifecycle): what
+/// [`running_profiler_id`] answers, without copying the id.
+pub fn profiler_running() -> bool {
+    crate::session::current().is_some_and(|rt| rt.is_running())
 }
 
 /// The session's `profiler_id` if samples are being taken right now

@@ -160,9 +160,12 @@ fn tag(
         *untagged = None;
         return;
     }
-    let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() else {
+    // Whether the profiler runs, without copying its id: a handed lane
+    // does not need it (the transport writes it), and every thread shares
+    // its reference count.
+    if !sentry_profiling::hooks::profiler_running() {
         return;
-    };
+    }
     let Some(target) = untagged.take() else {
         return;
     };
@@ -172,8 +175,11 @@ fn tag(
             id: word,
             name: std::mem::take(name),
         });
-    } else {
+    } else if let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() {
         crate::layer::tag_with_thread(&target, &profiler_id, word, Some(name));
+    } else {
+        // Stopped just now: tagged at a later poll, if it runs again.
+        *untagged = Some(target);
     }
 }
 
