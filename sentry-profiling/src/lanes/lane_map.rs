@@ -222,13 +222,21 @@ mod tests {
         for id in 11..500 {
             map.insert(id, lane(id));
             assert!(map.remove(id).is_some());
-            assert_eq!(map.ring.len(), (id - 10 + 1) as usize, "no place given back at the end");
+            assert_eq!(
+                map.ring.len(),
+                (id - 10 + 1) as usize,
+                "no place given back at the end"
+            );
         }
         assert_eq!(ids(&map), [10]);
         map.insert(20, lane(20));
         assert_eq!(map.ring.len(), 490, "an empty place is reused");
         map.retain(|id, _| id == 20);
-        assert_eq!((map.base, map.ring.len()), (20, 1), "retain trims both ends");
+        assert_eq!(
+            (map.base, map.ring.len()),
+            (20, 1),
+            "retain trims both ends"
+        );
     }
 
     #[test]
