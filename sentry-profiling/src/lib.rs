@@ -129,6 +129,7 @@ mod integration;
 mod json_members;
 mod lanes;
 mod options;
+mod own_line;
 #[cfg(profiling_supported)]
 mod sampler;
 #[cfg(not(profiling_supported))]

@@ -35,6 +35,9 @@ pub(crate) const LANE_QUEUE: usize = 16_384;
 /// [`crate::ProfilerStats::lane_registrations_refused`]).
 pub(crate) const MAX_LANES_IN_FLIGHT: usize = LANE_QUEUE / 2;
 
+/// Ends read after which the reader gives their places back, at most.
+const RELEASE_BATCH: usize = 256;
+
 /// Lanes in flight from which the profiler thread is woken at once to read
 /// the lane queue.
 const LANES_HIGH_WATER: usize = MAX_LANES_IN_FLIGHT / 4;
@@ -62,8 +65,9 @@ pub(crate) struct RegistryCounters {
 #[derive(Debug, Default)]
 pub(crate) struct LaneRegistry {
     events: OnceLock<SyncSender<LaneEvent>>,
-    /// Lanes holding places in the queue (see [`MAX_LANES_IN_FLIGHT`]).
-    in_flight: AtomicUsize,
+    /// Lanes holding places in the queue (see [`MAX_LANES_IN_FLIGHT`]):
+    /// written at every registration, so on a line of its own.
+    in_flight: crate::own_line::OwnLine<AtomicUsize>,
     /// The reader, woken when lanes pile up, or by the first lane after it
     /// began to doze.
     reader: OnceLock<std::thread::Thread>,
@@ -210,15 +214,26 @@ impl LaneReader {
     /// lanes whose end it read. Returns how many events and how many ends
     /// it read.
     pub(crate) fn read_into(&self, registry: &LaneRegistry, lanes: &mut Lanes) -> (usize, usize) {
-        let (mut events, mut ends) = (0, 0);
+        let (mut events, mut ends, mut freed) = (0, 0, 0);
         for event in self.events.try_iter() {
             events += 1;
             if matches!(event, LaneEvent::Finished { .. }) {
                 ends += 1;
             }
             if lanes.apply(event) {
-                registry.released(1);
+                freed += 1;
             }
+            // Places are given back in batches, not one write per end to
+            // the count every registering thread updates (at thousands of
+            // requests a second, each such write took its cache line from
+            // the workers); a read that runs on gives them back as it goes.
+            if freed == RELEASE_BATCH {
+                registry.released(freed);
+                freed = 0;
+            }
+        }
+        if freed > 0 {
+            registry.released(freed);
         }
         (events, ends)
     }

@@ -134,7 +134,9 @@ pub(crate) struct Session {
     lanes: LaneRegistry,
     v1_queue: OnceLock<std::sync::mpsc::SyncSender<Box<dyn PendingProfile>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    active_roots: AtomicUsize,
+    /// Root spans active (trace lifecycle): written as each begins and
+    /// ends, on every worker, so on a line of its own.
+    active_roots: crate::own_line::OwnLine<AtomicUsize>,
     manual_running: AtomicBool,
     shut_down: AtomicBool,
     counters: Counters,
@@ -163,7 +165,7 @@ impl Session {
             lanes: LaneRegistry::default(),
             v1_queue: OnceLock::new(),
             thread: Mutex::new(None),
-            active_roots: AtomicUsize::new(0),
+            active_roots: crate::own_line::OwnLine(AtomicUsize::new(0)),
             manual_running: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
             counters: Counters::default(),
