@@ -58,8 +58,10 @@ pub fn root_span_started(lane: u64, name: &str) -> bool {
     if crate::lanes::LANE_CREATED.with(std::cell::Cell::get).0 != lane {
         ROOT_STARTED.with(|c| c.set((lane, now_ns())));
     }
-    crate::session::current()
-        .is_some_and(|rt| rt.root_started(lane, name) && rt.profiler_id().is_some())
+    // `root_started` counts the root only when it returns true (it asks
+    // for the profiler id itself), so true here always pairs with one
+    // `root_span_finished`.
+    crate::session::current().is_some_and(|rt| rt.root_started(lane, name))
 }
 
 /// A root span for which [`root_span_started`] returned true finished.
