@@ -518,18 +518,13 @@ where
         // `http::body::RequestScope::poll`); its Sentry span, if
         // `sentry-tracing` made one, is removed before sending (it only
         // repeats the transaction). So it needs the profiler id only under
-        // a transaction that was already there.
-        let tags_outer = matches!(
-            (&sentry_span, outer),
-            (Some(TransactionOrSpan::Span(_)), Some(_))
-        );
-        let profiler_id =
-            if sentry_span.is_some() && (!http_root || tags_outer) && (running || !is_root) {
-                sentry_profiling::hooks::running_profiler_id()
-            } else {
-                None
-            };
-        if let (Some(s), Some(profiler_id)) = (&sentry_span, profiler_id) {
+        // a transaction that was already there. A root span seen while the
+        // profiler did not run is not tagged.
+        if let Some(s) = &sentry_span
+            && (!http_root || (matches!(s, TransactionOrSpan::Span(_)) && outer.is_some()))
+            && (running || !is_root)
+            && let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id()
+        {
             if !http_root {
                 tag_with_thread(s, &profiler_id, lane, lane_name);
             }
