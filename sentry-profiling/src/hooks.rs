@@ -208,7 +208,7 @@ pub fn lane_started(lane: u64, link: LaneLink) -> bool {
     .filter_map(|(l, t)| (l == lane).then_some(t))
     .min()
     .unwrap_or_else(now_ns);
-    rt.lane_started(lane, std::sync::Arc::new(link), start_ns)
+    rt.lane_started(lane, link, start_ns)
 }
 
 thread_local! {

@@ -136,10 +136,13 @@ pub enum ThreadAttribution {
 /// A lane's life, as the tracing layer reports it.
 #[derive(Debug, Clone)]
 pub(crate) enum LaneEvent {
-    /// A sampled root span was entered for the first time.
+    /// A sampled root span was entered for the first time. The link
+    /// travels by value: the profiler thread allocates the lane's copy
+    /// itself, so that nothing the request's worker allocates is freed on
+    /// another thread (see [`Lanes::apply`]).
     Started {
         lane: u64,
-        link: Arc<LaneLink>,
+        link: LaneLink,
         start_ns: u64,
     },
     /// That root span closed.

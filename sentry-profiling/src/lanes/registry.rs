@@ -17,9 +17,9 @@
 //! is being written; it also reads it before any chunk or profile is
 //! written, so no chunk is ever written without the ends it covers.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::{LaneEvent, LaneLink, Lanes};
@@ -108,7 +108,7 @@ impl LaneRegistry {
     /// the lane cannot be tracked: too many lanes in flight, or no reader.
     /// The caller then leaves the request on its OS threads and must not
     /// report its end.
-    pub(crate) fn started(&self, lane: u64, link: Arc<LaneLink>, start_ns: u64) -> bool {
+    pub(crate) fn started(&self, lane: u64, link: LaneLink, start_ns: u64) -> bool {
         let Some(tx) = self.events.get() else {
             return false;
         };
@@ -257,16 +257,16 @@ mod tests {
     fn lanes_reserve_their_end_and_refuse_past_the_bound() {
         let registry = LaneRegistry::default();
         assert!(
-            !registry.started(1, Arc::default(), 0),
+            !registry.started(1, LaneLink::default(), 0),
             "no reader: no lane"
         );
         let reader = registry.open().expect("opened once");
         assert!(registry.open().is_none(), "and only once");
         let mut lanes = Lanes::default();
         for lane in 0..MAX_LANES_IN_FLIGHT as u64 {
-            assert!(registry.started(lane, Arc::default(), lane));
+            assert!(registry.started(lane, LaneLink::default(), lane));
         }
-        assert!(!registry.started(u64::MAX, Arc::default(), 0));
+        assert!(!registry.started(u64::MAX, LaneLink::default(), 0));
         assert_eq!(registry.counters.refused.load(Ordering::Relaxed), 1);
         // Every end still fits: the queue holds a start and an end per lane.
         for lane in 0..MAX_LANES_IN_FLIGHT as u64 {
@@ -279,7 +279,10 @@ mod tests {
         assert_eq!(ends, MAX_LANES_IN_FLIGHT);
         assert_eq!(registry.in_flight(), 0);
         assert_eq!(lanes.finished(), MAX_LANES_IN_FLIGHT);
-        assert!(registry.started(u64::MAX, Arc::default(), 0), "room again");
+        assert!(
+            registry.started(u64::MAX, LaneLink::default(), 0),
+            "room again"
+        );
     }
 
     #[test]
@@ -289,8 +292,8 @@ mod tests {
         let reader = registry.open().expect("opened");
         let mut lanes = Lanes::default();
         // A root span that is never closed, and one that ends late.
-        assert!(registry.started(1, Arc::default(), 0));
-        assert!(registry.started(2, Arc::default(), 0));
+        assert!(registry.started(1, LaneLink::default(), 0));
+        assert!(registry.started(2, LaneLink::default(), 0));
         reader.read_into(&registry, &mut lanes);
         assert_eq!(registry.in_flight(), 2);
         let expired = lanes.prune(LANE_MAX_OPEN_NS + 1);
@@ -299,7 +302,7 @@ mod tests {
         assert_eq!(registry.in_flight(), 0, "expired lanes hold no places");
         // Another request in flight, then the late end of an expired lane:
         // it frees nothing (its places went back at expiry).
-        assert!(registry.started(3, Arc::default(), LANE_MAX_OPEN_NS + 2));
+        assert!(registry.started(3, LaneLink::default(), LANE_MAX_OPEN_NS + 2));
         registry.finished(2, LANE_MAX_OPEN_NS + 3);
         let (_, ends) = reader.read_into(&registry, &mut lanes);
         assert_eq!(ends, 1);

@@ -261,7 +261,15 @@ impl Lanes {
                 link,
                 start_ns,
             } => {
-                self.lanes.insert(lane, Lane::started(link, start_ns));
+                // Allocated here, and freed here once the lane is
+                // forgotten: nothing a request's worker allocates is freed
+                // on this thread. When the worker allocated it, glibc's
+                // `malloc`, `free` and `malloc_consolidate` read about 33
+                // more cache lines a request from memory than without
+                // profiling (cachegrind's simulated last-level misses,
+                // 3,000 `GET /` of the service twin); now about 2.
+                self.lanes
+                    .insert(lane, Lane::started(Arc::new(link), start_ns));
                 false
             }
             LaneEvent::Transaction {
@@ -797,10 +805,10 @@ mod tests {
         let mut lanes = Lanes::default();
         lanes.apply(LaneEvent::Started {
             lane,
-            link: Arc::new(LaneLink {
+            link: LaneLink {
                 name: Arc::from("GET /x"),
                 ..Default::default()
-            }),
+            },
             start_ns: 1_000,
         });
         let mut chunk = Chunk::new();
@@ -848,7 +856,7 @@ mod tests {
             let mut lanes = Lanes::default();
             lanes.apply(LaneEvent::Started {
                 lane,
-                link: Arc::new(LaneLink::default()),
+                link: LaneLink::default(),
                 start_ns: 1_000,
             });
             let mut chunk = Chunk::new();
@@ -905,7 +913,7 @@ mod tests {
         let lane = new_lane();
         lanes.apply(LaneEvent::Started {
             lane,
-            link: Arc::new(LaneLink::default()),
+            link: LaneLink::default(),
             start_ns,
         });
         lane
@@ -1217,7 +1225,7 @@ mod tests {
         let mut lanes = Lanes::default();
         lanes.apply(LaneEvent::Started {
             lane,
-            link: Arc::new(LaneLink::default()),
+            link: LaneLink::default(),
             start_ns: 1_000,
         });
         let mut chunk = Chunk::new();
@@ -1240,7 +1248,7 @@ mod tests {
         let mut lanes = Lanes::default();
         lanes.apply(LaneEvent::Started {
             lane,
-            link: Arc::new(LaneLink::default()),
+            link: LaneLink::default(),
             start_ns: 1_000,
         });
         let mut chunk = Chunk::new();
@@ -1261,10 +1269,10 @@ mod tests {
         let mut lanes = Lanes::default();
         lanes.apply(LaneEvent::Started {
             lane,
-            link: Arc::new(LaneLink {
+            link: LaneLink {
                 name: Arc::from("GET /"),
                 ..Default::default()
-            }),
+            },
             start_ns: 5,
         });
         let mut chunk = Chunk::new();
@@ -1291,7 +1299,7 @@ mod tests {
         for &lane in &ids {
             lanes.apply(LaneEvent::Started {
                 lane,
-                link: Arc::new(LaneLink::default()),
+                link: LaneLink::default(),
                 start_ns: 0,
             });
             lanes.apply(LaneEvent::Finished {
@@ -1323,7 +1331,7 @@ mod tests {
         let mut lanes = Lanes::default();
         lanes.apply(LaneEvent::Started {
             lane,
-            link: Arc::new(LaneLink::default()),
+            link: LaneLink::default(),
             start_ns: 15_000,
         });
         let mut first = Chunk::new();
@@ -1363,7 +1371,7 @@ mod tests {
         let lane = new_lane();
         lanes.apply(LaneEvent::Started {
             lane,
-            link: Arc::new(LaneLink::default()),
+            link: LaneLink::default(),
             start_ns: 1,
         });
         assert_eq!(lanes.prune(LANE_MAX_OPEN_NS), 0, "not yet");
@@ -1378,7 +1386,7 @@ mod tests {
         let mut lanes = Lanes::default();
         lanes.apply(LaneEvent::Started {
             lane,
-            link: Arc::new(LaneLink::default()),
+            link: LaneLink::default(),
             start_ns: 5,
         });
         let mut chunk = Chunk::new();

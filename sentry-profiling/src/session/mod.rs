@@ -442,7 +442,7 @@ impl Session {
     /// Registers a lane with the profiler thread; never blocks. Returns
     /// false (and counts it) when the lane cannot be tracked (see
     /// [`LaneRegistry::started`]).
-    pub(crate) fn lane_started(&self, lane: u64, link: Arc<LaneLink>, start_ns: u64) -> bool {
+    pub(crate) fn lane_started(&self, lane: u64, link: LaneLink, start_ns: u64) -> bool {
         self.lanes.started(lane, link, start_ns)
     }
 
