@@ -328,10 +328,11 @@ fn start_request(p: Pending) -> RequestScope {
     // a second transaction. That child would only repeat the transaction:
     // it is marked `sentry_profiling.http_root`, and the integration's
     // transport removes it (its children become the transaction's).
+    let name = crate::layer::intern(&p.name);
     if let Some(TransactionOrSpan::Transaction(tx)) = untagged.as_ref() {
         crate::layer::offer_http_root(Some(crate::layer::HttpRoot {
             transaction: tx.clone(),
-            name: crate::layer::intern(&p.name),
+            name: Arc::clone(&name),
             ids,
         }));
     }
@@ -364,7 +365,7 @@ fn start_request(p: Pending) -> RequestScope {
         transaction,
         tracker,
         untagged,
-        name: p.name,
+        name,
         lane: None,
     }
 }

@@ -200,8 +200,10 @@ pub struct Handover {
 pub struct HandedLane {
     /// The lane id, the transaction's `thread.id`.
     pub id: u64,
-    /// The lane's name, the transaction's `thread.name`.
-    pub name: String,
+    /// The lane's name, the transaction's `thread.name`: shared with the
+    /// request (a `String` made on its worker was freed on the transport's
+    /// thread).
+    pub name: std::sync::Arc<str>,
 }
 
 thread_local! {
@@ -239,7 +241,7 @@ pub(crate) fn insert_lane(tx: &mut sentry_core::protocol::Transaction<'_>, lane:
             .insert("thread.id".into(), Value::String(lane.id.to_string()));
         trace
             .data
-            .insert("thread.name".into(), Value::String(lane.name));
+            .insert("thread.name".into(), Value::String(lane.name.to_string()));
     }
 }
 

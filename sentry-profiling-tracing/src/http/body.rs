@@ -36,9 +36,10 @@ pub(super) struct RequestScope {
     /// filed under (ours, or one reused from the scope); see
     /// [`RequestScope::poll`].
     pub(super) untagged: Option<TransactionOrSpan>,
-    /// The transaction's name, which also names its lane; taken when the
-    /// lane is handed over.
-    pub(super) name: String,
+    /// The transaction's name, which also names its lane (interned, see
+    /// `layer::intern`): the lane handed over shares it, so the transport
+    /// thread frees nothing this thread allocated for it.
+    pub(super) name: Arc<str>,
     /// The lane handed to the transport with our transaction rather than
     /// tagged on it.
     pub(super) lane: Option<HandedLane>,
@@ -150,7 +151,7 @@ impl RequestScope {
 fn tag(
     untagged: &mut Option<TransactionOrSpan>,
     own: bool,
-    name: &mut String,
+    name: &Arc<str>,
     lane: &mut Option<HandedLane>,
 ) {
     // A reused transaction may have been tagged by the tracing layer
@@ -173,7 +174,7 @@ fn tag(
     if own && crate::layer::lane_is_handed(word) {
         *lane = Some(HandedLane {
             id: word,
-            name: std::mem::take(name),
+            name: Arc::clone(name),
         });
     } else if let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() {
         crate::layer::tag_with_thread(&target, &profiler_id, word, Some(name));
