@@ -262,12 +262,10 @@ impl Lanes {
                 start_ns,
             } => {
                 // Allocated here, and freed here once the lane is
-                // forgotten: nothing a request's worker allocates is freed
-                // on this thread. When the worker allocated it, glibc's
-                // `malloc`, `free` and `malloc_consolidate` read about 33
-                // more cache lines a request from memory than without
-                // profiling (cachegrind's simulated last-level misses,
-                // 3,000 `GET /` of the service twin); now about 2.
+                // forgotten: the request's worker allocates nothing for the
+                // link, and no block of its glibc arena comes back from
+                // this thread (see BENCHMARKS.md, "Allocations that cross
+                // threads").
                 self.lanes
                     .insert(lane, Lane::started(Arc::new(link), start_ns));
                 false
