@@ -16,10 +16,13 @@
 //! as `tokio.*` data when it ends.
 //!
 //! The wake path is one clock read, one compare-and-swap and the wake of
-//! the task's own waker: no lock, no allocation (the wrapping waker is one
-//! allocation per request, made at its first poll, and the task's waker is
-//! cloned only when it changes).
+//! the task's own waker: no lock, no allocation (the task's waker is cloned
+//! only when it changes). The state the wrapping waker shares with the
+//! future is taken from a small pool of this thread's finished requests,
+//! so a request allocates it only when none is free.
 
+use std::cell::RefCell;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Wake, Waker};
@@ -59,6 +62,41 @@ impl Wake for WakeState {
         // the waker again.
         self.task.wake();
     }
+}
+
+/// Wake states of finished requests kept on each thread for the next ones,
+/// at most (a few kilobytes).
+const POOLED_STATES: usize = 64;
+
+thread_local! {
+    /// Wake states no waker refers to any more (see [`POOLED_STATES`]).
+    static POOL: RefCell<Vec<Arc<WakeState>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A wake state as new: one of this thread's pool, else a new one.
+fn fresh_state() -> Arc<WakeState> {
+    POOL.try_with(|p| p.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Gives `state` back to this thread's pool if nothing else refers to it
+/// (no waker of it is held by a timer or an I/O driver any more), reset;
+/// otherwise it is dropped, and freed by whoever drops the last waker.
+fn recycle(mut state: Arc<WakeState>) {
+    let Some(s) = Arc::get_mut(&mut state) else {
+        return;
+    };
+    *s.woken_ns.get_mut() = 0;
+    // Drops the task's waker it held, as dropping the state would.
+    s.task = AtomicWaker::new();
+    let _ = POOL.try_with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < POOLED_STATES {
+            p.push(state);
+        }
+    });
 }
 
 /// Per-request poll totals, kept by the future that polls (no atomics).
@@ -132,7 +170,8 @@ impl PollTotals {
 /// An instrumented future's wake tracking and poll totals.
 #[derive(Debug)]
 pub(crate) struct PollTracker {
-    state: Arc<WakeState>,
+    /// Taken back only by `drop` (see [`recycle`]).
+    state: ManuallyDrop<Arc<WakeState>>,
     /// The wrapping waker handed to the inner future (made at the first
     /// poll).
     waker: Option<Waker>,
@@ -149,7 +188,7 @@ impl PollTracker {
 
     fn with_long_poll_ns(long_poll_ns: u64) -> Self {
         Self {
-            state: Arc::default(),
+            state: ManuallyDrop::new(fresh_state()),
             waker: None,
             totals: PollTotals::default(),
             long_poll_ns,
@@ -187,7 +226,7 @@ impl PollTracker {
         hooks::set_poll_started(queued_from.unwrap_or(hooks::NOT_WOKEN), start);
         let waker = self
             .waker
-            .get_or_insert_with(|| Waker::from(Arc::clone(&self.state)));
+            .get_or_insert_with(|| Waker::from(Arc::clone(&*self.state)));
         let mut inner_cx = Context::from_waker(waker);
         hooks::take_last_published_ns();
         let out = enter(&mut inner_cx);
@@ -215,6 +254,18 @@ impl PollTracker {
             hooks::long_poll_seen();
         }
         out
+    }
+}
+
+impl Drop for PollTracker {
+    fn drop(&mut self) {
+        // The future's own waker goes first: the state is then shared only
+        // with wakers others hold.
+        self.waker = None;
+        // SAFETY: `state` is taken exactly once, here, and `self` is not
+        // used after `drop`.
+        let state = unsafe { ManuallyDrop::take(&mut self.state) };
+        recycle(state);
     }
 }
 
@@ -246,6 +297,52 @@ mod tests {
             assert!(recorded.contains(&name), "{name}");
         }
         assert_eq!(recorded.len(), hooks::TOKIO_MEASUREMENTS.len());
+    }
+
+    #[test]
+    fn a_finished_requests_wake_state_is_reused_reset_and_a_held_one_is_not() {
+        let task = Arc::new(Task::default());
+        let task_waker = Waker::from(Arc::clone(&task));
+        let cx = Context::from_waker(&task_waker);
+        // A request woken after its last poll, then ended.
+        let mut first = PollTracker::with_long_poll_ns(u64::MAX);
+        let mut kept = None;
+        first.poll(&cx, |inner| kept = Some(inner.waker().clone()));
+        let kept = kept.unwrap();
+        kept.wake_by_ref();
+        assert_eq!(task.0.load(Ordering::Relaxed), 1);
+        let state = Arc::as_ptr(&*first.state);
+        drop(kept);
+        drop(first);
+        // The next request on this thread gets that state, with neither the
+        // wake nor the task of the one before.
+        let mut second = PollTracker::with_long_poll_ns(u64::MAX);
+        assert_eq!(Arc::as_ptr(&*second.state), state, "reused");
+        assert_eq!(second.state.woken_ns.load(Ordering::Relaxed), 0);
+        second.state.task.wake();
+        assert_eq!(
+            task.0.load(Ordering::Relaxed),
+            1,
+            "no task of the one before"
+        );
+        second.poll(&cx, |_| ());
+        drop(second);
+        // A state whose waker someone still holds (a timer, an I/O driver)
+        // stays theirs: the next request gets another, and the held waker
+        // still wakes its task.
+        let mut third = PollTracker::with_long_poll_ns(u64::MAX);
+        assert_eq!(Arc::as_ptr(&*third.state), state);
+        let mut held = None;
+        third.poll(&cx, |inner| held = Some(inner.waker().clone()));
+        drop(third);
+        let fourth = PollTracker::with_long_poll_ns(u64::MAX);
+        assert_ne!(
+            Arc::as_ptr(&*fourth.state),
+            state,
+            "not handed out while held"
+        );
+        held.unwrap().wake();
+        assert_eq!(task.0.load(Ordering::Relaxed), 2);
     }
 
     #[test]
