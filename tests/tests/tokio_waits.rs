@@ -570,18 +570,24 @@ fn queued_and_awaiting_time_match_the_truth() {
     assert_eq!(assert_agrees("idle", &idle, "GET /spin"), 5);
     assert_eq!(assert_agrees("idle", &idle, "GET /sleep"), 3);
     // An idle runtime queues next to nothing: a wake waits only for the
-    // OS to run the parked worker (on a busy machine, now and then a
-    // scheduler slice). Request 0 of each kind is a warm-up (the blocking
-    // pool starts its thread for it).
-    let mut idle_queued: Vec<f64> = idle
+    // OS to run the parked worker. On a busy machine that is a scheduler
+    // slice now and then, a few milliseconds beside CPU hogs (which the
+    // truth shows too, and the data must agree with, above), still far
+    // below what the saturated runtime queued each request. Request 0 of
+    // each kind is a warm-up (the blocking pool starts its thread for it).
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let idle_queued: Vec<f64> = idle
         .iter()
         .filter(|s| s.key.1 > 0)
         .map(|s| s.data_queued_ms)
         .collect();
-    idle_queued.sort_by(f64::total_cmp);
+    let saturated_queued = median(saturated.iter().map(|s| s.data_queued_ms).collect());
     assert!(
-        idle_queued[idle_queued.len() / 2] < 1.0,
-        "idle: queued {idle_queued:?} ms"
+        median(idle_queued.clone()) < f64::max(1.0, saturated_queued / 5.0),
+        "idle: queued {idle_queued:?} ms, saturated: {saturated_queued:.1} ms a request (median)"
     );
     for s in idle.iter().filter(|s| s.name == "GET /sleep") {
         assert!(
