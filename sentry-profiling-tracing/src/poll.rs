@@ -22,7 +22,6 @@
 //! so a request allocates it only when none is free.
 
 use std::cell::RefCell;
-use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Wake, Waker};
@@ -83,9 +82,10 @@ fn fresh_state() -> Arc<WakeState> {
 
 /// Gives `state` back to this thread's pool if nothing else refers to it
 /// (no waker of it is held by a timer or an I/O driver any more), reset;
-/// otherwise it is dropped, and freed by whoever drops the last waker.
-fn recycle(mut state: Arc<WakeState>) {
-    let Some(s) = Arc::get_mut(&mut state) else {
+/// otherwise the caller's reference is all that goes, and whoever drops
+/// the last waker frees it.
+fn recycle(state: &mut Arc<WakeState>) {
+    let Some(s) = Arc::get_mut(state) else {
         return;
     };
     *s.woken_ns.get_mut() = 0;
@@ -94,7 +94,7 @@ fn recycle(mut state: Arc<WakeState>) {
     let _ = POOL.try_with(|p| {
         let mut p = p.borrow_mut();
         if p.len() < POOLED_STATES {
-            p.push(state);
+            p.push(Arc::clone(state));
         }
     });
 }
@@ -170,8 +170,8 @@ impl PollTotals {
 /// An instrumented future's wake tracking and poll totals.
 #[derive(Debug)]
 pub(crate) struct PollTracker {
-    /// Taken back only by `drop` (see [`recycle`]).
-    state: ManuallyDrop<Arc<WakeState>>,
+    /// Given back to the pool by `drop` (see [`recycle`]).
+    state: Arc<WakeState>,
     /// The wrapping waker handed to the inner future (made at the first
     /// poll).
     waker: Option<Waker>,
@@ -188,7 +188,7 @@ impl PollTracker {
 
     fn with_long_poll_ns(long_poll_ns: u64) -> Self {
         Self {
-            state: ManuallyDrop::new(fresh_state()),
+            state: fresh_state(),
             waker: None,
             totals: PollTotals::default(),
             long_poll_ns,
@@ -226,7 +226,7 @@ impl PollTracker {
         hooks::set_poll_started(queued_from.unwrap_or(hooks::NOT_WOKEN), start);
         let waker = self
             .waker
-            .get_or_insert_with(|| Waker::from(Arc::clone(&*self.state)));
+            .get_or_insert_with(|| Waker::from(Arc::clone(&self.state)));
         let mut inner_cx = Context::from_waker(waker);
         hooks::take_last_published_ns();
         let out = enter(&mut inner_cx);
@@ -262,10 +262,7 @@ impl Drop for PollTracker {
         // The future's own waker goes first: the state is then shared only
         // with wakers others hold.
         self.waker = None;
-        // SAFETY: `state` is taken exactly once, here, and `self` is not
-        // used after `drop`.
-        let state = unsafe { ManuallyDrop::take(&mut self.state) };
-        recycle(state);
+        recycle(&mut self.state);
     }
 }
 
@@ -311,13 +308,13 @@ mod tests {
         let kept = kept.unwrap();
         kept.wake_by_ref();
         assert_eq!(task.0.load(Ordering::Relaxed), 1);
-        let state = Arc::as_ptr(&*first.state);
+        let state = Arc::as_ptr(&first.state);
         drop(kept);
         drop(first);
         // The next request on this thread gets that state, with neither the
         // wake nor the task of the one before.
         let mut second = PollTracker::with_long_poll_ns(u64::MAX);
-        assert_eq!(Arc::as_ptr(&*second.state), state, "reused");
+        assert_eq!(Arc::as_ptr(&second.state), state, "reused");
         assert_eq!(second.state.woken_ns.load(Ordering::Relaxed), 0);
         second.state.task.wake();
         assert_eq!(
@@ -331,13 +328,13 @@ mod tests {
         // stays theirs: the next request gets another, and the held waker
         // still wakes its task.
         let mut third = PollTracker::with_long_poll_ns(u64::MAX);
-        assert_eq!(Arc::as_ptr(&*third.state), state);
+        assert_eq!(Arc::as_ptr(&third.state), state);
         let mut held = None;
         third.poll(&cx, |inner| held = Some(inner.waker().clone()));
         drop(third);
         let fourth = PollTracker::with_long_poll_ns(u64::MAX);
         assert_ne!(
-            Arc::as_ptr(&*fourth.state),
+            Arc::as_ptr(&fourth.state),
             state,
             "not handed out while held"
         );
