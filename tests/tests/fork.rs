@@ -38,6 +38,16 @@ fn child_checks(dir: &std::path::Path) -> Result<(), String> {
     if sentry_profiling::stats().is_some() {
         return Err("stats() in the child reports the parent's session".into());
     }
+    // The child's only thread has an id of its own, although its
+    // thread-locals are the forking thread's, which kept that thread's id.
+    // SAFETY: gettid has no preconditions and cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u64;
+    let told = sentry_profiling::hooks::current_thread_id();
+    if told != tid {
+        return Err(format!(
+            "current_thread_id() in the child is {told}, its thread is {tid}"
+        ));
+    }
     // Every lifecycle call is a no-op here, in any order.
     sentry_profiling::start_profiler();
     sentry_profiling::start_profiler();
@@ -175,6 +185,12 @@ fn forked_child_is_harmless_and_parent_keeps_profiling() {
         std::thread::sleep(Duration::from_millis(20));
     }
 
+    // The forking thread's id is kept before the fork (see the child's
+    // check).
+    // SAFETY: gettid has no preconditions and cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u64;
+    assert_eq!(sentry_profiling::hooks::current_thread_id(), tid);
+    assert_eq!(sentry_profiling::hooks::current_thread_id(), tid);
     // SAFETY: the child only runs `child_main`, which ends in `_exit`.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());

@@ -15,8 +15,40 @@ pub(crate) struct ThreadInfo {
     pub(crate) start_time: u64,
 }
 
-/// The calling thread's kernel id.
+thread_local! {
+    /// The calling thread's kernel id once [`current_tid`] asked for it (0:
+    /// not yet).
+    static OWN_TID: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
+/// The calling thread's kernel id: one `gettid` system call on each thread,
+/// a thread-local read after it. The tracing layer asks for it at every
+/// request it files under an OS thread, where the system call cost more
+/// than the rest of the tagging.
+///
+/// The child of a `fork()` runs on a thread with a new id but a copy of
+/// the forking thread's thread-locals: there it asks the kernel every time.
+/// The fork watcher is registered before the first id is kept, so every
+/// fork after that sets the child's flag.
+#[inline]
 pub(crate) fn current_tid() -> i32 {
+    if super::in_forked_child() {
+        return gettid();
+    }
+    OWN_TID
+        .try_with(|kept| match kept.get() {
+            0 => {
+                super::watch_fork();
+                let tid = gettid();
+                kept.set(tid);
+                tid
+            }
+            tid => tid,
+        })
+        .unwrap_or_else(|_| gettid())
+}
+
+fn gettid() -> i32 {
     // SAFETY: gettid has no preconditions and cannot fail.
     unsafe { libc::syscall(libc::SYS_gettid) as i32 }
 }
@@ -202,6 +234,19 @@ pub(crate) fn realtime_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kept id is each thread's own, asked again or not.
+    #[test]
+    fn each_thread_keeps_its_own_id() {
+        let here = (current_tid(), current_tid(), gettid());
+        let there = std::thread::spawn(|| (current_tid(), current_tid(), gettid()))
+            .join()
+            .unwrap();
+        for (a, b, truth) in [here, there] {
+            assert_eq!((a, b), (truth, truth));
+        }
+        assert_ne!(here.2, there.2);
+    }
 
     #[test]
     fn parses_names_with_parentheses_and_spaces() {
