@@ -2,6 +2,7 @@
 //! (start time) and per-thread CPU clocks.
 
 use std::io;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 /// What `/proc/self/task/<tid>/stat` says about one thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,9 +17,11 @@ pub(crate) struct ThreadInfo {
 }
 
 thread_local! {
-    /// The calling thread's kernel id once [`current_tid`] asked for it (0:
-    /// not yet).
-    static OWN_TID: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+    /// The calling thread's kernel id once asked for (0: not yet). A
+    /// `const`-initialised atomic with no destructor, so reading and
+    /// filling it from the signal handler is a plain TLS access (see
+    /// [`kept_tid`]).
+    static OWN_TID: AtomicI32 = const { AtomicI32::new(0) };
 }
 
 /// The calling thread's kernel id: one `gettid` system call on each thread,
@@ -28,24 +31,35 @@ thread_local! {
 ///
 /// The child of a `fork()` runs on a thread with a new id but a copy of
 /// the forking thread's thread-locals: there it asks the kernel every time.
-/// The fork watcher is registered before the first id is kept, so every
-/// fork after that sets the child's flag.
+/// The fork watcher is registered before an id is first kept here (the
+/// signal handler keeps ids only once a sampler started, which registered
+/// it), so every fork after that sets the child's flag.
 #[inline]
 pub(crate) fn current_tid() -> i32 {
     if super::in_forked_child() {
         return gettid();
     }
-    OWN_TID
-        .try_with(|kept| match kept.get() {
-            0 => {
-                super::watch_fork();
-                let tid = gettid();
-                kept.set(tid);
-                tid
-            }
-            tid => tid,
-        })
-        .unwrap_or_else(|_| gettid())
+    if OWN_TID.with(|t| t.load(Ordering::Relaxed)) == 0 {
+        super::watch_fork();
+    }
+    kept_tid()
+}
+
+/// The calling thread's kept kernel id, asking the kernel the first time
+/// on the thread. Async-signal-safe (a TLS access, and a `gettid` system
+/// call once): the signal handler's way to [`current_tid`], which it cannot
+/// take (registering the fork watcher is not async-signal-safe).
+#[inline(always)]
+pub(crate) fn kept_tid() -> i32 {
+    OWN_TID.with(|t| {
+        let kept = t.load(Ordering::Relaxed);
+        if kept != 0 {
+            return kept;
+        }
+        let tid = gettid();
+        t.store(tid, Ordering::Relaxed);
+        tid
+    })
 }
 
 fn gettid() -> i32 {

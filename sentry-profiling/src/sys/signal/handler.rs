@@ -89,7 +89,7 @@ pub(super) unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc
     }
     // SAFETY: arena entries point at leaked, never-freed slots.
     let slot: &Slot = unsafe { &*slot_ptr };
-    if slot.tid.load(Ordering::Relaxed) != own_tid() {
+    if slot.tid.load(Ordering::Relaxed) != crate::sys::kept_tid() {
         // A signal that outlived its slot's binding (a timer deleted, or a
         // sampler stopped, while it was pending).
         return;
@@ -186,22 +186,6 @@ pub(super) unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc
     }
     slot.state.store(SlotState::Done as u32, Ordering::Release);
     notify_completion();
-}
-
-/// The calling thread's kernel id, from a thread-local cache filled on first
-/// use. Async-signal-safe: a TLS load, and a `gettid` system call once.
-#[inline(always)]
-pub(super) fn own_tid() -> i32 {
-    TID.with(|t| {
-        let cached = t.load(Ordering::Relaxed);
-        if cached != 0 {
-            return cached;
-        }
-        // SAFETY: gettid has no preconditions and cannot fail.
-        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
-        t.store(tid, Ordering::Relaxed);
-        tid
-    })
 }
 
 /// Copies up to `len` bytes from `src` to `dst` and returns how many were

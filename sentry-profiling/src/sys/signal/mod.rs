@@ -120,9 +120,6 @@ thread_local! {
     /// from the signal handler is a plain TLS load: no lazy initialisation,
     /// no destructor registration, no allocation.
     static CONTEXT: AtomicU64 = const { AtomicU64::new(0) };
-    /// The thread's kernel id, cached by the handler on its first run on
-    /// the thread (0 until then). Same properties as `CONTEXT`.
-    static TID: AtomicI32 = const { AtomicI32::new(0) };
 }
 
 /// Sets the calling thread's context word (see [`crate::set_thread_context`]).
