@@ -272,22 +272,15 @@ fn write_transaction_json(
     totals: Option<&PollTotals>,
     profiler_id: Option<&str>,
 ) -> std::io::Result<()> {
-    match profiler_id {
-        None => serde_json::to_writer(&mut *out, tx)?,
-        Some(id) => {
-            // As the SDK's own envelope writer does, the transaction's JSON
-            // goes to a buffer of its own first, and the profile context is
-            // added to the bytes rather than to the transaction's contexts:
-            // a linked transaction costs the sender the allocations an
-            // unlinked one does. Inserting the context and writing straight
-            // into the envelope's buffer instead left the Tokio workers'
-            // glibc arenas with more to merge when hyper next allocated a
-            // read buffer (`malloc_consolidate`: 0.95 calls per request
-            // against 0.6 without profiling; see BENCHMARKS.md).
-            let mut item = Vec::new();
-            serde_json::to_writer(&mut item, tx)?;
-            write_with_profile(out, &item, id)?;
-        }
+    let start = out.len();
+    serde_json::to_writer(&mut *out, tx)?;
+    if let Some(id) = profiler_id {
+        // The profile context goes into the bytes just written, rather
+        // than into the transaction's contexts: nothing is copied but the
+        // JSON after it, and nothing is allocated. A linked transaction is
+        // written as an unlinked one is, so the sender allocates the same
+        // whether or not the profiler runs (see BENCHMARKS.md).
+        insert_profile_context(out, start, id)?;
     }
     let data = match tx.contexts.get("trace") {
         Some(Context::Trace(trace)) => Some(&trace.data),
@@ -339,38 +332,43 @@ pub(crate) fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
     matches!(tx.contexts.get("trace"), Some(Context::Trace(t)) if t.data.contains_key("thread.id"))
 }
 
-/// Appends `item` (a transaction's JSON, as serde wrote it) to `out` with
-/// a `profile` context naming `profiler_id` first among its contexts.
-fn write_with_profile(out: &mut Vec<u8>, item: &[u8], profiler_id: &str) -> std::io::Result<()> {
+/// Inserts a `profile` context naming `profiler_id` first among the
+/// contexts of the transaction whose JSON (as serde wrote it) is
+/// `out[start..]`.
+fn insert_profile_context(
+    out: &mut Vec<u8>,
+    start: usize,
+    profiler_id: &str,
+) -> std::io::Result<()> {
     use crate::json_members::{is_empty_object, transaction_contexts};
-    let contexts = transaction_contexts(item).ok_or_else(|| {
+    let json = &out[start..];
+    let contexts = transaction_contexts(json).ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             "the transaction's JSON has no contexts to link",
         )
     })?;
-    let at = contexts + 1;
-    out.extend_from_slice(&item[..at]);
+    let comma = !is_empty_object(json, contexts);
+    let at = start + contexts + 1;
+    let end = out.len();
     out.extend_from_slice(b"\"profile\":{\"type\":\"profile\",\"profiler_id\":");
     serde_json::to_writer(&mut *out, profiler_id)?;
     out.push(b'}');
-    if !is_empty_object(item, contexts) {
+    if comma {
         out.push(b',');
     }
-    out.extend_from_slice(&item[at..]);
+    let added = out.len() - end;
+    out[at..].rotate_right(added);
     Ok(())
 }
 
-/// Whether a transaction carries poll totals.
-fn has_totals(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
-    matches!(tx.contexts.get("trace"), Some(Context::Trace(t))
-        if TOKIO_MEASUREMENTS.iter().any(|(name, _)| t.data.contains_key(*name)))
-}
-
 /// An envelope's bytes as the SDK writes them, except that its
-/// transactions carrying poll totals (as data, or `totals` handed with
-/// it) are written with them as measurements too (see
-/// [`write_transaction_json`]).
+/// transactions are written by this crate: straight into the envelope's
+/// buffer (the SDK writes each item to a buffer of its own, grown as it
+/// goes, and copies it over), with their poll totals (as data, or `totals`
+/// handed with it) as measurements too, and linked to `profiler_id` when
+/// profiled (see [`write_transaction_json`]). An envelope without a
+/// transaction is the SDK's.
 pub(crate) fn envelope_bytes(
     envelope: &sentry_core::Envelope,
     totals: Option<&PollTotals>,
@@ -379,11 +377,9 @@ pub(crate) fn envelope_bytes(
     use sentry_core::protocol::EnvelopeItem;
     // Room for a typical transaction: its bytes grow without a copy.
     let mut bytes = Vec::with_capacity(2048);
-    if totals.is_none()
-        && profiler_id.is_none()
-        && !envelope
-            .items()
-            .any(|i| matches!(i, EnvelopeItem::Transaction(tx) if has_totals(tx)))
+    if !envelope
+        .items()
+        .any(|i| matches!(i, EnvelopeItem::Transaction(_)))
     {
         envelope.to_writer(&mut bytes)?;
         return Ok(bytes);
@@ -488,6 +484,37 @@ mod tests {
         let mut bytes = Vec::new();
         write_transaction_json(&mut bytes, &plain, None, None).unwrap();
         assert_eq!(bytes, serde_json::to_vec(&plain).unwrap());
+    }
+
+    /// Every transaction goes through the crate's writer; one with nothing
+    /// to add comes out as the SDK writes it, whatever else the envelope
+    /// holds.
+    #[test]
+    fn a_transaction_with_nothing_to_add_is_written_as_the_sdk_writes_it() {
+        use sentry_core::protocol::{Attachment, ClientSdkInfo, EnvelopeItem, Transaction};
+        let tx = Transaction {
+            name: Some("GET /quote\"d".into()),
+            sdk: Some(std::borrow::Cow::Owned(ClientSdkInfo {
+                name: "sentry.rust".into(),
+                version: "0.49.0".into(),
+                integrations: vec![],
+                packages: vec![],
+            })),
+            ..Default::default()
+        };
+        let mut envelope = sentry_core::Envelope::new();
+        envelope.add_item(EnvelopeItem::Transaction(Box::new(tx)));
+        envelope.add_item(EnvelopeItem::Attachment(Attachment {
+            buffer: b"after the transaction".to_vec(),
+            filename: "notes.txt".into(),
+            ..Default::default()
+        }));
+        let mut sdk = Vec::new();
+        envelope.to_writer(&mut sdk).unwrap();
+        assert_eq!(
+            String::from_utf8(envelope_bytes(&envelope, None, None).unwrap()).unwrap(),
+            String::from_utf8(sdk).unwrap()
+        );
     }
 
     /// Totals handed with a transaction (the transaction sender's case)
