@@ -258,7 +258,9 @@ pub(crate) fn insert_totals_data(
 }
 
 /// A transaction as JSON, with its poll totals (see [`TOKIO_MEASUREMENTS`])
-/// copied into `measurements` as well, appended to `out`.
+/// copied into `measurements` as well and, given `profiler_id`, a
+/// `profile` context naming it first among its contexts, appended to
+/// `out`.
 ///
 /// The SDK's typed transaction (sentry-types 0.49) has no `measurements`
 /// field, so a transaction the SDK serialises carries the totals as trace
