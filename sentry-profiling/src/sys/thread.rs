@@ -39,9 +39,11 @@ pub(crate) fn current_tid() -> i32 {
     if super::in_forked_child() {
         return gettid();
     }
-    if OWN_TID.with(|t| t.load(Ordering::Relaxed)) == 0 {
-        super::watch_fork();
+    let kept = OWN_TID.with(|t| t.load(Ordering::Relaxed));
+    if kept != 0 {
+        return kept;
     }
+    super::watch_fork();
     kept_tid()
 }
 
