@@ -126,7 +126,7 @@ mod export;
 #[doc(hidden)]
 pub mod hooks;
 mod integration;
-mod json_members;
+mod json_link;
 mod lanes;
 mod options;
 mod own_line;

@@ -151,14 +151,13 @@ pub struct PollTotals {
 impl PollTotals {
     /// The values of [`TOKIO_MEASUREMENTS`], in its order and in their
     /// units: milliseconds, or a count.
-    fn measurements(&self) -> [f64; 5] {
-        let ms = |ns: u64| ns as f64 / 1e6;
+    fn measurements(&self) -> [Amount; 5] {
         [
-            ms(self.awaiting_ns),
-            ms(self.longest_ns),
-            ms(self.polled_ns),
-            self.polls as f64,
-            ms(self.queued_ns),
+            Amount::Ms(self.awaiting_ns),
+            Amount::Ms(self.longest_ns),
+            Amount::Ms(self.polled_ns),
+            Amount::Count(self.polls),
+            Amount::Ms(self.queued_ns),
         ]
     }
 
@@ -181,6 +180,49 @@ impl PollTotals {
         ]
         .into_iter()
         .filter_map(|(k, v)| Some((k, v?)))
+    }
+}
+
+/// A measurement's value, as it is written.
+#[derive(Debug, Clone, Copy)]
+enum Amount {
+    /// Milliseconds, from nanoseconds: written exactly.
+    Ms(u64),
+    /// A count.
+    Count(u64),
+    /// A number read back from the transaction's data.
+    Float(f64),
+}
+
+impl Amount {
+    /// Writes the value as a JSON number: a decimal with a fraction, as
+    /// serde writes a float. From nanoseconds it is the exact number of
+    /// milliseconds, written with integer arithmetic only; below 2^53 ns
+    /// (104 days) it reads back as the same `f64` as `ns as f64 / 1e6`
+    /// (both are the nearest to the exact quotient).
+    fn write(self, out: &mut Vec<u8>) -> std::io::Result<()> {
+        let (whole, millionths) = match self {
+            Amount::Ms(ns) => (ns / 1_000_000, ns % 1_000_000),
+            Amount::Count(n) => (n, 0),
+            Amount::Float(v) => return Ok(serde_json::to_writer(&mut *out, &v)?),
+        };
+        let mut digits = itoa::Buffer::new();
+        out.extend_from_slice(digits.format(whole).as_bytes());
+        out.push(b'.');
+        if millionths == 0 {
+            out.push(b'0');
+            return Ok(());
+        }
+        // Six digits after the point, less the trailing zeros.
+        let (mut fraction, mut width) = (millionths, 6);
+        while fraction % 10 == 0 {
+            fraction /= 10;
+            width -= 1;
+        }
+        let fraction = digits.format(fraction).as_bytes();
+        out.extend(std::iter::repeat_n(b'0', width - fraction.len()));
+        out.extend_from_slice(fraction);
+        Ok(())
     }
 }
 
@@ -274,15 +316,29 @@ fn write_transaction_json(
     totals: Option<&PollTotals>,
     profiler_id: Option<&str>,
 ) -> std::io::Result<()> {
-    let start = out.len();
-    serde_json::to_writer(&mut *out, tx)?;
-    if let Some(id) = profiler_id {
-        // The profile context goes into the bytes just written, rather
-        // than into the transaction's contexts: nothing is copied but the
-        // JSON after it, and nothing is allocated. A linked transaction is
-        // written as an unlinked one is, so the sender allocates the same
-        // whether or not the profiler runs (see BENCHMARKS.md).
-        insert_profile_context(out, start, id)?;
+    match profiler_id {
+        // The profile context is written as the transaction is, first
+        // among its contexts: nothing is copied or allocated. A linked
+        // transaction is written as an unlinked one is, so the sender
+        // allocates the same whether or not the profiler runs (see
+        // BENCHMARKS.md).
+        Some(id) => {
+            // Room for the context with any profiler id (32 hex digits).
+            let mut member = [0u8; 128];
+            let room = member.len();
+            let mut cursor = &mut member[..];
+            cursor.write_all(b"\"profile\":{\"type\":\"profile\",\"profiler_id\":")?;
+            serde_json::to_writer(&mut cursor, id)?;
+            cursor.write_all(b"}")?;
+            let len = room - cursor.len();
+            if !crate::json_link::write_with_context(out, tx, &member[..len])? {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the transaction has no contexts to link",
+                ));
+            }
+        }
+        None => serde_json::to_writer(&mut *out, tx)?,
     }
     let data = match tx.contexts.get("trace") {
         Some(Context::Trace(trace)) => Some(&trace.data),
@@ -296,9 +352,11 @@ fn write_transaction_json(
             // The same numbers as the data keys, from wherever they are.
             let value = match handed {
                 Some(values) => values[i],
-                None => data?.get(name)?.as_f64()?,
+                None => {
+                    let v = data?.get(name)?.as_f64()?;
+                    Amount::Float(Some(v).filter(|v| v.is_finite() && *v >= 0.0)?)
+                }
             };
-            let value = Some(value).filter(|v| v.is_finite() && *v >= 0.0)?;
             Some((name, value, unit))
         })
         .peekable();
@@ -319,7 +377,7 @@ fn write_transaction_json(
         out.push(b'"');
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(b"\":{\"value\":");
-        serde_json::to_writer(&mut *out, &value)?;
+        value.write(out)?;
         out.extend_from_slice(b",\"unit\":\"");
         out.extend_from_slice(unit.as_bytes());
         out.extend_from_slice(b"\"}");
@@ -332,36 +390,6 @@ fn write_transaction_json(
 /// has a `thread.id`.
 pub(crate) fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
     matches!(tx.contexts.get("trace"), Some(Context::Trace(t)) if t.data.contains_key("thread.id"))
-}
-
-/// Inserts a `profile` context naming `profiler_id` first among the
-/// contexts of the transaction whose JSON (as serde wrote it) is
-/// `out[start..]`.
-fn insert_profile_context(
-    out: &mut Vec<u8>,
-    start: usize,
-    profiler_id: &str,
-) -> std::io::Result<()> {
-    use crate::json_members::{is_empty_object, transaction_contexts};
-    let json = &out[start..];
-    let contexts = transaction_contexts(json).ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "the transaction's JSON has no contexts to link",
-        )
-    })?;
-    let comma = !is_empty_object(json, contexts);
-    let at = start + contexts + 1;
-    let end = out.len();
-    out.extend_from_slice(b"\"profile\":{\"type\":\"profile\",\"profiler_id\":");
-    serde_json::to_writer(&mut *out, profiler_id)?;
-    out.push(b'}');
-    if comma {
-        out.push(b',');
-    }
-    let added = out.len() - end;
-    out[at..].rotate_right(added);
-    Ok(())
 }
 
 /// An envelope's bytes as the SDK writes them, except that its
@@ -486,6 +514,35 @@ mod tests {
         let mut bytes = Vec::new();
         write_transaction_json(&mut bytes, &plain, None, None).unwrap();
         assert_eq!(bytes, serde_json::to_vec(&plain).unwrap());
+    }
+
+    /// Milliseconds from nanoseconds are written exactly, and read back
+    /// as the same number a float division gives; counts are written as
+    /// serde writes a float.
+    #[test]
+    fn amounts_read_back_as_the_floats_they_stand_for() {
+        let written = |a: Amount| {
+            let mut out = Vec::new();
+            a.write(&mut out).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(written(Amount::Ms(20_300)), "0.0203");
+        assert_eq!(written(Amount::Ms(0)), "0.0");
+        assert_eq!(written(Amount::Ms(3_000_000)), "3.0");
+        assert_eq!(written(Amount::Ms(1_000_001)), "1.000001");
+        assert_eq!(written(Amount::Count(2)), "2.0");
+        assert_eq!(written(Amount::Float(1.5)), "1.5");
+        // Every duration below 2^53 ns (104 days), read by a correctly
+        // rounding parser.
+        let mut ns = 1u64;
+        while ns < 1 << 53 {
+            for v in [ns, ns + 1, ns * 7 / 3, ns - 1] {
+                let text = written(Amount::Ms(v));
+                let back: f64 = text.parse().unwrap();
+                assert_eq!(back, v as f64 / 1e6, "{v} ns written {text}");
+            }
+            ns = ns * 3 + 1;
+        }
     }
 
     /// Every transaction goes through the crate's writer; one with nothing

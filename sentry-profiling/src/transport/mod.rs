@@ -687,8 +687,14 @@ mod tests {
         let mut tx = *tx;
         tx.name = Some(format!("GET /{text}"));
         let nested = serde_json::json!({"contexts": {"trace": {"data": {}}, "x": text}});
-        tx.extra.insert("contexts".into(), nested);
+        tx.extra.insert("contexts".into(), nested.clone());
         tx.extra.insert(text.into(), Value::String(text.into()));
+        // Inside the transaction's own contexts too, after the trace
+        // context: the last `"contexts":{` of the JSON is this one.
+        let mut custom = sentry_core::protocol::Map::new();
+        custom.insert("contexts".into(), nested);
+        tx.contexts
+            .insert("zz".into(), sentry_core::protocol::Context::Other(custom));
         tx.tags.insert("t".into(), text.into());
         let mut request = sentry_core::protocol::Request::default();
         request.headers.insert("contexts".into(), text.into());
