@@ -128,6 +128,23 @@ pub const TOKIO_MEASUREMENTS: [(&str, &str); 5] = [
     (QUEUED, "millisecond"),
 ];
 
+/// [`TOKIO_MEASUREMENTS`] as JSON around each value: the name and the
+/// opening of its object, then the unit and the closing (a unit test checks
+/// they match).
+const MEASUREMENT_JSON: [(&str, &str); 5] = [
+    (
+        "\"tokio.awaiting\":{\"value\":",
+        ",\"unit\":\"millisecond\"}",
+    ),
+    (
+        "\"tokio.longest_poll\":{\"value\":",
+        ",\"unit\":\"millisecond\"}",
+    ),
+    ("\"tokio.polled\":{\"value\":", ",\"unit\":\"millisecond\"}"),
+    ("\"tokio.polls\":{\"value\":", ",\"unit\":\"none\"}"),
+    ("\"tokio.queued\":{\"value\":", ",\"unit\":\"millisecond\"}"),
+];
+
 /// An instrumented future's poll totals, as its transaction or span
 /// carries them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -348,7 +365,7 @@ fn write_transaction_json(
     let mut measurements = TOKIO_MEASUREMENTS
         .iter()
         .enumerate()
-        .filter_map(|(i, &(name, unit))| {
+        .filter_map(|(i, &(name, _))| {
             // The same numbers as the data keys, from wherever they are.
             let value = match handed {
                 Some(values) => values[i],
@@ -357,7 +374,7 @@ fn write_transaction_json(
                     Amount::Float(Some(v).filter(|v| v.is_finite() && *v >= 0.0)?)
                 }
             };
-            Some((name, value, unit))
+            Some((i, value))
         })
         .peekable();
     // The typed transaction has no `measurements` of its own (a unit test
@@ -369,18 +386,15 @@ fn write_transaction_json(
     }
     out.pop();
     out.extend_from_slice(b",\"measurements\":{");
-    for (i, (name, value, unit)) in measurements.enumerate() {
-        if i > 0 {
+    for (n, (i, value)) in measurements.enumerate() {
+        if n > 0 {
             out.push(b',');
         }
-        // Names and units are fixed identifiers: nothing to escape.
-        out.push(b'"');
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b"\":{\"value\":");
+        // The name and unit around the value, each written whole.
+        let (before, after) = MEASUREMENT_JSON[i];
+        out.extend_from_slice(before.as_bytes());
         value.write(out)?;
-        out.extend_from_slice(b",\"unit\":\"");
-        out.extend_from_slice(unit.as_bytes());
-        out.extend_from_slice(b"\"}");
+        out.extend_from_slice(after.as_bytes());
     }
     out.extend_from_slice(b"}}");
     Ok(())
@@ -514,6 +528,18 @@ mod tests {
         let mut bytes = Vec::new();
         write_transaction_json(&mut bytes, &plain, None, None).unwrap();
         assert_eq!(bytes, serde_json::to_vec(&plain).unwrap());
+    }
+
+    #[test]
+    fn the_measurements_json_names_each_measurement_with_its_unit() {
+        for ((name, unit), (before, after)) in TOKIO_MEASUREMENTS.iter().zip(MEASUREMENT_JSON) {
+            let json: serde_json::Value =
+                serde_json::from_str(&format!("{{{before}1.5{after}}}")).unwrap();
+            assert_eq!(
+                json,
+                serde_json::json!({*name: {"value": 1.5, "unit": unit}})
+            );
+        }
     }
 
     /// Milliseconds from nanoseconds are written exactly, and read back
