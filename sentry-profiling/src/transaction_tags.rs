@@ -318,9 +318,8 @@ pub(crate) fn insert_totals_data(
 
 /// A transaction as JSON, with its poll totals (see [`TOKIO_MEASUREMENTS`])
 /// copied into `measurements` as well and, given `profiler_id`, a
-/// `profile` context naming it first among its contexts, and given `lane`
-/// (which its trace data must not name already), the lane's `thread.id`
-/// and `thread.name` in its trace data, appended to `out`.
+/// `profile` context naming it first among its contexts, appended to
+/// `out`.
 ///
 /// The SDK's typed transaction (sentry-types 0.49) has no `measurements`
 /// field, so a transaction the SDK serialises carries the totals as trace
@@ -333,26 +332,30 @@ fn write_transaction_json(
     tx: &sentry_core::protocol::Transaction<'_>,
     totals: Option<&PollTotals>,
     profiler_id: Option<&str>,
-    lane: Option<&HandedLane>,
 ) -> std::io::Result<()> {
-    if profiler_id.is_none() && lane.is_none() {
-        serde_json::to_writer(&mut *out, tx)?;
-    } else {
-        // Written as the transaction is, where they belong: nothing is
-        // copied or allocated. A linked transaction is written as an
-        // unlinked one is, so the sender allocates the same whether or
-        // not the profiler runs (see BENCHMARKS.md).
-        let additions = crate::json_link::Additions {
-            profiler_id,
-            lane: lane.map(|l| (l.id, &*l.name)),
-        };
-        let added = crate::json_link::write_with(out, tx, additions)?;
-        if added.profile != profiler_id.is_some() || added.lane != lane.is_some() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "the transaction has no trace context to link",
-            ));
+    match profiler_id {
+        // The profile context is written as the transaction is, first
+        // among its contexts: nothing is copied or allocated. A linked
+        // transaction is written as an unlinked one is, so the sender
+        // allocates the same whether or not the profiler runs (see
+        // BENCHMARKS.md).
+        Some(id) => {
+            // Room for the context with any profiler id (32 hex digits).
+            let mut member = [0u8; 128];
+            let room = member.len();
+            let mut cursor = &mut member[..];
+            cursor.write_all(b"\"profile\":{\"type\":\"profile\",\"profiler_id\":")?;
+            serde_json::to_writer(&mut cursor, id)?;
+            cursor.write_all(b"}")?;
+            let len = room - cursor.len();
+            if !crate::json_link::write_with_context(out, tx, &member[..len])? {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the transaction has no contexts to link",
+                ));
+            }
         }
+        None => serde_json::to_writer(&mut *out, tx)?,
     }
     let data = match tx.contexts.get("trace") {
         Some(Context::Trace(trace)) => Some(&trace.data),
@@ -397,16 +400,6 @@ fn write_transaction_json(
     Ok(())
 }
 
-/// Whether a lane handed with `tx` can be written into its JSON (see
-/// [`write_transaction_json`]) rather than inserted into it: it has a
-/// trace context whose data names no thread (which the lane would replace),
-/// and no `profile` context (which the transport replaces).
-pub(crate) fn lane_writable(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
-    !tx.contexts.contains_key("profile")
-        && matches!(tx.contexts.get("trace"), Some(Context::Trace(t))
-            if !t.data.contains_key("thread.id") && !t.data.contains_key("thread.name"))
-}
-
 /// Whether a transaction is filed under a thread: its trace context's data
 /// has a `thread.id`.
 pub(crate) fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
@@ -418,14 +411,12 @@ pub(crate) fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
 /// buffer (the SDK writes each item to a buffer of its own, grown as it
 /// goes, and copies it over), with their poll totals (as data, or `totals`
 /// handed with it) as measurements too, and linked to `profiler_id` when
-/// profiled, with `lane` (one the transport leaves to the writer, see
-/// [`lane_writable`]) (see [`write_transaction_json`]). An envelope without
-/// a transaction is the SDK's.
+/// profiled (see [`write_transaction_json`]). An envelope without a
+/// transaction is the SDK's.
 pub(crate) fn envelope_bytes(
     envelope: &sentry_core::Envelope,
     totals: Option<&PollTotals>,
     profiler_id: Option<&str>,
-    mut lane: Option<&HandedLane>,
 ) -> std::io::Result<Vec<u8>> {
     use sentry_core::protocol::EnvelopeItem;
     // Room for a typical transaction: its bytes grow without a copy.
@@ -443,13 +434,9 @@ pub(crate) fn envelope_bytes(
     for item in envelope.items() {
         match item {
             EnvelopeItem::Transaction(tx) => {
-                // A lane goes to the (one) transaction, as `Link::apply`
-                // inserts it.
-                let lane = lane.take().filter(|_| lane_writable(tx));
-                let id = profiler_id.filter(|_| {
-                    (lane.is_some() || is_profiled(tx)) && !tx.contexts.contains_key("profile")
-                });
-                write_transaction(&mut bytes, tx, totals, id, lane)?;
+                let id =
+                    profiler_id.filter(|_| is_profiled(tx) && !tx.contexts.contains_key("profile"));
+                write_transaction(&mut bytes, tx, totals, id)?;
             }
             // Typically the SDK's client report: written by the SDK, less
             // its (empty) header line.
@@ -472,10 +459,9 @@ pub(crate) fn write_transaction(
     tx: &sentry_core::protocol::Transaction<'_>,
     totals: Option<&PollTotals>,
     profiler_id: Option<&str>,
-    lane: Option<&HandedLane>,
 ) -> std::io::Result<()> {
     let start = bytes.len();
-    write_transaction_json(bytes, tx, totals, profiler_id, lane)?;
+    write_transaction_json(bytes, tx, totals, profiler_id)?;
     let len = bytes.len() - start;
     let mut header = [0u8; 64];
     let mut cursor = &mut header[..];
@@ -515,7 +501,7 @@ mod tests {
         tx.contexts
             .insert("trace".into(), Context::Trace(Box::new(trace)));
         let mut bytes = Vec::new();
-        write_transaction_json(&mut bytes, &tx, None, None, None).unwrap();
+        write_transaction_json(&mut bytes, &tx, None, None).unwrap();
         // The typed transaction writes no `measurements` of its own (were a
         // newer sentry-types to add them, the key would appear twice).
         let text = String::from_utf8(bytes.clone()).unwrap();
@@ -540,7 +526,7 @@ mod tests {
         // Without totals, the SDK's own serialisation.
         let plain = sentry_core::protocol::Transaction::default();
         let mut bytes = Vec::new();
-        write_transaction_json(&mut bytes, &plain, None, None, None).unwrap();
+        write_transaction_json(&mut bytes, &plain, None, None).unwrap();
         assert_eq!(bytes, serde_json::to_vec(&plain).unwrap());
     }
 
@@ -611,7 +597,7 @@ mod tests {
         let mut sdk = Vec::new();
         envelope.to_writer(&mut sdk).unwrap();
         assert_eq!(
-            String::from_utf8(envelope_bytes(&envelope, None, None, None).unwrap()).unwrap(),
+            String::from_utf8(envelope_bytes(&envelope, None, None).unwrap()).unwrap(),
             String::from_utf8(sdk).unwrap()
         );
     }
@@ -632,7 +618,7 @@ mod tests {
         };
         let mut bytes = b"head\n".to_vec();
         let tx = sentry_core::protocol::Transaction::default();
-        write_transaction(&mut bytes, &tx, Some(&totals), None, None).unwrap();
+        write_transaction(&mut bytes, &tx, Some(&totals), None).unwrap();
         let text = std::str::from_utf8(&bytes).unwrap();
         let mut lines = text.strip_prefix("head\n").unwrap().lines();
         let header: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();

@@ -21,7 +21,7 @@ use crate::transaction_profile::Intercepted;
 
 use crate::transaction_tags::{
     HandedLane, Handover, PollTotals, insert_lane, insert_totals_data, is_profiled, lane_window,
-    lane_writable, profile_context, settle_lane, take_handed,
+    profile_context, settle_lane, take_handed,
 };
 pub use crate::transaction_tags::{OS_THREAD_ID, OS_THREAD_NAME};
 pub use envelope_dir::EnvelopeDirTransport;
@@ -386,9 +386,7 @@ impl Link {
     /// write into the transaction's JSON (see
     /// [`crate::transaction_tags::envelope_bytes`]): its contexts are left
     /// alone. A transaction that has a `profile` context already gets it
-    /// replaced here, as [`Link::apply`] does. A handed lane stays in
-    /// `self` too, for the same writing, when it is all there is to do
-    /// (see [`lane_writable`]): the envelope is then passed unchanged.
+    /// replaced here, as [`Link::apply`] does.
     #[cfg_attr(
         not(feature = "http"),
         expect(dead_code, reason = "the sender needs `http`")
@@ -403,19 +401,6 @@ impl Link {
             lane,
             totals,
         } = self;
-        if !insert
-            && lane.is_some()
-            && totals.is_none()
-            && envelope.items().all(|i| match i {
-                EnvelopeItem::Transaction(t) => lane_writable(t) && !has_http_root_span(t),
-                _ => true,
-            })
-        {
-            // Nothing to do to the typed transaction: the sender writes
-            // the lane into its JSON as it does the `profile` context
-            // (`envelope_bytes`), and the envelope is not rebuilt.
-            return envelope;
-        }
         let work = lane.is_some()
             || totals.is_some()
             || envelope.items().any(|i| {
@@ -710,15 +695,6 @@ mod tests {
         custom.insert("contexts".into(), nested);
         tx.contexts
             .insert("zz".into(), sentry_core::protocol::Context::Other(custom));
-        // And a context before the trace context with a `trace` of its own
-        // holding `data`.
-        let mut custom = sentry_core::protocol::Map::new();
-        custom.insert(
-            "trace".into(),
-            serde_json::json!({"data": {"thread.id": "1"}, "x": text}),
-        );
-        tx.contexts
-            .insert("a".into(), sentry_core::protocol::Context::Other(custom));
         tx.tags.insert("t".into(), text.into());
         let mut request = sentry_core::protocol::Request::default();
         request.headers.insert("contexts".into(), text.into());
@@ -788,7 +764,7 @@ mod tests {
             let base = awkward_transaction(text, data, profile);
             let inserted = link().apply(base.clone());
             let expected = transaction_json(
-                &crate::transaction_tags::envelope_bytes(&inserted, None, None, None).unwrap(),
+                &crate::transaction_tags::envelope_bytes(&inserted, None, None).unwrap(),
             );
             let mut sender = link();
             let prepared = sender.prepare_for_writing(base);
@@ -796,7 +772,6 @@ mod tests {
                 &prepared,
                 None,
                 sender.profiler_id.as_deref(),
-                sender.lane.as_ref(),
             )
             .unwrap();
             let got = transaction_json(&written);
