@@ -340,7 +340,9 @@ fn write_transaction_json(
         // allocates the same whether or not the profiler runs (see
         // BENCHMARKS.md).
         Some(id) => {
-            // Room for the context with any profiler id (32 hex digits).
+            // Room for the context with a profiler id of up to 80 bytes
+            // (the session's are 32 hex digits); a longer one fails the
+            // write, and the transaction is counted as lost.
             let mut member = [0u8; 128];
             let room = member.len();
             let mut cursor = &mut member[..];
