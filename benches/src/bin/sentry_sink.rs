@@ -135,13 +135,17 @@ fn item_counts(body: &[u8]) -> (u64, u64) {
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+    find(haystack, needle).is_some()
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// The `length` an item header gives.
 fn length_of(header: &[u8]) -> Option<usize> {
     const KEY: &[u8] = b"\"length\":";
-    let from = header.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let from = find(header, KEY)? + KEY.len();
     let digits = header[from..]
         .iter()
         .take_while(|b| b.is_ascii_digit())
