@@ -32,7 +32,7 @@ pub(crate) mod sink;
 mod stats;
 pub(crate) mod v1;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -134,9 +134,9 @@ pub(crate) struct Session {
     lanes: LaneRegistry,
     v1_queue: OnceLock<std::sync::mpsc::SyncSender<Box<dyn PendingProfile>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// Root spans active (trace lifecycle): written as each begins and
-    /// ends, on every worker, so on a line of its own.
-    active_roots: crate::own_line::OwnLine<AtomicUsize>,
+    /// Root spans active (trace lifecycle): counted as each begins and
+    /// ends, on every worker, so each worker on a line of its own.
+    active_roots: crate::own_line::SpreadCount,
     manual_running: AtomicBool,
     shut_down: AtomicBool,
     counters: Counters,
@@ -165,7 +165,7 @@ impl Session {
             lanes: LaneRegistry::default(),
             v1_queue: OnceLock::new(),
             thread: Mutex::new(None),
-            active_roots: crate::own_line::OwnLine(AtomicUsize::new(0)),
+            active_roots: crate::own_line::SpreadCount::default(),
             manual_running: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
             counters: Counters::default(),
@@ -272,9 +272,12 @@ impl Session {
         if self.shut_down.load(Ordering::Acquire) || self.profiler_id().is_none() {
             return false;
         }
-        self.active_roots.load(Ordering::Acquire) > 0
-            || self.manual_running.load(Ordering::Acquire)
+        // The sampler's flag first: while it samples (every request of a
+        // busy service), the roots' count, spread over many lines, is not
+        // read.
+        self.manual_running.load(Ordering::Acquire)
             || self.control.get().is_some_and(SamplerControl::is_active)
+            || self.active_roots.active() > 0
     }
 
     fn set_sampling(&self, on: bool) {
@@ -308,7 +311,7 @@ impl Session {
         // Sequentially consistent with `pause_if_idle`'s store and load: either
         // this thread sees the sampler paused, or the profiler thread sees
         // this root and resumes it.
-        self.active_roots.fetch_add(1, Ordering::SeqCst);
+        self.active_roots.begin();
         if let Some(control) = self.control.get() {
             if !control.is_active() {
                 control.resume();
@@ -326,9 +329,7 @@ impl Session {
     /// wake-up of the sampler thread (a `futex` system call) each time the
     /// number of requests in flight drops to zero and back.
     pub(crate) fn root_finished(&self) {
-        let _ = self
-            .active_roots
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        self.active_roots.end();
     }
 
     /// On the profiler thread, at the end of a chunk (or, for transaction
@@ -339,7 +340,7 @@ impl Session {
         let trace_driven = self.v1().is_some() || self.lifecycle() == ProfileLifecycle::Trace;
         if !trace_driven
             || self.manual_running.load(Ordering::Acquire)
-            || self.active_roots.load(Ordering::SeqCst) > 0
+            || self.active_roots.active() > 0
         {
             return false;
         }
@@ -349,7 +350,7 @@ impl Session {
         control.pause();
         // A root that started between the load above and the pause saw the
         // sampler still active and did not resume it: resume it here.
-        if self.active_roots.load(Ordering::SeqCst) > 0 {
+        if self.active_roots.active() > 0 {
             control.resume();
             return false;
         }
@@ -358,7 +359,7 @@ impl Session {
 
     /// Whether a root span of the trace lifecycle is active.
     pub(super) fn roots_active(&self) -> bool {
-        self.active_roots.load(Ordering::Acquire) > 0
+        self.active_roots.active() > 0
     }
 
     /// Manual lifecycle: starts the profiler (spec no-op rules apply).

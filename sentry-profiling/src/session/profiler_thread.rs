@@ -73,9 +73,7 @@ impl Session {
         let _ = self.control.set(sampler.control());
         sampler.set_reader(std::thread::current());
         // Roots may have started while the sampler was being created.
-        if self.active_roots.load(Ordering::Acquire) > 0
-            || self.manual_running.load(Ordering::Acquire)
-        {
+        if self.active_roots.active() > 0 || self.manual_running.load(Ordering::Acquire) {
             sampler.resume();
         }
         let _ = ready.send(());
