@@ -51,6 +51,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 mod edges;
 mod lane_map;
 pub(crate) mod registry;
+mod ring;
 pub(crate) mod table;
 
 pub(crate) use registry::LaneRegistry;

@@ -245,6 +245,11 @@ impl Lanes {
         self.lanes.len()
     }
 
+    /// Whether the lane of `id` is held.
+    pub(crate) fn knows(&self, id: u64) -> bool {
+        self.lanes.contains_key(&id)
+    }
+
     /// Of those, the finished ones.
     pub(crate) fn finished(&self) -> usize {
         self.finished
