@@ -5,7 +5,9 @@
 //! envelope directory without one.
 //!
 //! `service_twin <mode>`; `ADDR` and `SENTRY_ENVELOPE_DIR` as for the
-//! example. Runs until SIGINT/SIGTERM. Unlike the example, its transport
+//! example; with `TWIN_STATS` set, the profiler's counters are printed to
+//! stderr at the end (unwinding time, ticks' CPU time, samples). Runs
+//! until SIGINT/SIGTERM. Unlike the example, its transport
 //! queues up to 200,000 transactions (see `TRANSACTION_QUEUE`).
 
 use sentry_profiling_examples::{Settings, init_tracing, sentry_options, serve_until_signal};
@@ -62,6 +64,9 @@ fn main() -> std::process::ExitCode {
     if let Some(g) = pprof {
         // Build the report as a user would; its cost is after the load.
         let _ = g.report().build();
+    }
+    if std::env::var_os("TWIN_STATS").is_some() {
+        eprintln!("{:#?}", sentry_profiling::stats());
     }
     drop(guard);
     if let Err(e) = served {
