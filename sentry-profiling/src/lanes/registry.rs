@@ -1,21 +1,19 @@
 //! Registering lanes from application threads, and reading them on the
 //! profiler thread.
 //!
-//! An application thread (the tracing layer) reports a lane's start and
-//! end (and the transport its transaction's window) through a ring of its
-//! own (see [`super::ring`]), or through a bounded queue every thread
-//! shares when its ring is full: it never blocks, and allocates nothing
-//! beyond the start's event (and its ring, once). Each lane *reserves* two
-//! places in the queue when it registers (its start and its end), so a
-//! lane whose start was taken can always report its end: no finished
-//! request stays "open" collecting fill-ins. A request past the bound is
-//! refused and stays on its OS threads (counted).
+//! An application thread (the tracing layer) reports a lane's start
+//! through a bounded queue, and its end (and the transport its
+//! transaction's window) through a ring of its own (see [`super::ring`]):
+//! it never blocks, and allocates nothing beyond the start's event (and
+//! its ring, once). Each lane *reserves* two places in the queue when it
+//! registers (its start and its end), so a lane whose start was taken can
+//! always report its end, in the queue when its thread's ring is full: no
+//! finished request stays "open" collecting fill-ins. A request past the
+//! bound is refused and stays on its OS threads (counted).
 //!
-//! A lane's start and end may be reported on two threads (Tokio moves a
-//! task at an `.await`), so the reader may see an end before its start:
-//! it applies each read's starts before the rest, and holds an event of a
-//! lane it does not know until the next read, by which time the start
-//! (written before the end was) is there to be read.
+//! The reader takes the rings' events before the queue's and applies them
+//! after: an end it sees was written after its start (which was in the
+//! queue by then), so no end comes before its lane's start.
 //!
 //! The profiler thread reads the queue every sampling period while the
 //! sampler runs or lanes are in flight ([`read_interval`]; a request wakes
@@ -94,21 +92,59 @@ pub(crate) struct LaneRegistry {
     number: OnceLock<u64>,
     /// Rings of threads that reported their first event, for the reader to
     /// take.
-    new_rings: Mutex<Vec<ring::Reader<LaneEvent>>>,
+    new_rings: Mutex<Vec<ring::Reader<Closing>>>,
     new_rings_waiting: AtomicBool,
     pub(crate) counters: RegistryCounters,
 }
 
+/// What an application thread reports through its ring.
+#[derive(Debug)]
+enum Closing {
+    /// See [`LaneEvent::Finished`].
+    Finished { lane: u64, end_ns: u64 },
+    /// See [`LaneEvent::Transaction`].
+    Transaction {
+        lane: u64,
+        start_ns: u64,
+        end_ns: u64,
+    },
+}
+
+impl Closing {
+    fn lane(&self) -> u64 {
+        match *self {
+            Closing::Finished { lane, .. } | Closing::Transaction { lane, .. } => lane,
+        }
+    }
+}
+
+impl From<Closing> for LaneEvent {
+    fn from(c: Closing) -> Self {
+        match c {
+            Closing::Finished { lane, end_ns } => LaneEvent::Finished { lane, end_ns },
+            Closing::Transaction {
+                lane,
+                start_ns,
+                end_ns,
+            } => LaneEvent::Transaction {
+                lane,
+                start_ns,
+                end_ns,
+            },
+        }
+    }
+}
+
 thread_local! {
     /// This thread's ring, and the registry it belongs to.
-    static RING: RefCell<Option<(u64, Writer<LaneEvent>)>> = const { RefCell::new(None) };
+    static RING: RefCell<Option<(u64, Writer<Closing>)>> = const { RefCell::new(None) };
 }
 
 /// The new rings, whether or not a thread panicked holding them (a push
 /// or a take cannot leave the list half done).
 fn lock(
-    rings: &Mutex<Vec<ring::Reader<LaneEvent>>>,
-) -> std::sync::MutexGuard<'_, Vec<ring::Reader<LaneEvent>>> {
+    rings: &Mutex<Vec<ring::Reader<Closing>>>,
+) -> std::sync::MutexGuard<'_, Vec<ring::Reader<Closing>>> {
     rings
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -127,14 +163,13 @@ impl LaneRegistry {
             events: rx,
             rings: Vec::new(),
             taken: Vec::new(),
-            held: Vec::new(),
         })
     }
 
     /// Reports `event` through this thread's ring (made on its first
     /// event), or through the queue when the ring is full or cannot be
     /// had (the thread is exiting). Returns false if neither took it.
-    fn report(&self, event: LaneEvent) -> bool {
+    fn report(&self, event: Closing) -> bool {
         let (Some(&number), Some(tx)) = (self.number.get(), self.events.get()) else {
             return false;
         };
@@ -161,7 +196,7 @@ impl LaneRegistry {
         });
         match event {
             None => true,
-            Some(event) => tx.try_send(event).is_ok(),
+            Some(event) => tx.try_send(event.into()).is_ok(),
         }
     }
 
@@ -189,9 +224,9 @@ impl LaneRegistry {
     /// The caller then leaves the request on its OS threads and must not
     /// report its end.
     pub(crate) fn started(&self, lane: u64, link: LaneLink, start_ns: u64) -> bool {
-        if self.events.get().is_none() {
+        let Some(tx) = self.events.get() else {
             return false;
-        }
+        };
         let c = &self.counters;
         let reserved = self
             .in_flight
@@ -217,7 +252,7 @@ impl LaneRegistry {
             link,
             start_ns,
         };
-        if !self.report(event) {
+        if tx.try_send(event).is_err() {
             // Only when the reader is gone (or the reservation invariant
             // broke): give the place back.
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -230,7 +265,7 @@ impl LaneRegistry {
     /// Reports the end of a lane for which [`LaneRegistry::started`]
     /// returned true; never blocks (its place in the queue is reserved).
     pub(crate) fn finished(&self, lane: u64, end_ns: u64) {
-        if self.events.get().is_some() && !self.report(LaneEvent::Finished { lane, end_ns }) {
+        if self.events.get().is_some() && !self.report(Closing::Finished { lane, end_ns }) {
             self.counters.events_dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -246,7 +281,7 @@ impl LaneRegistry {
     /// queue full it is counted in `events_dropped`, and the lane keeps its
     /// root span's window. Never blocks.
     pub(crate) fn transaction(&self, lane: u64, start_ns: u64, end_ns: u64) {
-        let event = LaneEvent::Transaction {
+        let event = Closing::Transaction {
             lane,
             start_ns,
             end_ns,
@@ -284,18 +319,16 @@ impl LaneRegistry {
 pub(crate) struct LaneReader {
     events: Receiver<LaneEvent>,
     /// The application threads' rings.
-    rings: Vec<ring::Reader<LaneEvent>>,
-    /// The events of a read (see [`LaneReader::read_into`]).
-    taken: Vec<Taken>,
-    /// Events of lanes not known at the last read, applied at the next.
-    held: Vec<LaneEvent>,
+    rings: Vec<ring::Reader<Closing>>,
+    /// Events taken from the rings, with their lane and the order taken
+    /// (see [`LaneReader::read_into`]); emptied by each read.
+    taken: Vec<(u64, u32, Option<Closing>)>,
 }
 
 impl LaneReader {
     /// Moves every event waiting into `lanes`, freeing the places of the
-    /// lanes whose end it read. Returns how many events it applied or held
-    /// (none: nothing was reported since the last read), and how many ends
-    /// it applied.
+    /// lanes whose end it read. Returns how many events and how many ends
+    /// it read.
     pub(crate) fn read_into(
         &mut self,
         registry: &LaneRegistry,
@@ -304,38 +337,55 @@ impl LaneReader {
         if registry.new_rings_waiting.swap(false, Ordering::Acquire) {
             self.rings.append(&mut lock(&registry.new_rings));
         }
-        // Every event of this read, and those held at the last.
+        // The rings first: an end taken here was written after its lane's
+        // start went into the queue, which is read next.
         let mut order = 0u32;
-        let mut take = |event: LaneEvent, retried: bool| {
-            order = order.wrapping_add(1);
-            Taken::new(event, order, retried)
-        };
-        let taken = &mut self.taken;
-        taken.extend(self.held.drain(..).map(|e| take(e, true)));
         self.rings.retain_mut(|ring| {
             let finished = ring.is_finished();
             while let Some(event) = ring.pop() {
-                taken.push(take(event, false));
+                self.taken.push((event.lane(), order, Some(event)));
+                order = order.wrapping_add(1);
             }
             !finished
         });
-        taken.extend(self.events.try_iter().map(|e| take(e, false)));
-        // By lane, its start first, then its other events in the order
-        // taken: each lane is applied whole before the next (applying
-        // every start before every end allocated each lane before any was
-        // freed, and the allocator then took its slow paths: 0.3 µs a
-        // request on the profiler thread).
-        taken.sort_unstable_by_key(|t| t.key);
+        // By lane, each lane's in the order taken: a start read from the
+        // queue finds its lane's end here, and the two are applied one
+        // after the other. (Every start before every end allocated each
+        // lane before any was freed, and the allocator then took its slow
+        // paths: 0.3 µs a request on the profiler thread.)
+        self.taken
+            .sort_unstable_by_key(|&(lane, order, _)| (lane, order));
         let mut tally = Tally::default();
-        for t in taken.drain(..) {
-            let (lane, start) = (t.key.0, t.key.1 == 0);
-            if start || t.retried || lanes.knows(lane) {
-                tally.apply(t.event, lanes, registry);
-            } else {
-                // Its start, written on another thread, was not there
-                // yet when that thread's ring was read: it is by the next
-                // read.
-                self.held.push(t.event);
+        // The ends of lanes started before this read first.
+        for (lane, _, event) in &mut self.taken {
+            if lanes.knows(*lane)
+                && let Some(event) = event.take()
+            {
+                tally.apply(event.into(), lanes, registry);
+            }
+        }
+        for event in self.events.try_iter() {
+            let started = match &event {
+                LaneEvent::Started { lane, .. } => Some(*lane),
+                _ => None,
+            };
+            tally.apply(event, lanes, registry);
+            if let Some(lane) = started {
+                let from = self.taken.partition_point(|t| t.0 < lane);
+                for (l, _, event) in &mut self.taken[from..] {
+                    if *l != lane {
+                        break;
+                    }
+                    if let Some(event) = event.take() {
+                        tally.apply(event.into(), lanes, registry);
+                    }
+                }
+            }
+        }
+        // Those of lanes not (or no longer) known: counted as read.
+        for (_, _, event) in self.taken.drain(..) {
+            if let Some(event) = event {
+                tally.apply(event.into(), lanes, registry);
             }
         }
         let Tally {
@@ -346,31 +396,7 @@ impl LaneReader {
         if freed > 0 {
             registry.released(freed);
         }
-        (events + self.held.len(), ends)
-    }
-}
-
-/// An event of a read, in the order it is applied.
-#[derive(Debug)]
-struct Taken {
-    /// Its lane, 0 for a start (1 otherwise), and the order taken.
-    key: (u64, u8, u32),
-    /// Held at the last read: applied now, known or not.
-    retried: bool,
-    event: LaneEvent,
-}
-
-impl Taken {
-    fn new(event: LaneEvent, order: u32, retried: bool) -> Self {
-        let (lane, rank) = match event {
-            LaneEvent::Started { lane, .. } => (lane, 0),
-            LaneEvent::Finished { lane, .. } | LaneEvent::Transaction { lane, .. } => (lane, 1),
-        };
-        Self {
-            key: (lane, rank, order),
-            retried,
-            event,
-        }
+        (events, ends)
     }
 }
 
@@ -511,11 +537,7 @@ mod tests {
         assert_eq!(lanes.finished(), 1);
         assert_eq!(registry.in_flight(), 0);
         reader.read_into(&registry, &mut lanes);
-        assert_eq!(
-            reader.rings.len(),
-            1,
-            "the exited thread's ring is gone, this thread's stays"
-        );
+        assert!(reader.rings.is_empty(), "the exited thread's ring is gone");
     }
 
     #[test]
@@ -537,10 +559,6 @@ mod tests {
         // it frees nothing (its places went back at expiry).
         assert!(registry.started(3, LaneLink::default(), LANE_MAX_OPEN_NS + 2));
         registry.finished(2, LANE_MAX_OPEN_NS + 3);
-        // Its lane unknown, the end waits a read for a start that may be
-        // on its way from another thread.
-        let (_, ends) = reader.read_into(&registry, &mut lanes);
-        assert_eq!(ends, 0);
         let (_, ends) = reader.read_into(&registry, &mut lanes);
         assert_eq!(ends, 1);
         assert_eq!(
