@@ -1,34 +1,45 @@
-//! Writing a transaction's JSON with one more member first in its
-//! `contexts` (the `profile` context that links it), in the one pass serde
-//! makes over the SDK's typed transaction: the bytes written are neither
-//! searched nor moved, and nothing is allocated.
+//! Writing a transaction's JSON with members added to objects on one path
+//! of keys from its top level (the `profile` context first in its
+//! `contexts`, the lane's `thread.id` and `thread.name` first in its trace
+//! context's `data`), in the one pass serde makes over the SDK's typed
+//! transaction: the bytes written are neither searched nor moved, and
+//! nothing is allocated.
 //!
-//! The member goes where the structure says, not where some bytes look
-//! like it: a `"contexts":{` anywhere else (in `extra`, in a span's data,
-//! inside the contexts themselves, in a request header) is not the
-//! transaction's own.
+//! A member goes where the structure says, not where some bytes look like
+//! it: a `"contexts":{` anywhere else (in `extra`, in a span's data, inside
+//! the contexts themselves, in a request header) is not the transaction's
+//! own.
 
 use std::io::{self, Write};
 
 use serde::Serialize;
 use serde_json::ser::{CharEscape, CompactFormatter, Formatter};
 
-/// The key of the object the member goes into, at the top level.
-const KEY: &[u8] = b"contexts";
+/// The path to a transaction's trace context data: the `profile` context
+/// goes into the object at its first key, the lane's keys into the one at
+/// its last.
+pub(crate) const TRACE_DATA: [&[u8]; 3] = [b"contexts", b"trace", b"data"];
 
 /// Serialises `value` into `out` as serde_json's compact writer does, with
-/// `member` (a complete `"name":value`) written first into its top-level
-/// `contexts` object. Returns whether there was one to write it into.
-pub(crate) fn write_with_context<T: Serialize + ?Sized>(
+/// `members[i]` (each complete `"name":value` pairs, or nothing) written
+/// first into the object that is the value of `path[..=i]`, followed from
+/// the top level. Returns, for each level, whether its member was written
+/// (bit `i`): a level whose object is missing (or empty, when serde skips
+/// it) takes nothing.
+pub(crate) fn write_with_members<T: Serialize + ?Sized>(
     out: &mut Vec<u8>,
     value: &T,
-    member: &[u8],
-) -> io::Result<bool> {
-    let mut inserted = false;
+    path: &[&[u8]],
+    members: &[Option<&[u8]>],
+) -> io::Result<u32> {
+    debug_assert!(members.len() == path.len() && path.len() < 32);
+    let mut inserted = 0;
     let formatter = Inserting {
-        member,
+        path,
+        members,
         inserted: &mut inserted,
         depth: 0,
+        matched: 0,
         in_key: false,
         key_len: 0,
         key_matches: false,
@@ -40,23 +51,27 @@ pub(crate) fn write_with_context<T: Serialize + ?Sized>(
     Ok(inserted)
 }
 
-/// serde_json's compact formatting, which watches the top-level keys for
-/// [`KEY`] and writes the member when its object opens.
+/// serde_json's compact formatting, which follows the keys of `path` down
+/// from the top level and writes each level's member when its object opens.
 struct Inserting<'a> {
-    member: &'a [u8],
-    inserted: &'a mut bool,
+    path: &'a [&'a [u8]],
+    members: &'a [Option<&'a [u8]>],
+    inserted: &'a mut u32,
     /// Objects and arrays open: 1 inside the top-level object.
-    depth: u32,
-    /// A top-level key is being written (until the member is).
+    depth: usize,
+    /// How many keys of the path the open objects follow: the object at
+    /// depth `matched + 1` is the value of `path[..matched]`.
+    matched: usize,
+    /// A key of that object is being written.
     in_key: bool,
     /// Bytes of it so far.
     key_len: usize,
-    /// Whether they are the start of [`KEY`].
+    /// Whether they are the start of `path[matched]`.
     key_matches: bool,
-    /// The top-level key just written is [`KEY`]: the next object opened
-    /// is its value.
+    /// The key just written is `path[matched]`: the next object opened is
+    /// its value.
     armed: bool,
-    /// The member was written: the object's first key of its own needs a
+    /// A member was written: the object's first key of its own needs a
     /// comma before it.
     comma_due: bool,
 }
@@ -66,14 +81,22 @@ impl Formatter for Inserting<'_> {
         self.depth += 1;
         writer.write_all(b"{")?;
         if std::mem::take(&mut self.armed) {
-            writer.write_all(self.member)?;
-            *self.inserted = true;
-            self.comma_due = true;
+            let level = self.matched;
+            self.matched += 1;
+            if let Some(member) = self.members[level] {
+                writer.write_all(member)?;
+                *self.inserted |= 1 << level;
+                self.comma_due = true;
+            }
         }
         Ok(())
     }
 
     fn end_object<W: ?Sized + Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        if self.matched > 0 && self.depth == self.matched + 1 {
+            // The object that followed the path's last matched key closes.
+            self.matched -= 1;
+        }
         self.depth -= 1;
         // An object with nothing but the member closes after it.
         self.comma_due = false;
@@ -81,6 +104,8 @@ impl Formatter for Inserting<'_> {
     }
 
     fn begin_array<W: ?Sized + Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        // A key of the path whose value is an array takes nothing.
+        self.armed = false;
         self.depth += 1;
         writer.write_all(b"[")
     }
@@ -98,7 +123,7 @@ impl Formatter for Inserting<'_> {
         if std::mem::take(&mut self.comma_due) || !first {
             writer.write_all(b",")?;
         }
-        if self.depth == 1 && !*self.inserted {
+        if self.depth == self.matched + 1 && self.matched < self.path.len() {
             self.in_key = true;
             self.key_len = 0;
             self.key_matches = true;
@@ -112,7 +137,8 @@ impl Formatter for Inserting<'_> {
         fragment: &str,
     ) -> io::Result<()> {
         if self.in_key {
-            let rest = KEY.get(self.key_len..).unwrap_or_default();
+            let key = self.path[self.matched];
+            let rest = key.get(self.key_len..).unwrap_or_default();
             self.key_matches &= rest.starts_with(fragment.as_bytes());
             self.key_len += fragment.len();
         }
@@ -124,20 +150,20 @@ impl Formatter for Inserting<'_> {
         writer: &mut W,
         char_escape: CharEscape,
     ) -> io::Result<()> {
-        // [`KEY`] has nothing to escape.
+        // No key of the path has anything to escape.
         self.key_matches &= !self.in_key;
         CompactFormatter.write_char_escape(writer, char_escape)
     }
 
     fn end_object_key<W: ?Sized + Write>(&mut self, _writer: &mut W) -> io::Result<()> {
         if std::mem::take(&mut self.in_key) {
-            self.armed = self.key_matches && self.key_len == KEY.len();
+            self.armed = self.key_matches && self.key_len == self.path[self.matched].len();
         }
         Ok(())
     }
 
     fn end_object_value<W: ?Sized + Write>(&mut self, _writer: &mut W) -> io::Result<()> {
-        // A top-level `contexts` that was not an object takes nothing.
+        // A key of the path whose value was not an object takes nothing.
         self.armed = false;
         Ok(())
     }
@@ -147,6 +173,82 @@ impl Formatter for Inserting<'_> {
 mod tests {
     use super::*;
     use sentry_core::protocol::{Context, Map, Request, Span, Transaction, Value};
+
+    /// [`write_with_members`] with one `member` for the top-level
+    /// `contexts` object: whether there was one to write it into.
+    fn write_with_context<T: Serialize + ?Sized>(
+        out: &mut Vec<u8>,
+        value: &T,
+        member: &[u8],
+    ) -> io::Result<bool> {
+        Ok(write_with_members(out, value, &TRACE_DATA[..1], &[Some(member)])? & 1 != 0)
+    }
+
+    /// The lane's keys land in the trace context's own data, and the
+    /// profile context in the transaction's own contexts, past look-alikes
+    /// at every level: a `data` in another context and in a span, a
+    /// `trace` key in `extra` and inside the trace context's data.
+    #[test]
+    fn members_go_down_the_path_and_nowhere_else() {
+        let look_alike = serde_json::json!({"contexts": {"trace": {"data": {}}}});
+        let mut tx = Transaction::default();
+        tx.extra.insert("trace".into(), look_alike.clone());
+        let mut span = Span::default();
+        span.data.insert("data".into(), look_alike.clone());
+        tx.spans.push(span);
+        let mut other = Map::new();
+        other.insert("data".into(), look_alike.clone());
+        tx.contexts.insert("app2".into(), Context::Other(other));
+        let mut trace = Box::<sentry_core::protocol::TraceContext>::default();
+        trace.data.insert("a".into(), Value::from(1));
+        trace.data.insert("trace".into(), look_alike.clone());
+        tx.contexts.insert("trace".into(), Context::Trace(trace));
+
+        let mut out = Vec::new();
+        let written = write_with_members(
+            &mut out,
+            &tx,
+            &TRACE_DATA,
+            &[Some(b"\"p\":{}"), None, Some(b"\"thread.id\":\"9\"")],
+        )
+        .unwrap();
+        assert_eq!(written, 0b101);
+        let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let mut expected: serde_json::Value =
+            serde_json::from_slice(&serde_json::to_vec(&tx).unwrap()).unwrap();
+        expected["contexts"]["p"] = serde_json::json!({});
+        expected["contexts"]["trace"]["data"]["thread.id"] = "9".into();
+        assert_eq!(value, expected);
+        let text = std::str::from_utf8(&out).unwrap();
+        assert_eq!(text.matches("thread.id").count(), 1, "{text}");
+        assert!(
+            text.contains("\"data\":{\"thread.id\":\"9\",\"a\":1,"),
+            "{text}"
+        );
+    }
+
+    /// A trace context without data (serde leaves it out) takes no lane,
+    /// and says so; the levels above still take theirs.
+    #[test]
+    fn a_missing_level_takes_nothing_and_says_so() {
+        let mut tx = Transaction::default();
+        tx.contexts.insert(
+            "trace".into(),
+            Context::Trace(Box::<sentry_core::protocol::TraceContext>::default()),
+        );
+        let mut out = Vec::new();
+        let written = write_with_members(
+            &mut out,
+            &tx,
+            &TRACE_DATA,
+            &[Some(b"\"p\":1"), None, Some(b"\"thread.id\":\"9\"")],
+        )
+        .unwrap();
+        assert_eq!(written, 0b001);
+        let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(value["contexts"]["p"], 1);
+        assert!(!std::str::from_utf8(&out).unwrap().contains("thread.id"));
+    }
 
     /// The member lands in the transaction's own contexts, with look-alikes
     /// before them (extra data, a span's data), inside them (a context's

@@ -170,7 +170,7 @@ impl V1Pending {
         let _ = rest.to_writer(&mut bytes);
         // Writing to memory fails only for JSON serde cannot write (a map
         // with non-string keys), which the typed transaction has none of.
-        let _ = crate::transaction_tags::write_transaction(&mut bytes, &self.tx, None, None);
+        let _ = crate::transaction_tags::write_transaction(&mut bytes, &self.tx, None, None, None);
         if let Some(json) = profile_item {
             crate::encode::envelope::append_item(
                 &mut bytes,

@@ -293,7 +293,7 @@ pub(crate) fn take_handed() -> Option<Handover> {
 
 /// Tags a transaction with the lane handed with it, as the tracing layer
 /// tags the spans it sees.
-pub(crate) fn insert_lane(tx: &mut sentry_core::protocol::Transaction<'_>, lane: HandedLane) {
+pub(crate) fn insert_lane(tx: &mut sentry_core::protocol::Transaction<'_>, lane: &HandedLane) {
     if let Some(Context::Trace(trace)) = tx.contexts.get_mut("trace") {
         trace
             .data
@@ -332,32 +332,59 @@ fn write_transaction_json(
     tx: &sentry_core::protocol::Transaction<'_>,
     totals: Option<&PollTotals>,
     profiler_id: Option<&str>,
+    lane: Option<&HandedLane>,
 ) -> std::io::Result<()> {
-    match profiler_id {
+    if profiler_id.is_none() && lane.is_none() {
+        serde_json::to_writer(&mut *out, tx)?;
+    } else {
         // The profile context is written as the transaction is, first
-        // among its contexts: nothing is copied or allocated. A linked
-        // transaction is written as an unlinked one is, so the sender
-        // allocates the same whether or not the profiler runs (see
-        // BENCHMARKS.md).
-        Some(id) => {
-            // Room for the context with a profiler id of up to 80 bytes
-            // (the session's are 32 hex digits); a longer one fails the
-            // write, and the transaction is counted as lost.
-            let mut member = [0u8; 128];
-            let room = member.len();
-            let mut cursor = &mut member[..];
-            cursor.write_all(b"\"profile\":{\"type\":\"profile\",\"profiler_id\":")?;
-            serde_json::to_writer(&mut cursor, id)?;
-            cursor.write_all(b"}")?;
-            let len = room - cursor.len();
-            if !crate::json_link::write_with_context(out, tx, &member[..len])? {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    "the transaction has no contexts to link",
-                ));
-            }
+        // among its contexts, and the lane's keys first in its trace
+        // context's data: nothing is copied, and nothing is allocated for
+        // a profiler id of up to 80 bytes (the session's are 32 hex
+        // digits) or a lane name of up to 150 (longer ones are written
+        // from the heap). A linked transaction is written as an unlinked
+        // one is, so the sender allocates the same whether or not the
+        // profiler runs (see BENCHMARKS.md).
+        let (mut profile_stack, mut profile_spill) = ([0u8; 128], Vec::new());
+        let profile = match profiler_id {
+            Some(id) => Some(member_bytes(&mut profile_stack, &mut profile_spill, |w| {
+                w.write_all(b"\"profile\":{\"type\":\"profile\",\"profiler_id\":")?;
+                serde_json::to_writer(&mut *w, id)?;
+                w.write_all(b"}")
+            })?),
+            None => None,
+        };
+        let (mut stack, mut spill) = ([0u8; 192], Vec::new());
+        let lane_keys = match lane {
+            Some(lane) => Some(member_bytes(&mut stack, &mut spill, |w| {
+                w.write_all(b"\"thread.id\":\"")?;
+                w.write_all(itoa::Buffer::new().format(lane.id).as_bytes())?;
+                w.write_all(b"\",\"thread.name\":")?;
+                serde_json::to_writer(&mut *w, &*lane.name).map_err(std::io::Error::from)
+            })?),
+            None => None,
+        };
+        let start = out.len();
+        let written = crate::json_link::write_with_members(
+            out,
+            tx,
+            &crate::json_link::TRACE_DATA,
+            &[profile, None, lane_keys],
+        )?;
+        if let Some(lane) = lane.filter(|_| written & 0b100 == 0) {
+            // No trace context data to write the lane into (the transport
+            // hands a lane over only where there is): tagged the slow way.
+            out.truncate(start);
+            let mut tagged = tx.clone();
+            insert_lane(&mut tagged, lane);
+            return write_transaction_json(out, &tagged, totals, profiler_id, None);
         }
-        None => serde_json::to_writer(&mut *out, tx)?,
+        if profile.is_some() && written & 1 == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "the transaction has no contexts to link",
+            ));
+        }
     }
     let data = match tx.contexts.get("trace") {
         Some(Context::Trace(trace)) => Some(&trace.data),
@@ -402,6 +429,27 @@ fn write_transaction_json(
     Ok(())
 }
 
+/// The bytes `write` writes, in `stack` when they fit, else in `spill`.
+fn member_bytes<'b>(
+    stack: &'b mut [u8],
+    spill: &'b mut Vec<u8>,
+    write: impl Fn(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> std::io::Result<&'b [u8]> {
+    let room = stack.len();
+    let mut cursor = &mut stack[..];
+    match write(&mut cursor) {
+        Ok(()) => {
+            let len = room - cursor.len();
+            Ok(&stack[..len])
+        }
+        Err(_) => {
+            spill.clear();
+            write(spill)?;
+            Ok(&spill[..])
+        }
+    }
+}
+
 /// Whether a transaction is filed under a thread: its trace context's data
 /// has a `thread.id`.
 pub(crate) fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
@@ -412,13 +460,15 @@ pub(crate) fn is_profiled(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
 /// transactions are written by this crate: straight into the envelope's
 /// buffer (the SDK writes each item to a buffer of its own, grown as it
 /// goes, and copies it over), with their poll totals (as data, or `totals`
-/// handed with it) as measurements too, and linked to `profiler_id` when
-/// profiled (see [`write_transaction_json`]). An envelope without a
+/// handed with it) as measurements too, tagged with the `lane` handed over
+/// with the first (which makes it profiled), and linked to `profiler_id`
+/// when profiled (see [`write_transaction_json`]). An envelope without a
 /// transaction is the SDK's.
 pub(crate) fn envelope_bytes(
     envelope: &sentry_core::Envelope,
     totals: Option<&PollTotals>,
     profiler_id: Option<&str>,
+    mut lane: Option<&HandedLane>,
 ) -> std::io::Result<Vec<u8>> {
     use sentry_core::protocol::EnvelopeItem;
     // Room for a typical transaction: its bytes grow without a copy.
@@ -436,9 +486,12 @@ pub(crate) fn envelope_bytes(
     for item in envelope.items() {
         match item {
             EnvelopeItem::Transaction(tx) => {
-                let id =
-                    profiler_id.filter(|_| is_profiled(tx) && !tx.contexts.contains_key("profile"));
-                write_transaction(&mut bytes, tx, totals, id)?;
+                // A lane handed over goes to the first transaction.
+                let lane = lane.take();
+                let id = profiler_id.filter(|_| {
+                    (lane.is_some() || is_profiled(tx)) && !tx.contexts.contains_key("profile")
+                });
+                write_transaction(&mut bytes, tx, totals, id, lane)?;
             }
             // Typically the SDK's client report: written by the SDK, less
             // its (empty) header line.
@@ -461,9 +514,10 @@ pub(crate) fn write_transaction(
     tx: &sentry_core::protocol::Transaction<'_>,
     totals: Option<&PollTotals>,
     profiler_id: Option<&str>,
+    lane: Option<&HandedLane>,
 ) -> std::io::Result<()> {
     let start = bytes.len();
-    write_transaction_json(bytes, tx, totals, profiler_id)?;
+    write_transaction_json(bytes, tx, totals, profiler_id, lane)?;
     let len = bytes.len() - start;
     let mut header = [0u8; 64];
     let mut cursor = &mut header[..];
@@ -503,7 +557,7 @@ mod tests {
         tx.contexts
             .insert("trace".into(), Context::Trace(Box::new(trace)));
         let mut bytes = Vec::new();
-        write_transaction_json(&mut bytes, &tx, None, None).unwrap();
+        write_transaction_json(&mut bytes, &tx, None, None, None).unwrap();
         // The typed transaction writes no `measurements` of its own (were a
         // newer sentry-types to add them, the key would appear twice).
         let text = String::from_utf8(bytes.clone()).unwrap();
@@ -528,7 +582,7 @@ mod tests {
         // Without totals, the SDK's own serialisation.
         let plain = sentry_core::protocol::Transaction::default();
         let mut bytes = Vec::new();
-        write_transaction_json(&mut bytes, &plain, None, None).unwrap();
+        write_transaction_json(&mut bytes, &plain, None, None, None).unwrap();
         assert_eq!(bytes, serde_json::to_vec(&plain).unwrap());
     }
 
@@ -599,7 +653,7 @@ mod tests {
         let mut sdk = Vec::new();
         envelope.to_writer(&mut sdk).unwrap();
         assert_eq!(
-            String::from_utf8(envelope_bytes(&envelope, None, None).unwrap()).unwrap(),
+            String::from_utf8(envelope_bytes(&envelope, None, None, None).unwrap()).unwrap(),
             String::from_utf8(sdk).unwrap()
         );
     }
@@ -620,7 +674,7 @@ mod tests {
         };
         let mut bytes = b"head\n".to_vec();
         let tx = sentry_core::protocol::Transaction::default();
-        write_transaction(&mut bytes, &tx, Some(&totals), None).unwrap();
+        write_transaction(&mut bytes, &tx, Some(&totals), None, None).unwrap();
         let text = std::str::from_utf8(&bytes).unwrap();
         let mut lines = text.strip_prefix("head\n").unwrap().lines();
         let header: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();

@@ -359,7 +359,7 @@ impl Shared {
             .map(|d| d.as_millis())
             .unwrap_or_default();
         let path = self.dir.join(format!("{seq:06}-{millis}.envelope"));
-        let result = crate::transaction_tags::envelope_bytes(envelope, None, None)
+        let result = crate::transaction_tags::envelope_bytes(envelope, None, None, None)
             .and_then(|bytes| std::fs::write(&path, &bytes));
         match result {
             Ok(()) => {

@@ -386,7 +386,9 @@ impl Link {
     /// write into the transaction's JSON (see
     /// [`crate::transaction_tags::envelope_bytes`]): its contexts are left
     /// alone. A transaction that has a `profile` context already gets it
-    /// replaced here, as [`Link::apply`] does.
+    /// replaced here, as [`Link::apply`] does. While the profiler runs, the
+    /// handed lane stays in `self` too where the writer can write it (see
+    /// [`lane_writable`]).
     #[cfg_attr(
         not(feature = "http"),
         expect(dead_code, reason = "the sender needs `http`")
@@ -411,15 +413,22 @@ impl Link {
             return envelope;
         }
         let totals = totals.take();
-        map_transactions(envelope, |tx| {
-            if let Some(lane) = lane.take() {
-                insert_lane(tx, lane);
-            }
+        let mut kept = None;
+        let envelope = map_transactions(envelope, |tx| {
             if let Some(totals) = &totals {
                 insert_totals_data(tx, totals);
             }
+            if let Some(handed) = lane.take() {
+                if !insert && profiler_id.is_some() && lane_writable(tx) {
+                    // The writer tags it as it writes it.
+                    kept = Some(handed);
+                } else {
+                    insert_lane(tx, &handed);
+                }
+            }
             remove_http_root_spans(tx);
-            let Some(id) = profiler_id.as_deref().filter(|_| is_profiled(tx)) else {
+            let profiled = kept.is_some() || is_profiled(tx);
+            let Some(id) = profiler_id.as_deref().filter(|_| profiled) else {
                 return;
             };
             settle_lane(tx, Duration::ZERO);
@@ -427,8 +436,22 @@ impl Link {
                 tx.contexts
                     .insert("profile".into(), profile_context("profiler_id", id));
             }
-        })
+        });
+        *lane = kept;
+        envelope
     }
+}
+
+/// Whether the crate's writer can tag `tx` with a lane as it writes it
+/// (see [`crate::transaction_tags::envelope_bytes`]): its trace context has
+/// data the writer writes the lane's keys into (data left with only the
+/// OS-thread keys, which are removed, is not written), and neither of
+/// those keys, which would stand after them.
+fn lane_writable(tx: &sentry_core::protocol::Transaction<'_>) -> bool {
+    matches!(tx.contexts.get("trace"), Some(Context::Trace(t))
+        if !t.data.contains_key("thread.id")
+            && !t.data.contains_key("thread.name")
+            && t.data.keys().any(|k| k != OS_THREAD_ID && k != OS_THREAD_NAME))
 }
 
 /// `envelope` with `f` applied to each of its transactions.
@@ -764,7 +787,7 @@ mod tests {
             let base = awkward_transaction(text, data, profile);
             let inserted = link().apply(base.clone());
             let expected = transaction_json(
-                &crate::transaction_tags::envelope_bytes(&inserted, None, None).unwrap(),
+                &crate::transaction_tags::envelope_bytes(&inserted, None, None, None).unwrap(),
             );
             let mut sender = link();
             let prepared = sender.prepare_for_writing(base);
@@ -772,6 +795,7 @@ mod tests {
                 &prepared,
                 None,
                 sender.profiler_id.as_deref(),
+                sender.lane.as_ref(),
             )
             .unwrap();
             let got = transaction_json(&written);

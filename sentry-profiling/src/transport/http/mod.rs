@@ -240,6 +240,7 @@ impl Kind for Transactions {
             &item.envelope,
             item.totals.as_ref(),
             item.link.profiler_id.as_deref(),
+            item.link.lane.as_ref(),
         ) {
             Ok(bytes) => Some(bytes),
             Err(e) => {
