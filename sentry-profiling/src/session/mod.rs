@@ -260,6 +260,16 @@ impl Session {
         self.profiler_id().map(|_| Arc::clone(&self.profiler_id))
     }
 
+    /// The profiler id, shared, whether or not the session is sampled
+    /// (for the crate's transaction sender to keep a copy of).
+    #[cfg_attr(
+        not(feature = "http"),
+        expect(dead_code, reason = "the sender needs `http`")
+    )]
+    pub(crate) fn profiler_id_shared(&self) -> Arc<str> {
+        Arc::clone(&self.profiler_id)
+    }
+
     /// The lifecycle mode.
     pub(crate) fn lifecycle(&self) -> ProfileLifecycle {
         self.config()

@@ -104,7 +104,12 @@ impl TransportFactory for ProfilingTransportFactory {
             }
             #[cfg(feature = "http")]
             InnerFactory::Http(timeout) => {
-                let delivery = http::create(options, *timeout, runtime.delivery_counters());
+                let delivery = http::create(
+                    options,
+                    *timeout,
+                    runtime.delivery_counters(),
+                    runtime.profiler_id_shared(),
+                );
                 runtime.set_sink(Arc::new(SentrySink {
                     transport: Arc::clone(&delivery.sdk),
                     chunks: Some(Arc::clone(&delivery.senders.chunks)),
@@ -271,8 +276,11 @@ impl Transport for ProfilingTransport {
             .filter(|_| carries);
         #[cfg(not(feature = "http"))]
         let sender: Option<()> = None;
-        let profiler_id = carries.then(|| self.runtime.shared_profiler_id()).flatten();
-        if profiler_id.is_some() {
+        // Whether the transaction is linked. The id itself is shared by
+        // every thread: the crate's sender adds its own copy, so that its
+        // reference count is not touched here on every transaction.
+        let linked = carries && self.runtime.profiler_id().is_some();
+        if linked {
             if lane.is_none() {
                 self.warn_if_unprofiled(&envelope);
             }
@@ -281,8 +289,8 @@ impl Transport for ProfilingTransport {
             // must know the window before the lane's chunk is written.
             report_lane_windows(&envelope, lane.as_ref().map(|l| l.id));
         }
-        let link = Link {
-            profiler_id,
+        let mut link = Link {
+            profiler_id: None,
             lane,
             // The crate's transaction sender writes the totals as
             // measurements; anywhere else they become data. The two
@@ -296,9 +304,11 @@ impl Transport for ProfilingTransport {
                 envelope,
                 totals,
                 link,
+                linked,
             });
             return;
         }
+        link.profiler_id = linked.then(|| self.runtime.shared_profiler_id()).flatten();
         self.inner.send_envelope(link.apply(envelope));
     }
 

@@ -96,6 +96,7 @@ pub(crate) fn create(
     options: TransportOptions,
     timeout: Duration,
     counters: Arc<DeliveryCounters>,
+    profiler_id: Arc<str>,
 ) -> Delivery {
     let connect_timeout = timeout.min(MAX_CONNECT_TIMEOUT);
     let settings = ClientSettings {
@@ -133,6 +134,7 @@ pub(crate) fn create(
     let transactions = Sender::start(
         Transactions {
             recorder,
+            profiler_id,
             lost: AtomicU64::new(0),
         },
         Bounds {
@@ -209,6 +211,9 @@ pub(crate) struct Outgoing {
     pub(crate) envelope: Envelope,
     pub(crate) totals: Option<crate::transaction_tags::PollTotals>,
     pub(crate) link: super::Link,
+    /// Whether it is linked to the session's profiler id (which the
+    /// sender adds to `link`).
+    pub(crate) linked: bool,
 }
 
 /// Transactions: linked (see [`super::Link::prepare_for_writing`]) and
@@ -217,6 +222,9 @@ pub(crate) struct Outgoing {
 /// [`crate::transaction_tags::envelope_bytes`]).
 pub(crate) struct Transactions {
     recorder: Recorder,
+    /// The session's profiler id, for the transactions linked to it: this
+    /// thread's copy, so that only it touches its reference count.
+    profiler_id: Arc<str>,
     /// Transactions not delivered, for the log.
     lost: AtomicU64,
 }
@@ -234,6 +242,9 @@ impl Kind for Transactions {
     }
 
     fn body(&self, item: &mut Outgoing, _: &[u64; 4]) -> Option<Vec<u8>> {
+        if item.linked && item.link.profiler_id.is_none() {
+            item.link.profiler_id = Some(Arc::clone(&self.profiler_id));
+        }
         let envelope = std::mem::replace(&mut item.envelope, Envelope::new());
         item.envelope = item.link.prepare_for_writing(envelope);
         match crate::transaction_tags::envelope_bytes(
