@@ -254,15 +254,15 @@ pub struct Handover {
     pub lane: Option<HandedLane>,
 }
 
-/// A lane handed with its transaction (see [`Handover`]).
+/// A lane handed with its transaction (see [`Handover`]), which names it:
+/// the transaction's `thread.name` is its own name. (The lane's name, an
+/// `Arc` its worker shares between requests, is not handed over: the
+/// transport's thread dropping a copy of it at every request took its
+/// reference count's cache line from the worker's core.)
 #[derive(Debug)]
 pub struct HandedLane {
     /// The lane id, the transaction's `thread.id`.
     pub id: u64,
-    /// The lane's name, the transaction's `thread.name`: shared with the
-    /// request (a `String` made on its worker was freed on the transport's
-    /// thread).
-    pub name: std::sync::Arc<str>,
 }
 
 thread_local! {
@@ -294,13 +294,15 @@ pub(crate) fn take_handed() -> Option<Handover> {
 /// Tags a transaction with the lane handed with it, as the tracing layer
 /// tags the spans it sees.
 pub(crate) fn insert_lane(tx: &mut sentry_core::protocol::Transaction<'_>, lane: &HandedLane) {
+    let name = tx.name.clone();
     if let Some(Context::Trace(trace)) = tx.contexts.get_mut("trace") {
         trace
             .data
             .insert("thread.id".into(), Value::String(lane.id.to_string()));
-        trace
-            .data
-            .insert("thread.name".into(), Value::String(lane.name.to_string()));
+        match name {
+            Some(name) => trace.data.insert("thread.name".into(), Value::String(name)),
+            None => trace.data.remove("thread.name"),
+        };
     }
 }
 
@@ -341,8 +343,8 @@ fn write_transaction_json(
         // among its contexts, and the lane's keys first in its trace
         // context's data: nothing is copied, and nothing is allocated for
         // a profiler id of up to 80 bytes (the session's are 32 hex
-        // digits) or a lane name of up to 150 (longer ones are written
-        // from the heap). A linked transaction is written as an unlinked
+        // digits) or a transaction name of up to 150 (longer ones are
+        // written from the heap). A linked transaction is written as an unlinked
         // one is, so the sender allocates the same whether or not the
         // profiler runs (see BENCHMARKS.md).
         let (mut profile_stack, mut profile_spill) = ([0u8; 128], Vec::new());
@@ -359,8 +361,12 @@ fn write_transaction_json(
             Some(lane) => Some(member_bytes(&mut stack, &mut spill, |w| {
                 w.write_all(b"\"thread.id\":\"")?;
                 w.write_all(itoa::Buffer::new().format(lane.id).as_bytes())?;
-                w.write_all(b"\",\"thread.name\":")?;
-                serde_json::to_writer(&mut *w, &*lane.name).map_err(std::io::Error::from)
+                w.write_all(b"\"")?;
+                if let Some(name) = &tx.name {
+                    w.write_all(b",\"thread.name\":")?;
+                    serde_json::to_writer(&mut *w, name)?;
+                }
+                Ok(())
             })?),
             None => None,
         };

@@ -172,10 +172,9 @@ fn tag(
     };
     let word = sentry_profiling::hooks::thread_context();
     if own && crate::layer::lane_is_handed(word) {
-        *lane = Some(HandedLane {
-            id: word,
-            name: Arc::clone(name),
-        });
+        // Its lane is named as it is: the transport writes the
+        // transaction's name as the lane's.
+        *lane = Some(HandedLane { id: word });
     } else if let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() {
         crate::layer::tag_with_thread(&target, &profiler_id, word, Some(name));
     } else {

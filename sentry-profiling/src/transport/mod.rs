@@ -641,12 +641,7 @@ mod tests {
     /// not linked.
     #[test]
     fn a_handed_lane_tags_and_links_the_transaction() {
-        let lane = || {
-            Some(HandedLane {
-                id: 1_000_000_042,
-                name: "GET /users/{id}".into(),
-            })
-        };
+        let lane = || Some(HandedLane { id: 1_000_000_042 });
         let thread = |out: &Envelope| {
             let Some(EnvelopeItem::Transaction(tx)) = out.items().next() else {
                 panic!("the transaction is kept");
@@ -662,12 +657,23 @@ mod tests {
                 linked,
             )
         };
+        // Named as `http_layer()` names a transaction and its lane.
+        let named = || {
+            let mut envelope = Envelope::new();
+            for item in envelope_of(SpanId::default(), &[], vec![]).into_items() {
+                if let EnvelopeItem::Transaction(mut tx) = item {
+                    tx.name = Some("GET /users/{id}".into());
+                    envelope.add_item(EnvelopeItem::Transaction(tx));
+                }
+            }
+            envelope
+        };
         let linked = Link {
             profiler_id: Some("0123456789abcdef0123456789abcdef".into()),
             lane: lane(),
             totals: None,
         }
-        .apply(envelope_of(SpanId::default(), &[], vec![]));
+        .apply(named());
         let tagged = (
             Some(Value::from("1000000042")),
             Some(Value::from("GET /users/{id}")),
@@ -677,8 +683,37 @@ mod tests {
             lane: lane(),
             ..Link::default()
         }
+        .apply(named());
+        assert_eq!(thread(&unlinked), (tagged.0.clone(), tagged.1, false));
+        // A transaction without a name gives its lane none, whoever
+        // writes it.
+        let unnamed = Link {
+            profiler_id: Some("0123456789abcdef0123456789abcdef".into()),
+            lane: lane(),
+            totals: None,
+        }
         .apply(envelope_of(SpanId::default(), &[], vec![]));
-        assert_eq!(thread(&unlinked), (tagged.0, tagged.1, false));
+        assert_eq!(thread(&unnamed), (tagged.0.clone(), None, true));
+        let mut sender = Link {
+            profiler_id: Some("0123456789abcdef0123456789abcdef".into()),
+            lane: lane(),
+            totals: None,
+        };
+        let prepared =
+            sender.prepare_for_writing(envelope_of(SpanId::default(), &[("k", "v")], vec![]));
+        assert!(sender.lane.is_some(), "the writer tags it");
+        let written = transaction_json(
+            &crate::transaction_tags::envelope_bytes(
+                &prepared,
+                None,
+                sender.profiler_id.as_deref(),
+                sender.lane.as_ref(),
+            )
+            .unwrap(),
+        );
+        let trace_data = &written["contexts"]["trace"]["data"];
+        assert_eq!(trace_data["thread.id"], "1000000042");
+        assert!(trace_data.get("thread.name").is_none(), "{written}");
     }
 
     #[test]
@@ -760,10 +795,7 @@ mod tests {
     /// alone, with no profiler id, or replacing one that was there.
     #[test]
     fn the_link_written_into_the_json_reads_as_the_one_inserted() {
-        let lane = || HandedLane {
-            id: 1_000_000_042,
-            name: "GET /users/{id} \"q\"".into(),
-        };
+        let lane = || HandedLane { id: 1_000_000_042 };
         let id: Arc<str> = Arc::from("0123456789abcdef0123456789abcdef");
         let cases: [Case; 9] = [
             ("a", &[("other", "1")], true, true, false),
