@@ -184,6 +184,15 @@ mod tests {
         Ok(write_with_members(out, value, &TRACE_DATA[..1], &[Some(member)])? & 1 != 0)
     }
 
+    /// `tx` written with a profile member `p` in its contexts and a lane
+    /// member `thread.id` in its trace data: the levels written, the JSON.
+    fn with_profile_and_lane(tx: &Transaction, p: &[u8]) -> (u32, Vec<u8>) {
+        let mut out = Vec::new();
+        let members = [Some(p), None, Some(&b"\"thread.id\":\"9\""[..])];
+        let written = write_with_members(&mut out, tx, &TRACE_DATA, &members).unwrap();
+        (written, out)
+    }
+
     /// The lane's keys land in the trace context's own data, and the
     /// profile context in the transaction's own contexts, past look-alikes
     /// at every level: a `data` in another context and in a span, a
@@ -204,14 +213,7 @@ mod tests {
         trace.data.insert("trace".into(), look_alike.clone());
         tx.contexts.insert("trace".into(), Context::Trace(trace));
 
-        let mut out = Vec::new();
-        let written = write_with_members(
-            &mut out,
-            &tx,
-            &TRACE_DATA,
-            &[Some(b"\"p\":{}"), None, Some(b"\"thread.id\":\"9\"")],
-        )
-        .unwrap();
+        let (written, out) = with_profile_and_lane(&tx, b"\"p\":{}");
         assert_eq!(written, 0b101);
         let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
         let mut expected: serde_json::Value =
@@ -236,14 +238,7 @@ mod tests {
             "trace".into(),
             Context::Trace(Box::<sentry_core::protocol::TraceContext>::default()),
         );
-        let mut out = Vec::new();
-        let written = write_with_members(
-            &mut out,
-            &tx,
-            &TRACE_DATA,
-            &[Some(b"\"p\":1"), None, Some(b"\"thread.id\":\"9\"")],
-        )
-        .unwrap();
+        let (written, out) = with_profile_and_lane(&tx, b"\"p\":1");
         assert_eq!(written, 0b001);
         let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(value["contexts"]["p"], 1);

@@ -248,7 +248,7 @@ impl Transport for ProfilingTransport {
                 totals,
                 ..Link::default()
             };
-            self.inner.send_envelope(link.apply(envelope));
+            self.inner.send_envelope(link.apply(envelope, None));
             return;
         }
         if self.runtime.v1().is_some() {
@@ -259,7 +259,8 @@ impl Transport for ProfilingTransport {
                 totals,
                 ..Link::default()
             };
-            let unprofiled = match crate::transaction_profile::intercept(link.apply(envelope)) {
+            let unprofiled = match crate::transaction_profile::intercept(link.apply(envelope, None))
+            {
                 Intercepted::Profile(p) => self.runtime.v1_enqueue(Box::new(p)),
                 Intercepted::Pass(envelope) => Some(envelope),
             };
@@ -276,10 +277,11 @@ impl Transport for ProfilingTransport {
             .filter(|_| carries);
         #[cfg(not(feature = "http"))]
         let sender: Option<()> = None;
-        // Whether the transaction is linked. The id itself is shared by
-        // every thread: the crate's sender adds its own copy, so that its
-        // reference count is not touched here on every transaction.
-        let linked = carries && self.runtime.profiler_id().is_some();
+        // Whether the transaction is linked. The id is lent to `Link` where
+        // it is used, never copied: the crate's sender uses its own copy,
+        // so no reference count every thread shares is touched here.
+        let profiler_id = carries.then(|| self.runtime.profiler_id()).flatten();
+        let linked = profiler_id.is_some();
         if linked {
             if lane.is_none() {
                 self.warn_if_unprofiled(&envelope);
@@ -289,8 +291,7 @@ impl Transport for ProfilingTransport {
             // must know the window before the lane's chunk is written.
             report_lane_windows(&envelope, lane.as_ref().map(|l| l.id));
         }
-        let mut link = Link {
-            profiler_id: None,
+        let link = Link {
             lane,
             // The crate's transaction sender writes the totals as
             // measurements; anywhere else they become data. The two
@@ -308,8 +309,7 @@ impl Transport for ProfilingTransport {
             });
             return;
         }
-        link.profiler_id = linked.then(|| self.runtime.shared_profiler_id()).flatten();
-        self.inner.send_envelope(link.apply(envelope));
+        self.inner.send_envelope(link.apply(envelope, profiler_id));
     }
 
     fn flush(&self, timeout: Duration) -> bool {
@@ -356,9 +356,6 @@ pub(crate) const HTTP_ROOT_SPAN_MARK: &str = "sentry_profiling.http_root";
 /// sender, on the sender's thread (see [`Link::apply`]).
 #[derive(Debug, Default)]
 pub(crate) struct Link {
-    /// The session's profiler id, while it profiles: profiled transactions
-    /// get it as their `profile` context.
-    pub(crate) profiler_id: Option<Arc<str>>,
     /// The lane handed with the transaction, which it is tagged with.
     pub(crate) lane: Option<HandedLane>,
     /// Poll totals to write as the transaction's data.
@@ -370,7 +367,8 @@ impl Link {
     /// with the handed totals as data, without the spans marked
     /// [`HTTP_ROOT_SPAN_MARK`] (their children attached to the transaction
     /// itself), and, when profiled (tagged with a `thread.id` by the
-    /// tracing layer, or a lane handed), with their thread tags settled and
+    /// tracing layer, or a lane handed) while the session profiles (given
+    /// its `profiler_id`), with their thread tags settled and
     /// `contexts.profile.profiler_id` added. The envelope is taken apart
     /// and rebuilt once for all of it, and passes unchanged when there is
     /// nothing to do.
@@ -387,13 +385,12 @@ impl Link {
     /// thread gives every finished lane at least two samples (Sentry drops
     /// a thread with one), so only the OS-thread keys are removed here (see
     /// [`OS_THREAD_ID`]).
-    pub(crate) fn apply(mut self, envelope: Envelope) -> Envelope {
-        self.prepare(envelope, true)
+    pub(crate) fn apply(mut self, envelope: Envelope, profiler_id: Option<&str>) -> Envelope {
+        self.prepare(envelope, profiler_id, true)
     }
 
-    /// What [`Link::apply`] does, but for the `profile` context, whose
-    /// profiler id stays in `self` for the crate's transaction sender to
-    /// write into the transaction's JSON (see
+    /// What [`Link::apply`] does, but for the `profile` context, which the
+    /// crate's transaction sender writes into the transaction's JSON (see
     /// [`crate::transaction_tags::envelope_bytes`]): its contexts are left
     /// alone. A transaction that has a `profile` context already gets it
     /// replaced here, as [`Link::apply`] does. While the profiler runs, the
@@ -403,16 +400,16 @@ impl Link {
         not(feature = "http"),
         expect(dead_code, reason = "the sender needs `http`")
     )]
-    pub(crate) fn prepare_for_writing(&mut self, envelope: Envelope) -> Envelope {
-        self.prepare(envelope, false)
+    pub(crate) fn prepare_for_writing(
+        &mut self,
+        envelope: Envelope,
+        profiler_id: Option<&str>,
+    ) -> Envelope {
+        self.prepare(envelope, profiler_id, false)
     }
 
-    fn prepare(&mut self, envelope: Envelope, insert: bool) -> Envelope {
-        let Link {
-            profiler_id,
-            lane,
-            totals,
-        } = self;
+    fn prepare(&mut self, envelope: Envelope, profiler_id: Option<&str>, insert: bool) -> Envelope {
+        let Link { lane, totals } = self;
         let work = lane.is_some()
             || totals.is_some()
             || envelope.items().any(|i| {
@@ -438,7 +435,7 @@ impl Link {
             }
             remove_http_root_spans(tx);
             let profiled = kept.is_some() || is_profiled(tx);
-            let Some(id) = profiler_id.as_deref().filter(|_| profiled) else {
+            let Some(id) = profiler_id.filter(|_| profiled) else {
                 return;
             };
             settle_lane(tx, Duration::ZERO);
@@ -609,7 +606,7 @@ mod tests {
                 span(grandchild, child, false),
             ],
         );
-        let spans = span_links(&Link::default().apply(envelope));
+        let spans = span_links(&Link::default().apply(envelope, None));
         assert_eq!(spans, vec![(child, Some(root)), (grandchild, Some(child))]);
     }
 
@@ -621,11 +618,7 @@ mod tests {
             &[("thread.id", "1000000007")],
             vec![span(marked, root, true), span(child, marked, false)],
         );
-        let out = Link {
-            profiler_id: Some("0123456789abcdef0123456789abcdef".into()),
-            ..Link::default()
-        }
-        .apply(envelope);
+        let out = Link::default().apply(envelope, Some("0123456789abcdef0123456789abcdef"));
         let spans = span_links(&out);
         let Some(EnvelopeItem::Transaction(tx)) = out.items().next() else {
             panic!("the transaction is kept");
@@ -669,11 +662,10 @@ mod tests {
             envelope
         };
         let linked = Link {
-            profiler_id: Some("0123456789abcdef0123456789abcdef".into()),
             lane: lane(),
             totals: None,
         }
-        .apply(named());
+        .apply(named(), Some("0123456789abcdef0123456789abcdef"));
         let tagged = (
             Some(Value::from("1000000042")),
             Some(Value::from("GET /users/{id}")),
@@ -683,33 +675,27 @@ mod tests {
             lane: lane(),
             ..Link::default()
         }
-        .apply(named());
+        .apply(named(), None);
         assert_eq!(thread(&unlinked), (tagged.0.clone(), tagged.1, false));
         // A transaction without a name gives its lane none, whoever
         // writes it.
+        let id = Some("0123456789abcdef0123456789abcdef");
         let unnamed = Link {
-            profiler_id: Some("0123456789abcdef0123456789abcdef".into()),
             lane: lane(),
             totals: None,
         }
-        .apply(envelope_of(SpanId::default(), &[], vec![]));
+        .apply(envelope_of(SpanId::default(), &[], vec![]), id);
         assert_eq!(thread(&unnamed), (tagged.0.clone(), None, true));
         let mut sender = Link {
-            profiler_id: Some("0123456789abcdef0123456789abcdef".into()),
             lane: lane(),
             totals: None,
         };
         let prepared =
-            sender.prepare_for_writing(envelope_of(SpanId::default(), &[("k", "v")], vec![]));
+            sender.prepare_for_writing(envelope_of(SpanId::default(), &[("k", "v")], vec![]), id);
         assert!(sender.lane.is_some(), "the writer tags it");
         let written = transaction_json(
-            &crate::transaction_tags::envelope_bytes(
-                &prepared,
-                None,
-                sender.profiler_id.as_deref(),
-                sender.lane.as_ref(),
-            )
-            .unwrap(),
+            &crate::transaction_tags::envelope_bytes(&prepared, None, id, sender.lane.as_ref())
+                .unwrap(),
         );
         let trace_data = &written["contexts"]["trace"]["data"];
         assert_eq!(trace_data["thread.id"], "1000000042");
@@ -724,7 +710,7 @@ mod tests {
         };
         let mut envelope = Envelope::new();
         envelope.add_item(tx.clone());
-        let out = Link::default().apply(envelope);
+        let out = Link::default().apply(envelope, None);
         assert!(
             matches!(out.items().next(), Some(EnvelopeItem::Transaction(t)) if t.spans == tx.spans)
         );
@@ -822,21 +808,21 @@ mod tests {
         ];
         for (text, data, handed, running, profile) in cases {
             let link = || Link {
-                profiler_id: running.then(|| Arc::clone(&id)),
                 lane: handed.then(lane),
                 totals: None,
             };
+            let profiler_id = running.then_some(&*id);
             let base = awkward_transaction(text, data, profile);
-            let inserted = link().apply(base.clone());
+            let inserted = link().apply(base.clone(), profiler_id);
             let expected = transaction_json(
                 &crate::transaction_tags::envelope_bytes(&inserted, None, None, None).unwrap(),
             );
             let mut sender = link();
-            let prepared = sender.prepare_for_writing(base);
+            let prepared = sender.prepare_for_writing(base, profiler_id);
             let written = crate::transaction_tags::envelope_bytes(
                 &prepared,
                 None,
-                sender.profiler_id.as_deref(),
+                profiler_id,
                 sender.lane.as_ref(),
             )
             .unwrap();

@@ -211,8 +211,8 @@ pub(crate) struct Outgoing {
     pub(crate) envelope: Envelope,
     pub(crate) totals: Option<crate::transaction_tags::PollTotals>,
     pub(crate) link: super::Link,
-    /// Whether it is linked to the session's profiler id (which the
-    /// sender adds to `link`).
+    /// Whether it is linked to the session's profiler id (the sender's
+    /// copy of it).
     pub(crate) linked: bool,
 }
 
@@ -242,15 +242,13 @@ impl Kind for Transactions {
     }
 
     fn body(&self, item: &mut Outgoing, _: &[u64; 4]) -> Option<Vec<u8>> {
-        if item.linked && item.link.profiler_id.is_none() {
-            item.link.profiler_id = Some(Arc::clone(&self.profiler_id));
-        }
+        let profiler_id = item.linked.then_some(&*self.profiler_id);
         let envelope = std::mem::replace(&mut item.envelope, Envelope::new());
-        item.envelope = item.link.prepare_for_writing(envelope);
+        item.envelope = item.link.prepare_for_writing(envelope, profiler_id);
         match crate::transaction_tags::envelope_bytes(
             &item.envelope,
             item.totals.as_ref(),
-            item.link.profiler_id.as_deref(),
+            profiler_id,
             item.link.lane.as_ref(),
         ) {
             Ok(bytes) => Some(bytes),
