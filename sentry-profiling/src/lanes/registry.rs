@@ -13,14 +13,20 @@
 //!
 //! The reader takes the rings' events before the queue's and applies them
 //! after: an end it sees was written after its start (which was in the
-//! queue by then), so no end comes before its lane's start.
+//! queue by then), so no end comes before its lane's start. The threads'
+//! context words, which name lanes too, are taken before both for the same
+//! reason (see the session's lane desk): a thread publishes a lane's word
+//! only after it reported the lane's start.
+//!
+//! Starts stay in the shared queue: sent through the threads' rings
+//! (tried twice), they cost the workers no less under `perf` at 5,000
+//! requests a second, and the reader more (see BENCHMARKS.md).
 //!
 //! The profiler thread reads the queue every sampling period while the
 //! sampler runs or lanes are in flight ([`read_interval`]; a request wakes
 //! nobody: the first root span after a pause resumes the sampler and wakes
-//! the reader once), so
-//! a finished request is known as
-//! finished (and its places freed) within one period, except while a chunk
+//! the reader once), so a finished request is known as finished (and its
+//! places freed) within one period, except while a chunk
 //! is being written; it also reads it before any chunk or profile is
 //! written, so no chunk is ever written without the ends it covers.
 
