@@ -428,14 +428,7 @@ where
                 // stays as it is.
                 return false;
             }
-            // A first entry publishes its word once decided (below): a root
-            // span's lane is reported started before its word names it, as
-            // the profiler's reader of both expects.
-            let prev = if decided {
-                sentry_profiling::hooks::set_thread_context(lane)
-            } else {
-                sentry_profiling::hooks::thread_context()
-            };
+            let prev = sentry_profiling::hooks::set_thread_context(lane);
             s.push(id.into_u64(), lane, prev);
             true
         });
@@ -517,7 +510,6 @@ where
             }
             0
         } else {
-            sentry_profiling::hooks::set_thread_context(lane);
             lane
         };
         // The span `http_layer()` opens: its transaction is tagged by the

@@ -194,11 +194,11 @@ pub(crate) fn min_poll_ns(period_ns: u64) -> u64 {
     period_ns / 10
 }
 
-/// Where [`TakenChanges::take`] left off.
+/// Where [`read_polls`] left off.
 #[cfg(profiling_supported)]
 pub(crate) type ChangeCursor = crate::context::ChangeCursor;
 
-/// Where [`TakenChanges::take`] left off (nothing publishes context words here).
+/// Where [`read_polls`] left off (nothing publishes context words here).
 #[cfg(not(profiling_supported))]
 #[derive(Debug, Default)]
 pub(crate) struct ChangeCursor;
@@ -211,65 +211,43 @@ impl ChangeCursor {
     }
 }
 
-/// Context-word changes taken from the threads and not yet applied to the
-/// lanes: read *before* the lane events, so that the start of every lane a
-/// change names is readable by the time the events are read (a thread
-/// reports its lane's start before it publishes the lane's word), and
-/// applied after them (see [`crate::session`]'s lane desk).
-#[derive(Debug, Default)]
-pub(crate) struct TakenChanges {
-    changes: Vec<Change>,
-    /// Changes overwritten before they were read.
-    lost: u64,
-}
-
-/// Changes a read keeps room for between reads: a period's at thousands of
-/// requests a second. A read that takes more (a thread's whole history of
-/// [`crate::context`]'s entries, on many threads) gives the rest back after.
-const CHANGES_KEPT: usize = 4_096;
-
-impl TakenChanges {
-    /// Takes every thread's context-word changes since the previous call.
-    pub(crate) fn take(&mut self, cursor: &mut ChangeCursor) {
-        #[cfg(profiling_supported)]
-        {
-            let changes = &mut self.changes;
-            self.lost += crate::context::read_changes(cursor, |tid, from, to, at_ns, woken_ns| {
-                changes.push(Change {
-                    tid,
-                    from,
-                    to,
-                    at_ns,
-                    woken_ns,
-                });
-            });
-        }
-        #[cfg(not(profiling_supported))]
-        let _ = cursor;
-    }
-
-    /// Applies the changes taken to the lanes' polls (keeping those of
-    /// `min_poll_ns` or longer, see [`Lanes::apply_change`]); returns how
-    /// many changes there were and how many polls were lost (changes
-    /// overwritten before they were read, or polls beyond a lane's bound).
-    pub(crate) fn apply(&mut self, lanes: &mut Lanes, min_poll_ns: u64) -> PollsRead {
-        let changes = self.changes.len() as u64;
-        let beyond_bound = self
-            .changes
-            .drain(..)
-            .filter(|&change| !lanes.apply_change(change, min_poll_ns))
-            .count() as u64;
-        if self.changes.capacity() > CHANGES_KEPT {
-            self.changes.shrink_to(CHANGES_KEPT);
-        }
+/// Reads every thread's context-word changes since the previous call into
+/// the lanes' polls (keeping those of `min_poll_ns` or longer, see
+/// [`Lanes::apply_change`]); returns how many changes it read and how many
+/// polls were lost (changes overwritten before they were read, or polls
+/// beyond a lane's bound).
+pub(crate) fn read_polls(
+    cursor: &mut ChangeCursor,
+    lanes: &mut Lanes,
+    min_poll_ns: u64,
+) -> PollsRead {
+    #[cfg(profiling_supported)]
+    {
+        let (mut changes, mut beyond_bound) = (0, 0);
+        let lost = crate::context::read_changes(cursor, |tid, from, to, at_ns, woken_ns| {
+            let change = Change {
+                tid,
+                from,
+                to,
+                at_ns,
+                woken_ns,
+            };
+            changes += 1;
+            beyond_bound += u64::from(!lanes.apply_change(change, min_poll_ns));
+        });
         PollsRead {
             changes,
-            lost: std::mem::take(&mut self.lost) + beyond_bound,
+            lost: lost + beyond_bound,
         }
+    }
+    #[cfg(not(profiling_supported))]
+    {
+        let _ = (cursor, lanes, min_poll_ns);
+        PollsRead::default()
     }
 }
 
-/// What one [`TakenChanges::apply`] found.
+/// What one [`read_polls`] found.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct PollsRead {
     /// Context-word changes read.

@@ -13,14 +13,18 @@
 //!
 //! The reader takes the rings' events before the queue's and applies them
 //! after: an end it sees was written after its start (which was in the
-//! queue by then), so no end comes before its lane's start. The threads'
-//! context words, which name lanes too, are taken before both for the same
-//! reason (see the session's lane desk): a thread publishes a lane's word
-//! only after it reported the lane's start.
+//! queue by then), so no end comes before its lane's start.
 //!
-//! Starts stay in the shared queue: sent through the threads' rings
-//! (tried twice), they cost the workers no less under `perf` at 5,000
-//! requests a second, and the reader more (see BENCHMARKS.md).
+//! The threads' context words name lanes too, and are read after the
+//! events; a thread publishes a root span's word just *before* it reports
+//! the lane's start (the sampler, resumed by that root span, must find the
+//! thread inside a request at its first tick, or it dozes through it). A
+//! reader that takes the queue between the two, and the words after both,
+//! loses the request's first poll: a window of microseconds with starts in
+//! this queue. Starts stay in the queue: through the threads' rings that
+//! window was the whole read of the rings (the `tokio_waits` failures that
+//! reverted `154f69e`), and they cost the workers no less under `perf`
+//! (see BENCHMARKS.md).
 //!
 //! The profiler thread reads the queue every sampling period while the
 //! sampler runs or lanes are in flight ([`read_interval`]; a request wakes

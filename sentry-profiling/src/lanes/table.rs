@@ -315,7 +315,7 @@ impl Lanes {
     }
 
     /// Records a change of a thread's context word (see
-    /// [`super::TakenChanges`]): the thread stopped polling the request it
+    /// [`super::read_polls`]): the thread stopped polling the request it
     /// left, and began polling the one it entered. A finished poll shorter
     /// than `min_poll_ns` is not kept: its edges would move what Sentry
     /// shows by less than that, and a request that only hands work on (a

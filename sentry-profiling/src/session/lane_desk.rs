@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::Session;
 use crate::lanes::registry::LaneReader;
-use crate::lanes::{ChangeCursor, Lanes, TakenChanges};
+use crate::lanes::{ChangeCursor, Lanes};
 
 /// The lane table, the lane queue's reading end, and where the reading of
 /// context words left off.
@@ -28,8 +28,6 @@ pub(super) struct LaneDesk {
     pub(super) lanes: Lanes,
     events: LaneReader,
     changes: ChangeCursor,
-    /// The changes of the read under way.
-    taken: TakenChanges,
     /// Polls shorter than this are not kept (see `lanes::min_poll_ns`).
     min_poll_ns: u64,
 }
@@ -43,7 +41,6 @@ impl LaneDesk {
             lanes,
             events,
             changes: ChangeCursor::starting_now(),
-            taken: TakenChanges::default(),
             min_poll_ns: crate::lanes::min_poll_ns(period_ns),
         }
     }
@@ -52,15 +49,8 @@ impl LaneDesk {
     /// table. Returns how many events and changes it read: none means
     /// nothing happened since the last read.
     pub(super) fn read(&mut self, session: &Session) -> u64 {
-        // The words first: a thread reports its lane's start (through its
-        // ring) before it publishes the lane's word, so every lane a change
-        // read here names has its start readable when the events are read
-        // next. Read the other way round, a start reported between the
-        // read of its thread's ring and that of the words was missing when
-        // its first poll was applied, and the poll was lost.
-        self.taken.take(&mut self.changes);
         let (events, _) = self.events.read_into(&session.lanes, &mut self.lanes);
-        let polls = self.taken.apply(&mut self.lanes, self.min_poll_ns);
+        let polls = crate::lanes::read_polls(&mut self.changes, &mut self.lanes, self.min_poll_ns);
         if polls.lost > 0 {
             session
                 .counters
