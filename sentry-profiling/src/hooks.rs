@@ -82,7 +82,7 @@ pub fn profiler_running() -> bool {
 pub fn running_profiler_id() -> Option<std::sync::Arc<str>> {
     let rt = crate::session::current()?;
     if rt.is_running() {
-        rt.shared_profiler_id()
+        rt.profiler_id().map(|_| rt.profiler_id_shared())
     } else {
         None
     }

@@ -254,18 +254,9 @@ impl Session {
             .then_some(&*self.profiler_id)
     }
 
-    /// The profiler id, shared (for tagging transactions and spans without
-    /// copying it).
-    pub(crate) fn shared_profiler_id(&self) -> Option<Arc<str>> {
-        self.profiler_id().map(|_| Arc::clone(&self.profiler_id))
-    }
-
-    /// The profiler id, shared, whether or not the session is sampled
-    /// (for the crate's transaction sender to keep a copy of).
-    #[cfg_attr(
-        not(feature = "http"),
-        expect(dead_code, reason = "the sender needs `http`")
-    )]
+    /// The profiler id, shared rather than copied, whether or not the
+    /// session is sampled (see [`Session::profiler_id`]): for the crate's
+    /// transaction sender to keep, and for tagging spans.
     pub(crate) fn profiler_id_shared(&self) -> Arc<str> {
         Arc::clone(&self.profiler_id)
     }
