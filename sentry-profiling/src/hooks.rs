@@ -61,39 +61,45 @@ pub fn root_span_started(lane: u64, name: &str) -> bool {
     // `root_started` counts the root only when it returns true (it asks
     // for the profiler id itself), so true here always pairs with one
     // `root_span_finished`.
-    crate::session::with_current(|rt| rt.root_started(lane, name)).unwrap_or(false)
+    crate::session::current().is_some_and(|rt| rt.root_started(lane, name))
 }
 
 /// A root span for which [`root_span_started`] returned true finished.
 pub fn root_span_finished() {
-    crate::session::with_current(|rt| rt.root_finished());
+    if let Some(rt) = crate::session::current() {
+        rt.root_finished();
+    }
 }
 
 /// Whether samples are being taken right now (either lifecycle): what
 /// [`running_profiler_id`] answers, without copying the id.
 pub fn profiler_running() -> bool {
-    crate::session::with_current(|rt| rt.is_running()).unwrap_or(false)
+    crate::session::current().is_some_and(|rt| rt.is_running())
 }
 
 /// The session's `profiler_id` if samples are being taken right now
 /// (either lifecycle), for tagging transactions and spans.
 pub fn running_profiler_id() -> Option<std::sync::Arc<str>> {
-    crate::session::with_current(|rt| {
-        (rt.is_running() && rt.profiler_id().is_some()).then(|| rt.profiler_id_shared())
-    })
-    .flatten()
+    let rt = crate::session::current()?;
+    if rt.is_running() {
+        rt.profiler_id().map(|_| rt.profiler_id_shared())
+    } else {
+        None
+    }
 }
 
 /// The current session's long-poll threshold in nanoseconds (see
 /// `ProfilingIntegration::long_poll_threshold`); `None` without a
 /// session, when instrumented futures note nothing.
 pub fn long_poll_ns() -> Option<u64> {
-    crate::session::with_current(|rt| rt.long_poll_ns())
+    crate::session::current().map(|rt| rt.long_poll_ns())
 }
 
 /// An instrumented request's poll ran past the long-poll threshold.
 pub fn long_poll_seen() {
-    crate::session::with_current(|rt| rt.long_poll_seen());
+    if let Some(rt) = crate::session::current() {
+        rt.long_poll_seen();
+    }
 }
 
 /// `CLOCK_REALTIME` in nanoseconds: the clock of samples, context-word
@@ -144,14 +150,15 @@ pub fn take_last_published_ns() -> u64 {
 
 /// The configured lifecycle of the current session.
 pub fn lifecycle() -> Option<crate::ProfileLifecycle> {
-    crate::session::with_current(|rt| rt.lifecycle())
+    crate::session::current().map(|rt| rt.lifecycle())
 }
 
 /// With transaction-based (V1) profiling: whether the transaction of
 /// root span `lane` named `name` gets a profile (the same decision
 /// [`root_span_started`] made). Always false in continuous mode.
 pub fn transaction_profiled(lane: u64, name: &str) -> bool {
-    crate::session::with_current(|rt| rt.v1().is_some_and(|v1| v1.sampled(lane, name)))
+    crate::session::current()
+        .and_then(|rt| rt.v1().map(|v1| v1.sampled(lane, name)))
         .unwrap_or(false)
 }
 
@@ -159,7 +166,7 @@ pub fn transaction_profiled(lane: u64, name: &str) -> bool {
 /// whose too-short transactions are pointed back at their OS thread (so
 /// transactions and spans carry the OS-thread keys until they are sent).
 pub fn transaction_profiling() -> bool {
-    crate::session::with_current(|rt| rt.v1().is_some()).unwrap_or(false)
+    crate::session::current().is_some_and(|rt| rt.v1().is_some())
 }
 
 /// The transaction data key that asks the transport to attach a V1
@@ -169,7 +176,7 @@ pub const TRANSACTION_PROFILE_MARKER: &str = crate::transaction_profile::V1_MARK
 
 /// The configured thread attribution of the current session.
 pub fn attribution() -> Option<crate::attribution::ThreadAttribution> {
-    crate::session::with_current(|rt| rt.attribution())
+    crate::session::current().map(|rt| rt.attribution())
 }
 
 /// A sampled root span holding `lane` (from
@@ -185,23 +192,23 @@ pub fn attribution() -> Option<crate::attribution::ThreadAttribution> {
 /// [`lane_finished`].
 #[must_use]
 pub fn lane_started(lane: u64, link: LaneLink) -> bool {
-    crate::session::with_current(|rt| {
-        // The lane began when its root span was created or, created on
-        // another thread, when it was first entered here (before the
-        // profiler resumed); whatever came first on this thread. Both were
-        // read from the clock earlier, so it is read again only when neither
-        // is this lane's.
-        let start_ns = [
-            crate::lanes::LANE_CREATED.with(std::cell::Cell::get),
-            ROOT_STARTED.with(std::cell::Cell::get),
-        ]
-        .into_iter()
-        .filter_map(|(l, t)| (l == lane).then_some(t))
-        .min()
-        .unwrap_or_else(now_ns);
-        rt.lane_started(lane, link, start_ns)
-    })
-    .unwrap_or(false)
+    let Some(rt) = crate::session::current() else {
+        return false;
+    };
+    // The lane began when its root span was created or, created on
+    // another thread, when it was first entered here (before the
+    // profiler resumed); whatever came first on this thread. Both were
+    // read from the clock earlier, so it is read again only when neither
+    // is this lane's.
+    let start_ns = [
+        crate::lanes::LANE_CREATED.with(std::cell::Cell::get),
+        ROOT_STARTED.with(std::cell::Cell::get),
+    ]
+    .into_iter()
+    .filter_map(|(l, t)| (l == lane).then_some(t))
+    .min()
+    .unwrap_or_else(now_ns);
+    rt.lane_started(lane, link, start_ns)
 }
 
 thread_local! {
@@ -216,11 +223,11 @@ thread_local! {
 /// The root span holding `lane`, for which [`lane_started`] returned
 /// true, closed. Never blocks.
 pub fn lane_finished(lane: u64) {
-    crate::session::with_current(|rt| {
+    if let Some(rt) = crate::session::current() {
         let end_ns = now_ns();
         rt.lane_finished(lane, end_ns);
         let _ = LANE_FINISHED.try_with(|c| c.set(end_ns));
-    });
+    }
 }
 
 /// When this thread last reported a lane's end ([`lane_finished`]; 0: not

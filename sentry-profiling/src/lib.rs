@@ -172,14 +172,18 @@ pub use unwind::{ModuleInfo, ModuleSet};
 /// thread-local cell and `arc-swap`): from a signal handler, set a flag and
 /// call it elsewhere.
 pub fn start_profiler() {
-    session::with_current(|rt| rt.start_manual());
+    if let Some(rt) = session::current() {
+        rt.start_manual();
+    }
 }
 
 /// Stops the profiler (manual lifecycle). A no-op, logged in debug mode,
 /// with the trace lifecycle, when it is not running, and in a forked child.
 /// Not async-signal-safe, like [`start_profiler`].
 pub fn stop_profiler() {
-    session::with_current(|rt| rt.stop_manual());
+    if let Some(rt) = session::current() {
+        rt.stop_manual();
+    }
 }
 
 /// Counters of the current profiling session (or of the last one, after

@@ -32,8 +32,7 @@ pub(crate) mod sink;
 mod stats;
 pub(crate) mod v1;
 
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -56,54 +55,33 @@ static CURRENT: ArcSwapOption<Session> = ArcSwapOption::const_empty();
 /// The most recent session, kept after shutdown so its counters stay readable.
 static LAST: ArcSwapOption<Session> = ArcSwapOption::const_empty();
 
-/// Bumped after every change of [`CURRENT`]: a thread that has seen this
-/// generation holds the session it names (see [`with_current`]).
-static GENERATION: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// The session this thread last read from [`CURRENT`], and the
-    /// generation it read it at (0: none read yet).
-    static SEEN: RefCell<(u64, Option<Arc<Session>>)> = const { RefCell::new((0, None)) };
-}
-
-/// Publishes `session` as the running one.
-fn set_current(session: Option<Arc<Session>>) {
-    CURRENT.store(session);
-    GENERATION.fetch_add(1, Ordering::Release);
-}
-
-/// `f` of the running session, if profiling is configured and this
-/// process's session was sampled; `None` otherwise. Never in a forked
-/// child: the session's threads stayed in the parent.
-///
-/// The application's threads ask several times per request. Each thread
-/// keeps the session it last read, and reads [`CURRENT`] again only when
-/// the generation changed: a look is one load of a counter that changes
-/// at init and shutdown only, where `arc-swap`'s load writes and clears a
-/// slot of its own with two atomic read-modify-writes. The session a
-/// thread keeps after shutdown lives until that thread asks again or
-/// exits; [`LAST`] keeps it as long anyway.
-pub(crate) fn with_current<R>(f: impl FnOnce(&Session) -> R) -> Option<R> {
+/// The running session, if profiling is configured and this process's
+/// session was sampled. Never in a forked child: the session's threads
+/// stayed in the parent.
+pub(crate) fn current() -> Option<Current> {
     if crate::sys::in_forked_child() {
         return None;
     }
-    let generation = GENERATION.load(Ordering::Acquire);
-    let mut f = Some(f);
-    let seen = SEEN.try_with(|seen| {
-        if seen.try_borrow().ok()?.0 != generation {
-            // Taken anew only when no look is under way on this thread
-            // (a call from within `f` answers from `CURRENT` instead).
-            *seen.try_borrow_mut().ok()? = (generation, CURRENT.load_full());
+    let guard = CURRENT.load();
+    guard.is_some().then_some(Current(guard))
+}
+
+/// The running session, borrowed for a moment (see [`current`]). Reading
+/// it touches no reference count: the application's threads read it several
+/// times per request, and a count they all write would be one cache line
+/// passed between cores at every look.
+pub(crate) struct Current(arc_swap::Guard<Option<Arc<Session>>>);
+
+impl std::ops::Deref for Current {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        match &*self.0 {
+            Some(session) => session,
+            // `current` builds a `Current` only around a session.
+            None => unreachable!("a Current always holds a session"),
         }
-        let seen = seen.try_borrow().ok()?;
-        let f = f.take()?;
-        Some(seen.1.as_deref().map(f))
-    });
-    if let Ok(Some(answer)) = seen {
-        return answer;
     }
-    let f = f.take()?;
-    CURRENT.load().as_deref().map(f)
 }
 
 /// The current session, or the last one after it shut down (none in a
@@ -240,7 +218,7 @@ impl Session {
             Ok(handle) => {
                 self.lanes.set_reader(handle.thread().clone());
                 *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
-                set_current(Some(Arc::clone(self)));
+                CURRENT.store(Some(Arc::clone(self)));
                 // Wait for the sampler (its module list takes a while to
                 // read): a transaction that starts before it samples would
                 // be linked to a profile with no samples of it.
@@ -509,7 +487,7 @@ impl Session {
         }
         let current = CURRENT.load();
         if current.as_ref().is_some_and(|c| std::ptr::eq(&**c, self)) {
-            set_current(None);
+            CURRENT.store(None);
         }
         done
     }

@@ -529,15 +529,16 @@ fn remove_http_root_spans(tx: &mut sentry_core::protocol::Transaction<'_>) {
 /// machine, many milliseconds), and Sentry shows the lane over the
 /// transaction's whole window.
 fn report_lane_windows(envelope: &Envelope, handed: Option<u64>) {
-    crate::session::with_current(|session| {
-        for item in envelope.items() {
-            if let EnvelopeItem::Transaction(tx) = item {
-                if let Some((lane, start_ns, end_ns)) = lane_window(tx, handed) {
-                    session.lane_transaction(lane, start_ns, end_ns);
-                }
+    let Some(session) = crate::session::current() else {
+        return;
+    };
+    for item in envelope.items() {
+        if let EnvelopeItem::Transaction(tx) = item {
+            if let Some((lane, start_ns, end_ns)) = lane_window(tx, handed) {
+                session.lane_transaction(lane, start_ns, end_ns);
             }
         }
-    });
+    }
 }
 
 #[cfg(test)]
