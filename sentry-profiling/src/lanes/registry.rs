@@ -20,11 +20,13 @@
 //! the lane's start (the sampler, resumed by that root span, must find the
 //! thread inside a request at its first tick, or it dozes through it). A
 //! reader that takes the queue between the two, and the words after both,
-//! loses the request's first poll: a window of microseconds with starts in
-//! this queue. Starts stay in the queue: through the threads' rings that
-//! window was the whole read of the rings (the `tokio_waits` failures that
-//! reverted `154f69e`), and they cost the workers no less under `perf`
-//! (see BENCHMARKS.md).
+//! sees the word of a lane it does not know yet: the lane table opens that
+//! poll anyway ([`super::Lanes::apply_change`]), and files it under the
+//! lane when the thread leaves it. (It used to drop it: with the thread
+//! preempted between the two on a busy machine, the window lasted
+//! milliseconds, and `tokio_waits`' blocking request lost its long poll.)
+//! Starts stay in the queue: through the threads' rings they cost the
+//! workers no less under `perf` (see BENCHMARKS.md).
 //!
 //! The profiler thread reads the queue every sampling period while the
 //! sampler runs or lanes are in flight ([`read_interval`]; a request wakes

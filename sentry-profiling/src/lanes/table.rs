@@ -338,6 +338,9 @@ impl Lanes {
             && let Some(l) = self.lanes.get_mut(&lane)
         {
             if l.polls.len() < MAX_POLLS_PER_LANE {
+                // Its start may have been opened before the lane was known
+                // (see below).
+                l.polls_known = true;
                 l.polls.push(Poll {
                     tid,
                     start_ns,
@@ -363,6 +366,16 @@ impl Lanes {
                     kept = false;
                 }
             }
+        } else if super::is_lane(to) {
+            // A lane whose start is not read yet: the tracing layer
+            // publishes a root span's word on its first entry just before
+            // it reports the lane's start, and the reader may take the
+            // word between the two (on a busy machine, with the thread
+            // preempted there, for milliseconds). The poll is opened
+            // anyway: when the thread leaves it the lane is known, and the
+            // request's first poll (which may be the one that blocks) is
+            // kept, not lost.
+            self.open.insert(tid, (to, at_ns));
         }
         kept
     }
@@ -920,6 +933,45 @@ mod tests {
             start_ns,
         });
         lane
+    }
+
+    /// The reader may take a thread's word naming a new lane before that
+    /// lane's start (the layer publishes the word first): a request whose
+    /// first polls are read so still has the poll it was in when its start
+    /// arrived, however long that poll runs (`tokio_waits`' blocking
+    /// request, whose long poll went unlabelled when it was lost).
+    #[test]
+    fn a_poll_begun_before_its_lane_is_known_is_kept() {
+        let mut lanes = Lanes::default();
+        let lane = new_lane();
+        let min = 5;
+        // Its first poll (a yield), and the start of the one that blocks,
+        // both read before the start.
+        assert!(lanes.apply_change(poll_change(7, 0, lane, 10), min));
+        assert!(lanes.apply_change(poll_change(7, lane, 0, 11), min));
+        assert!(lanes.apply_change(poll_change(7, 0, lane, 12), min));
+        lanes.apply(LaneEvent::Started {
+            lane,
+            link: LaneLink::default(),
+            start_ns: 9,
+        });
+        let open = Poll {
+            tid: 7,
+            start_ns: 12,
+            end_ns: None,
+        };
+        assert_eq!(lanes.open_polls()[&lane], vec![open]);
+        assert!(lanes.apply_change(poll_change(7, lane, 0, 112), min));
+        let l = &lanes.lanes[&lane];
+        assert!(l.polls_known);
+        assert_eq!(
+            l.polls,
+            vec![Poll {
+                end_ns: Some(112),
+                ..open
+            }]
+        );
+        assert!(lanes.open_polls().is_empty());
     }
 
     #[test]
