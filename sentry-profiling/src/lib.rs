@@ -168,9 +168,8 @@ pub use unwind::{ModuleInfo, ModuleSet};
 /// lifecycle is [`ProfileLifecycle::Trace`]; also in the forked child of a
 /// profiled process.
 ///
-/// Not async-signal-safe (it may log, and reads the session through a
-/// thread-local cell and `arc-swap`): from a signal handler, set a flag and
-/// call it elsewhere.
+/// Not async-signal-safe (it may log, and reads the session through
+/// `arc-swap`): from a signal handler, set a flag and call it elsewhere.
 pub fn start_profiler() {
     if let Some(rt) = session::current() {
         rt.start_manual();
