@@ -143,8 +143,10 @@ struct Shared {
     pub(super) reader_relies: AtomicBool,
 }
 
-/// Work the sampler thread does after each of its ticks.
-pub(crate) struct TickHook(pub(crate) Box<dyn Fn() + Send + Sync>);
+/// Work the sampler thread does after each of its ticks; returns whether
+/// the application did something the sampler should look at before it
+/// dozes (see [`Sampler::set_tick_hook`]).
+pub(crate) struct TickHook(pub(crate) Box<dyn Fn() -> bool + Send + Sync>);
 
 impl std::fmt::Debug for TickHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -297,7 +299,15 @@ impl Sampler {
     /// Work for the sampler thread to do after each tick, which the reader
     /// would otherwise wake up for every period (the lanes' events): one
     /// wake-up a period instead of two. Set once.
-    pub(crate) fn set_tick_hook(&self, hook: Box<dyn Fn() + Send + Sync>) {
+    ///
+    /// The hook returns true when it read something (a request began, or a
+    /// thread entered or left one): the sampler then does not begin a doze
+    /// after this tick. A request that began after the tick looked at its
+    /// worker may be blocking it already, using no CPU time (so no timer
+    /// capture would end the doze), and the reader, which wakes a dozing
+    /// sampler when it reads such events, will not see the ones the hook
+    /// took.
+    pub(crate) fn set_tick_hook(&self, hook: Box<dyn Fn() -> bool + Send + Sync>) {
         let _ = self.shared.tick_hook.set(TickHook(hook));
     }
 

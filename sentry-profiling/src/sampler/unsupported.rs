@@ -100,7 +100,7 @@ impl Sampler {
     pub(crate) fn set_reader(&self, _reader: std::thread::Thread) {}
 
     /// No sampler thread to run it: dropped.
-    pub(crate) fn set_tick_hook(&self, _hook: Box<dyn Fn() + Send + Sync>) {}
+    pub(crate) fn set_tick_hook(&self, _hook: Box<dyn Fn() -> bool + Send + Sync>) {}
 
     /// No sampler thread reads the lanes here: the reader does.
     pub(crate) fn reads_lanes(&self) -> bool {

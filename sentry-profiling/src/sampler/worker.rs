@@ -193,8 +193,13 @@ impl Worker {
             // thread was harvested, ends a doze that follows at once.
             let seen = sys::completion_seq();
             let (periods, passed) = self.tick(deadline);
-            if let Some(hook) = self.shared.tick_hook.get() {
-                (hook.0)();
+            if let Some(hook) = self.shared.tick_hook.get()
+                && (hook.0)()
+            {
+                // A request began, or a thread entered or left one, since
+                // the tick before, perhaps after this tick looked at its
+                // thread: look at it again before dozing.
+                self.request_ran = true;
             }
             let cpu_after = sys::own_cpu_time_ns();
             self.cpu_mark = Some(cpu_after);

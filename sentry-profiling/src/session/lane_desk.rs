@@ -83,14 +83,22 @@ pub(super) fn lock(desk: &SharedDesk) -> MutexGuard<'_, LaneDesk> {
 }
 
 /// What the sampler thread runs after each tick: reads the desk unless the
-/// profiler thread holds it, or the session is gone.
-pub(super) fn tick_reader(session: Weak<Session>, desk: SharedDesk) -> impl Fn() + Send + Sync {
+/// profiler thread holds it, or the session is gone. Returns whether it
+/// read an event or a poll, or could not read because the desk was busy
+/// (what waits there is unknown).
+pub(super) fn tick_reader(
+    session: Weak<Session>,
+    desk: SharedDesk,
+) -> impl Fn() -> bool + Send + Sync {
     move || {
         let Some(session) = session.upgrade() else {
-            return;
+            return false;
         };
-        if let Ok(mut d) = desk.try_lock() {
-            d.read(&session);
+        match desk.try_lock() {
+            Ok(mut d) => d.read(&session) > 0,
+            // A panic while it was held leaves a usable table (see `lock`).
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().read(&session) > 0,
+            Err(std::sync::TryLockError::WouldBlock) => true,
         }
     }
 }
