@@ -158,8 +158,15 @@ impl ThreadTable {
         self.last_list.is_none_or(|t| t.elapsed() >= every)
     }
 
-    /// Re-reads the thread list (see [`ThreadTable::refresh_due`]).
-    pub(super) fn refresh(&mut self, own: &[i32], counters: &Counters) {
+    /// Re-reads the thread list (see [`ThreadTable::refresh_due`]). A
+    /// thread whose id a new one took is handed to `leaving` before it is
+    /// replaced (its held samples leave with what is known of it).
+    pub(super) fn refresh(
+        &mut self,
+        own: &[i32],
+        counters: &Counters,
+        mut leaving: impl FnMut(&mut Tracked),
+    ) {
         self.last_list = Some(Instant::now());
         let all_names = self.last_names.is_none_or(|t| t.elapsed() >= NAMES_EVERY);
         if all_names {
@@ -190,6 +197,7 @@ impl ThreadTable {
                     counters.threads_recycled.add(1);
                     counters.threads_seen.add(1);
                     let mut old = std::mem::replace(t, Tracked::new(info));
+                    leaving(&mut old);
                     old.release();
                 }
                 Some(info) => {

@@ -403,7 +403,21 @@ impl Worker {
             .threads
             .refresh_due(self.idle_ticks >= IDLE_TICKS_BEFORE_DOZING)
         {
-            self.threads.refresh(&own_threads(), c);
+            let (tx, requests) = (&self.tx, &self.requests);
+            self.threads
+                .refresh(&own_threads(), c, |old| flush(tx, c, old, requests, true));
+        }
+        // A thread that exited leaves the ledger's hands: its held fills
+        // (up to when it was last known alive) leave with what is known,
+        // as when the sampler pauses. Fills of a request that waited for
+        // its first stack would otherwise be dropped with the thread: a
+        // runtime shut down right after a request lost that request's
+        // last periods, those it spent blocked included.
+        for idx in 0..self.threads.len() {
+            let t = self.threads.get_mut(idx);
+            if t.gone {
+                flush(&self.tx, c, t, &self.requests, true);
+            }
         }
         self.threads.remove_gone();
         (periods, passed)
@@ -539,12 +553,14 @@ impl Worker {
         }
         match clock {
             Clock::Gone => {
+                // Its held samples leave at the end of the tick (see
+                // `tick`).
                 t.gone = true;
-                flush(&self.tx, c, t, &self.requests, false);
                 return;
             }
             Clock::Recycled => {
-                flush(&self.tx, c, t, &self.requests, false);
+                // The thread that had this id exited: what it held leaves.
+                flush(&self.tx, c, t, &self.requests, true);
                 t.reset_identity();
                 c.threads_recycled.add(1);
                 return;
