@@ -64,6 +64,9 @@ pub(crate) struct LoadedImage {
     pub(crate) eh_frame: Option<Section>,
     /// The executable segment, for the main executable only.
     pub(crate) text: Option<Section>,
+    /// Runtime ranges of the executable segments: where a return address
+    /// may point.
+    pub(crate) code: Vec<(u64, u64)>,
     /// GNU build-id note content.
     pub(crate) build_id: Option<Vec<u8>>,
 }
@@ -222,6 +225,12 @@ unsafe fn describe(info: &DlPhdrInfo, first: bool) -> Option<LoadedImage> {
         None
     };
 
+    let code = loads
+        .iter()
+        .filter(|p| p.p_flags & PF_X != 0)
+        .map(|p| (p.p_vaddr + bias, p.p_vaddr + p.p_memsz + bias))
+        .collect();
+
     let mut build_id = None;
     for note in phdrs.iter().filter(|p| p.p_type == PT_NOTE) {
         // SAFETY: note segments lie inside a PT_LOAD segment (see above).
@@ -243,6 +252,7 @@ unsafe fn describe(info: &DlPhdrInfo, first: bool) -> Option<LoadedImage> {
         eh_frame_hdr,
         eh_frame,
         text,
+        code,
         build_id,
     })
 }

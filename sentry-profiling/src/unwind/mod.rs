@@ -159,6 +159,9 @@ pub(crate) struct StackUnwinder {
     /// (see [`StackUnwinder::new_tick`]).
     checked: bool,
     loaded: Vec<u64>,
+    /// The loaded modules' executable ranges, sorted: where a return
+    /// address may point (see [`StackUnwinder::unwind_blocked`]).
+    code: Vec<(u64, u64)>,
     retired: Vec<(Arc<ModuleInfo>, std::time::Instant)>,
     published: SharedModules,
 }
@@ -182,6 +185,7 @@ impl StackUnwinder {
             generation: None,
             checked: false,
             loaded: Vec::new(),
+            code: Vec::new(),
             retired: Vec::new(),
             published,
         };
@@ -203,7 +207,9 @@ impl StackUnwinder {
             self.unwinder.remove_module(start);
         }
         let mut infos = Vec::with_capacity(images.len());
+        self.code.clear();
         for image in images {
+            self.code.extend_from_slice(&image.code);
             infos.push(Arc::new(ModuleInfo {
                 path: image.path.clone(),
                 start: image.start,
@@ -216,6 +222,7 @@ impl StackUnwinder {
             self.unwinder.add_module(to_framehop(image));
         }
         infos.sort_by_key(|m| m.start);
+        self.code.sort_unstable();
         let now = std::time::Instant::now();
         retire(
             &mut self.retired,
@@ -298,13 +305,17 @@ impl StackUnwinder {
     /// the walk there. So at that frame the walk looks for the frame
     /// pointer's value: the nearest frame record at or above the frame's
     /// stack pointer (a word pointing higher into the stack, or 0, followed
-    /// by a return address into a loaded module), and continues from there
-    /// if that unwinds the frame; a few candidates are tried.
+    /// by a return address into a loaded module's code), and continues from
+    /// there if that unwinds the frame; a few candidates are tried. A word
+    /// that points into a module's data is not a return address: stale
+    /// locals left below a frame (a pointer to a static after one into the
+    /// stack) made a guessed frame whose return address led nowhere, and
+    /// the walk ended two frames above the system call.
     pub(crate) fn unwind_blocked(&mut self, pc: u64, sp: u64, stack: &[u8], frames: &mut Vec<u64>) {
         self.check_modules();
         frames.clear();
         frames.push(pc);
-        let modules = self.published.load();
+        let code = &self.code;
         let word = |addr: u64| -> Option<u64> {
             let off = usize::try_from(addr.checked_sub(sp)?).ok()?;
             let bytes = stack.get(off..off.checked_add(8)?)?;
@@ -323,7 +334,7 @@ impl StackUnwinder {
                         return false;
                     };
                     (next == 0 || (next > a && next < end.saturating_add(1 << 20)))
-                        && modules.find(ret).is_some()
+                        && in_code(code, ret)
                 })
                 .take(4)
         };
@@ -388,6 +399,14 @@ impl StackUnwinder {
             address = next;
         }
     }
+}
+
+/// Whether `addr` lies in one of `code`'s ranges (sorted by start).
+#[cfg(profiling_supported)]
+fn in_code(code: &[(u64, u64)], addr: u64) -> bool {
+    let i = code.partition_point(|&(start, _)| start <= addr);
+    i.checked_sub(1)
+        .is_some_and(|i| code.get(i).is_some_and(|&(_, end)| addr < end))
 }
 
 /// Setting a guessed frame pointer on framehop's registers.
@@ -484,5 +503,30 @@ mod tests {
         }
         assert_eq!(retired.len(), MAX_RETIRED);
         assert_eq!(retired[0].1, 310, "the oldest went first");
+    }
+
+    /// A word on the stack that points into a module's data (a static) is
+    /// not taken for a return address when a blocked thread's frame
+    /// pointer is searched for; one that points into its code is.
+    #[cfg(profiling_supported)]
+    #[test]
+    fn only_code_counts_as_a_return_address() {
+        static DATA: [u64; 4] = [1, 2, 3, 4];
+        #[inline(never)]
+        fn some_code() -> u64 {
+            std::hint::black_box(7)
+        }
+        let unwinder = StackUnwinder::new(Arc::new(ArcSwap::from_pointee(ModuleSet::default())));
+        let code = some_code as *const () as u64;
+        let data = std::hint::black_box(&DATA) as *const [u64; 4] as u64;
+        assert!(in_code(&unwinder.code, code));
+        assert!(!in_code(&unwinder.code, data));
+        // Both lie in the same module: its range alone does not tell them
+        // apart.
+        let modules = unwinder.published.load();
+        let (a, b) = (modules.find(code), modules.find(data));
+        assert!(a.is_some() && b.is_some() && a.map(|m| m.start) == b.map(|m| m.start));
+        assert!(!in_code(&[], code));
+        assert!(in_code(&[(10, 20)], 10) && !in_code(&[(10, 20)], 20));
     }
 }
