@@ -337,13 +337,16 @@ impl ThreadTable {
         found
     }
 
-    /// Drops threads that exited, with their timers and slots.
-    pub(super) fn remove_gone(&mut self) {
+    /// Drops threads that exited, with their timers and slots; each is
+    /// handed to `leaving` first (its held samples leave with what is known
+    /// of it), as in [`ThreadTable::refresh`].
+    pub(super) fn remove_gone(&mut self, mut leaving: impl FnMut(&mut Tracked)) {
         if !self.entries.iter().any(|t| t.gone) {
             return;
         }
         self.entries.retain_mut(|t| {
             if t.gone {
+                leaving(t);
                 t.release();
                 false
             } else {

@@ -399,27 +399,22 @@ impl Worker {
         self.light_doze = self.light_doze_periods(periods);
         // After the captures: those were taken by the threads the table
         // still names, even if the listing now finds an id reused since.
+        // A thread that exited (or whose id a new one took) leaves the
+        // ledger's hands: its held fills (up to when it was last known
+        // alive) leave with what is known, as when the sampler pauses.
+        // Fills of a request that waited for its first stack would
+        // otherwise be dropped with the thread: a runtime shut down right
+        // after a request lost that request's last periods, those it spent
+        // blocked included.
+        let (tx, requests) = (&self.tx, &self.requests);
+        let leaving = |t: &mut super::threads::Tracked| flush(tx, c, t, requests, true);
         if self
             .threads
             .refresh_due(self.idle_ticks >= IDLE_TICKS_BEFORE_DOZING)
         {
-            let (tx, requests) = (&self.tx, &self.requests);
-            self.threads
-                .refresh(&own_threads(), c, |old| flush(tx, c, old, requests, true));
+            self.threads.refresh(&own_threads(), c, leaving);
         }
-        // A thread that exited leaves the ledger's hands: its held fills
-        // (up to when it was last known alive) leave with what is known,
-        // as when the sampler pauses. Fills of a request that waited for
-        // its first stack would otherwise be dropped with the thread: a
-        // runtime shut down right after a request lost that request's
-        // last periods, those it spent blocked included.
-        for idx in 0..self.threads.len() {
-            let t = self.threads.get_mut(idx);
-            if t.gone {
-                flush(&self.tx, c, t, &self.requests, true);
-            }
-        }
-        self.threads.remove_gone();
+        self.threads.remove_gone(leaving);
         (periods, passed)
     }
 
