@@ -26,7 +26,7 @@ use serde_json::Value;
 
 pub use crate::encode::synthetic::{
     AWAITING_ADDRESS, QUEUED_ADDRESS, RUNNING_REQUEST_ADDRESS, RUNNING_REQUEST_FUNCTION,
-    SUSPENDED_ADDRESS, UNCAPTURED_ADDRESS,
+    SUSPENDED_ADDRESS, UNCAPTURED_ADDRESS, UNWOUND_NO_FURTHER_ADDRESS,
 };
 pub use crate::lanes::LANE_BASE;
 
@@ -45,6 +45,11 @@ pub const QUEUED_FUNCTION: &str = crate::lanes::QUEUED_FUNCTION;
 /// The function name of the synthetic frame of a request awaiting (not
 /// ready: a database, a downstream call, a timer).
 pub const AWAITING_FUNCTION: &str = crate::lanes::AWAITING_FUNCTION;
+
+/// The function name of the synthetic frame that ends a waiting thread's
+/// stack where its callers could not be unwound through frames proven to be
+/// on it.
+pub const UNWOUND_NO_FURTHER_FUNCTION: &str = crate::unwind::UNWOUND_NO_FURTHER_FUNCTION;
 
 /// Synthetic frames are written at addresses below this one, where Linux
 /// never maps anything (see [`Frame::is_synthetic`]).

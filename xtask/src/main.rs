@@ -1,8 +1,9 @@
 //! Project automation, run as `cargo xtask <command>`:
 //!
-//! - `test`: every test of the workspace, plus the unwinding test binary
+//! - `test`: every test of the workspace, plus the unwinding test binaries
 //!   again in the release profile (release code has no frame pointers, so
-//!   DWARF unwinding is what is tested there).
+//!   DWARF unwinding is what is tested there, and a waiting thread's frames
+//!   are laid out as in a service).
 //! - `ci`: formatting, clippy with warnings denied, documentation with
 //!   warnings denied, `test`, a smoke run of the benchmarks, the
 //!   unsupported-platform variant's unit tests, and a 30 s stress run.
@@ -68,6 +69,8 @@ fn test() -> bool {
                 "sentry-profiling",
                 "--test",
                 "sampler_unwind",
+                "--test",
+                "sampler_waiting_threads",
             ],
             &[],
         )

@@ -1,8 +1,8 @@
 //! Frames that no code address stands for: a waiting lane's `(queued for a
 //! Tokio worker)` and `(awaiting)` (or the undivided `(suspended: awaiting
 //! or queued)` for a request whose wakes are not known), a worker's
-//! `(running a request)`, and request time whose stack was not captured in
-//! time.
+//! `(running a request)`, request time whose stack was not captured in
+//! time, and the end of a stack not unwound further (`unwind::blocked`).
 //!
 //! Sentry symbolicates native chunks by sending every frame to Symbolicator,
 //! whose frame schema requires an `instruction_addr` (a frame without one
@@ -23,6 +23,7 @@ use crate::lanes::{
     AWAITING_FRAME, AWAITING_FUNCTION, QUEUED_FRAME, QUEUED_FUNCTION, SUSPENDED_FRAME,
     SUSPENDED_FUNCTION, UNCAPTURED_FRAME, UNCAPTURED_FUNCTION,
 };
+use crate::unwind::{UNWOUND_NO_FURTHER_FRAME, UNWOUND_NO_FURTHER_FUNCTION};
 
 /// Marker (inside a chunk) of the frame standing for a worker's OS thread
 /// polling a request's lane.
@@ -49,6 +50,10 @@ pub const QUEUED_ADDRESS: u64 = 0x4;
 /// The `instruction_addr` written for the frame of a request awaiting.
 pub const AWAITING_ADDRESS: u64 = 0x5;
 
+/// The `instruction_addr` written for the frame that ends a stack not
+/// unwound further.
+pub const UNWOUND_NO_FURTHER_ADDRESS: u64 = 0x6;
+
 /// The address written for, and the function name of, a synthetic frame;
 /// `None` for a real code address.
 pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
@@ -58,6 +63,7 @@ pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
         UNCAPTURED_FRAME => Some((UNCAPTURED_ADDRESS, UNCAPTURED_FUNCTION)),
         QUEUED_FRAME => Some((QUEUED_ADDRESS, QUEUED_FUNCTION)),
         AWAITING_FRAME => Some((AWAITING_ADDRESS, AWAITING_FUNCTION)),
+        UNWOUND_NO_FURTHER_FRAME => Some((UNWOUND_NO_FURTHER_ADDRESS, UNWOUND_NO_FURTHER_FUNCTION)),
         _ => None,
     }
 }
@@ -121,6 +127,7 @@ mod tests {
             UNCAPTURED_FRAME,
             QUEUED_FRAME,
             AWAITING_FRAME,
+            UNWOUND_NO_FURTHER_FRAME,
         ] {
             let (addr, name) = synthetic_frame(marker).unwrap();
             assert!(addr < 4096, "{name} at {addr:#x}");

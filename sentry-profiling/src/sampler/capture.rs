@@ -278,9 +278,18 @@ impl Worker {
             c.waits_raced.add(1);
             return Look::Running;
         }
+        // Cut short by `stack_copy_bytes` (or an unreadable page): the
+        // stack's root is not in the copy.
+        let complete = top.is_some_and(|hi| copied == hi.saturating_sub(sp as usize));
         let start = Instant::now();
-        self.unwinder
-            .unwind_blocked(pc, sp, &self.copy_buf[..copied], &mut self.frames);
+        self.unwinder.unwind_blocked(
+            pc,
+            sp,
+            &self.copy_buf[..copied],
+            complete,
+            vm_read,
+            &mut self.frames,
+        );
         c.unwind_ns.add(start.elapsed().as_nanos() as u64);
         c.waits_read.add(1);
         Look::Waiting(Arc::from(&self.frames[..]), context)

@@ -17,7 +17,7 @@ pub(crate) enum ImageBytes {
     /// Memory of an image that is never unloaded.
     Static(&'static [u8]),
     /// A private copy.
-    Owned(Vec<u8>),
+    Owned(std::sync::Arc<[u8]>),
 }
 
 impl Default for ImageBytes {
@@ -186,7 +186,7 @@ unsafe fn describe(info: &DlPhdrInfo, first: bool) -> Option<LoadedImage> {
         if permanent {
             ImageBytes::Static(bytes)
         } else {
-            ImageBytes::Owned(bytes.to_vec())
+            ImageBytes::Owned(bytes.into())
         }
     };
     let segment_end = |svma: u64| {

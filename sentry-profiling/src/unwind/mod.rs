@@ -10,11 +10,15 @@ use std::sync::Arc;
 #[cfg(profiling_supported)]
 use arc_swap::ArcSwap;
 #[cfg(profiling_supported)]
-use framehop::{ExplicitModuleSectionInfo, FrameAddress, MayAllocateDuringUnwind, Unwinder as _};
+use framehop::{ExplicitModuleSectionInfo, MayAllocateDuringUnwind, Unwinder as _};
 
 #[cfg(profiling_supported)]
 use crate::sys::{self, LoadedImage, Regs};
 
+#[cfg(profiling_supported)]
+mod blocked;
+#[cfg(profiling_supported)]
+mod calls;
 mod debug_id;
 
 pub(crate) use debug_id::debug_id_from_build_id;
@@ -22,6 +26,14 @@ pub(crate) use debug_id::debug_id_from_build_id;
 /// Upper bound on frames per stack; deeper stacks are truncated at the root.
 #[cfg(profiling_supported)]
 pub(crate) const MAX_FRAMES: usize = 512;
+
+/// The marker (a code address no user-space code has on Linux) that ends
+/// a stack whose callers beyond its last frame could not be unwound
+/// through frames proven to be on it (see `blocked`).
+pub(crate) const UNWOUND_NO_FURTHER_FRAME: u64 = u64::MAX - 5;
+
+/// The function name shown for [`UNWOUND_NO_FURTHER_FRAME`].
+pub(crate) const UNWOUND_NO_FURTHER_FUNCTION: &str = "(rest of the stack not unwound)";
 
 #[cfg(profiling_supported)]
 //
@@ -159,9 +171,8 @@ pub(crate) struct StackUnwinder {
     /// (see [`StackUnwinder::new_tick`]).
     checked: bool,
     loaded: Vec<u64>,
-    /// The loaded modules' executable ranges, sorted: where a return
-    /// address may point (see [`StackUnwinder::unwind_blocked`]).
-    code: Vec<(u64, u64)>,
+    /// Checks callers against the machine code (see `blocked`).
+    calls: calls::CallChecker,
     retired: Vec<(Arc<ModuleInfo>, std::time::Instant)>,
     published: SharedModules,
 }
@@ -185,7 +196,7 @@ impl StackUnwinder {
             generation: None,
             checked: false,
             loaded: Vec::new(),
-            code: Vec::new(),
+            calls: calls::CallChecker::default(),
             retired: Vec::new(),
             published,
         };
@@ -207,9 +218,8 @@ impl StackUnwinder {
             self.unwinder.remove_module(start);
         }
         let mut infos = Vec::with_capacity(images.len());
-        self.code.clear();
+        self.calls.set_modules(&images);
         for image in images {
-            self.code.extend_from_slice(&image.code);
             infos.push(Arc::new(ModuleInfo {
                 path: image.path.clone(),
                 start: image.start,
@@ -222,7 +232,6 @@ impl StackUnwinder {
             self.unwinder.add_module(to_framehop(image));
         }
         infos.sort_by_key(|m| m.start);
-        self.code.sort_unstable();
         let now = std::time::Instant::now();
         retire(
             &mut self.retired,
@@ -292,140 +301,6 @@ impl StackUnwinder {
         if frames.is_empty() {
             frames.push(regs.pc);
         }
-    }
-
-    /// Unwinds the stack of a thread blocked in a system call, copied from
-    /// `sp` up, knowing only its stack pointer and program counter (what
-    /// the kernel shows of a blocked thread; see `sys::blocked`).
-    ///
-    /// The frame-pointer register is unknown. The system-call wrappers at
-    /// the leaf unwind by their CFI (relative to the stack pointer), but the
-    /// first caller whose CFI defines its frame by the frame pointer (Rust's
-    /// standard library on x86_64 is built with frame pointers) would end
-    /// the walk there. So at that frame the walk looks for the frame
-    /// pointer's value: the nearest frame record at or above the frame's
-    /// stack pointer (a word pointing higher into the stack, or 0, followed
-    /// by a return address into a loaded module's code), and continues from
-    /// there if that unwinds the frame; a few candidates are tried. A word
-    /// that points into a module's data is not a return address: stale
-    /// locals left below a frame (a pointer to a static after one into the
-    /// stack) made a guessed frame whose return address led nowhere, and
-    /// the walk ended two frames above the system call.
-    pub(crate) fn unwind_blocked(&mut self, pc: u64, sp: u64, stack: &[u8], frames: &mut Vec<u64>) {
-        self.check_modules();
-        frames.clear();
-        frames.push(pc);
-        let code = &self.code;
-        let word = |addr: u64| -> Option<u64> {
-            let off = usize::try_from(addr.checked_sub(sp)?).ok()?;
-            let bytes = stack.get(off..off.checked_add(8)?)?;
-            Some(u64::from_le_bytes(bytes.try_into().ok()?))
-        };
-        let mut read_stack = |addr: u64| word(addr).ok_or(());
-        let end = sp.saturating_add(stack.len() as u64);
-        // The frame records at or above `from`, nearest first.
-        let candidates = |from: u64| {
-            let start = from.next_multiple_of(8);
-            (0..)
-                .map(move |i: u64| start + i * 8)
-                .take_while(move |a| a.saturating_add(16) <= end)
-                .filter(|&a| {
-                    let (Some(next), Some(ret)) = (word(a), word(a + 8)) else {
-                        return false;
-                    };
-                    (next == 0 || (next > a && next < end.saturating_add(1 << 20)))
-                        && in_code(code, ret)
-                })
-                .take(4)
-        };
-        #[cfg(target_arch = "x86_64")]
-        let mut regs = framehop::x86_64::UnwindRegsX86_64::new(pc, sp, 0);
-        #[cfg(target_arch = "aarch64")]
-        let mask = framehop::aarch64::PtrAuthMask::from_max_known_address(
-            self.unwinder.max_known_code_address(),
-        );
-        // On aarch64 the link register is unknown too; the wrappers save it
-        // in their frame record, which the same search finds.
-        #[cfg(target_arch = "aarch64")]
-        let mut regs = {
-            let record = candidates(sp).next().unwrap_or(0);
-            framehop::aarch64::UnwindRegsAarch64::new_with_ptr_auth_mask(
-                mask,
-                word(record + 8).unwrap_or(0),
-                sp,
-                record,
-            )
-        };
-        let mut address = FrameAddress::from_instruction_pointer(pc);
-        let mut searched = false;
-        while frames.len() < MAX_FRAMES {
-            let before = regs;
-            let step =
-                self.unwinder
-                    .unwind_frame(address, &mut regs, &mut self.cache, &mut read_stack);
-            let ret = match step {
-                Ok(Some(ret)) => Some(ret),
-                _ if searched => None,
-                _ => {
-                    // Stopped for want of the frame pointer: look for it.
-                    searched = true;
-                    candidates(before.sp()).find_map(|record| {
-                        let mut guess = before;
-                        guess.set_fp_guess(record);
-                        let step = self.unwinder.unwind_frame(
-                            address,
-                            &mut guess,
-                            &mut self.cache,
-                            &mut read_stack,
-                        );
-                        match step {
-                            Ok(Some(ret)) => {
-                                regs = guess;
-                                Some(ret)
-                            }
-                            _ => None,
-                        }
-                    })
-                }
-            };
-            let Some(next) = ret.and_then(FrameAddress::from_return_address) else {
-                break;
-            };
-            #[cfg(target_arch = "aarch64")]
-            let lookup = mask.strip_ptr_auth(next.address_for_lookup());
-            #[cfg(not(target_arch = "aarch64"))]
-            let lookup = next.address_for_lookup();
-            frames.push(lookup);
-            address = next;
-        }
-    }
-}
-
-/// Whether `addr` lies in one of `code`'s ranges (sorted by start).
-#[cfg(profiling_supported)]
-fn in_code(code: &[(u64, u64)], addr: u64) -> bool {
-    let i = code.partition_point(|&(start, _)| start <= addr);
-    i.checked_sub(1)
-        .is_some_and(|i| code.get(i).is_some_and(|&(_, end)| addr < end))
-}
-
-/// Setting a guessed frame pointer on framehop's registers.
-#[cfg(profiling_supported)]
-trait FpGuess {
-    fn set_fp_guess(&mut self, fp: u64);
-}
-
-#[cfg(all(profiling_supported, target_arch = "x86_64"))]
-impl FpGuess for framehop::x86_64::UnwindRegsX86_64 {
-    fn set_fp_guess(&mut self, fp: u64) {
-        self.set_bp(fp);
-    }
-}
-
-#[cfg(all(profiling_supported, target_arch = "aarch64"))]
-impl FpGuess for framehop::aarch64::UnwindRegsAarch64 {
-    fn set_fp_guess(&mut self, fp: u64) {
-        self.set_fp(fp);
     }
 }
 
@@ -519,14 +394,12 @@ mod tests {
         let unwinder = StackUnwinder::new(Arc::new(ArcSwap::from_pointee(ModuleSet::default())));
         let code = some_code as *const () as u64;
         let data = std::hint::black_box(&DATA) as *const [u64; 4] as u64;
-        assert!(in_code(&unwinder.code, code));
-        assert!(!in_code(&unwinder.code, data));
+        assert!(unwinder.calls.in_code(code));
+        assert!(!unwinder.calls.in_code(data));
         // Both lie in the same module: its range alone does not tell them
         // apart.
         let modules = unwinder.published.load();
         let (a, b) = (modules.find(code), modules.find(data));
         assert!(a.is_some() && b.is_some() && a.map(|m| m.start) == b.map(|m| m.start));
-        assert!(!in_code(&[], code));
-        assert!(in_code(&[(10, 20)], 10) && !in_code(&[(10, 20)], 20));
     }
 }

@@ -1,9 +1,10 @@
 //! Shared by the sampler test binaries (each its own process, since each
 //! installs the signal handler).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sentry_profiling::{Sample, Sampler, SamplerConfig, SamplerStats};
+use sentry_profiling::{ModuleSet, Sample, Sampler, SamplerConfig, SamplerStats};
 
 /// Runs a sampler with `config` for `run`, receiving every sample as it
 /// comes (so the bounded queue never fills), then stops it. Returns the
@@ -15,10 +16,24 @@ use sentry_profiling::{Sample, Sampler, SamplerConfig, SamplerStats};
 /// later: samples of the run's last periods may come after it, so the run
 /// waits for a sample stamped at or after its end (at most
 /// [`DOZE_WAIT`]) and keeps the samples stamped within it.
+#[allow(
+    dead_code,
+    reason = "each test binary includes this module and uses one of the two"
+)]
 pub(crate) fn sample_for(
     config: SamplerConfig,
     run: Duration,
 ) -> (Vec<Sample>, Duration, SamplerStats) {
+    let (samples, elapsed, stats, _) = sample_with_modules(config, run);
+    (samples, elapsed, stats)
+}
+
+/// [`sample_for`], also returning the modules the sampler last saw (to
+/// name and check the frames of its samples).
+pub(crate) fn sample_with_modules(
+    config: SamplerConfig,
+    run: Duration,
+) -> (Vec<Sample>, Duration, SamplerStats, Arc<ModuleSet>) {
     let sampler = Sampler::start(config).expect("sampler starts");
     let started = Instant::now();
     let mut samples: Vec<Sample> = Vec::new();
@@ -39,7 +54,8 @@ pub(crate) fn sample_for(
         samples.extend(sampler.try_iter());
     }
     samples.retain(|s| s.timestamp_ns() < end_ns);
-    (samples, elapsed, sampler.stop())
+    let modules = sampler.modules();
+    (samples, elapsed, sampler.stop(), modules)
 }
 
 /// The longest [`sample_for`] waits for a doze's samples: longer than a
