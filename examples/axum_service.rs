@@ -1,6 +1,8 @@
 //! The example service: `cargo run --release --example axum_service`.
 //!
-//! Serves `GET /`, `GET /work/{ms}` and `GET /sleep/{ms}` on `$ADDR`
+//! Serves `GET /`, `GET /work/{ms}`, `GET /sleep/{ms}`, `GET /db/{ms}` (a
+//! query on a database thread of its own) and `GET /render/{ms}` (CPU on
+//! Tokio's blocking pool) on `$ADDR`
 //! (default `127.0.0.1:3000`), profiled continuously. Without `SENTRY_DSN`
 //! every envelope is written to `$SENTRY_ENVELOPE_DIR` (default
 //! `./sentry-envelopes/`). Ctrl-C or SIGTERM shuts down gracefully and prints

@@ -48,15 +48,85 @@ pub async fn sleep(Path(ms): Path<u64>) -> String {
     format!("slept {ms} ms\n")
 }
 
+/// A query for the database thread: how long it runs, and where its
+/// answer goes.
+struct Query {
+    ms: u64,
+    reply: tokio::sync::oneshot::Sender<u64>,
+}
+
+/// The database: one OS thread of its own that runs queries from a channel,
+/// one at a time, as sqlx's SQLite driver runs each connection on a worker
+/// thread behind a `flume` channel. Between queries it waits in the
+/// channel's receive, a thread the service has beside Tokio's workers.
+fn database() -> &'static flume::Sender<Query> {
+    static DATABASE: std::sync::OnceLock<flume::Sender<Query>> = std::sync::OnceLock::new();
+    DATABASE.get_or_init(|| {
+        let (tx, rx) = flume::unbounded::<Query>();
+        let spawned = std::thread::Builder::new()
+            .name("example-db".into())
+            .spawn(move || {
+                for query in rx.iter() {
+                    let _ = query.reply.send(run_query(query.ms));
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("example: no database thread: {e}");
+        }
+        tx
+    })
+}
+
+/// Runs a query: about `ms` milliseconds of CPU on the database thread.
+#[inline(never)]
+pub fn run_query(ms: u64) -> u64 {
+    burn_cpu(ms)
+}
+
+/// `GET /db/{ms}`: a query of `ms` milliseconds on the database thread; the
+/// request awaits its answer.
+pub async fn db(Path(ms): Path<u64>) -> String {
+    let ms = ms.min(10_000);
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    if database().send(Query { ms, reply }).is_err() {
+        return "no database\n".to_owned();
+    }
+    match answer.await {
+        Ok(rows) => format!("queried {ms} ms ({rows:x})\n"),
+        Err(_) => "the database went away\n".to_owned(),
+    }
+}
+
+/// Renders a page: about `ms` milliseconds of CPU.
+#[inline(never)]
+pub fn render_page(ms: u64) -> u64 {
+    burn_cpu(ms)
+}
+
+/// `GET /render/{ms}`: `ms` milliseconds of CPU on Tokio's blocking pool
+/// (as template rendering is often moved off the workers), attributed to
+/// the request with `spawn_blocking_in_span`.
+pub async fn render(Path(ms): Path<u64>) -> String {
+    let ms = ms.min(10_000);
+    match sentry_profiling_tracing::spawn_blocking_in_span(move || render_page(ms)).await {
+        Ok(page) => format!("rendered {ms} ms ({page:x})\n"),
+        Err(e) => format!("render failed: {e}\n"),
+    }
+}
+
 /// The service's router, with every handler wrapped in a transaction.
 pub fn router() -> Router {
     Router::new()
         .route(
             "/",
-            get(|| async { "sentry-profiling example: try /work/50 or /sleep/50\n" }),
+            get(|| async {
+                "sentry-profiling example: try /work/50, /sleep/50, /db/20 or /render/20\n"
+            }),
         )
         .route("/work/{ms}", get(work))
         .route("/sleep/{ms}", get(sleep))
+        .route("/db/{ms}", get(db))
+        .route("/render/{ms}", get(render))
         .layer(sentry_profiling_tracing::http_layer())
 }
 

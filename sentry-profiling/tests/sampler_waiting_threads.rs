@@ -268,7 +268,10 @@ fn check_waiting_threads(hogs: usize) {
             unrooted.push(names.clone());
         }
         for pair in s.frames().windows(2) {
-            if pair[0] != pair[1] && check.pair(&modules, pair[0], pair[1]) == Verdict::RuledOut {
+            if pair[0] != pair[1]
+                && check.pair(callchain::in_modules(&modules), pair[0], pair[1])
+                    == Verdict::RuledOut
+            {
                 let (a, b) = (
                     sym.function(&modules, pair[0]),
                     sym.function(&modules, pair[1]),

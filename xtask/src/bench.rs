@@ -57,8 +57,9 @@ fn machine() -> String {
     )
 }
 
-const BENCHES: [&str; 8] = [
+const BENCHES: [&str; 9] = [
     "sampler",
+    "truth",
     "per_sample",
     "growth",
     "encode",

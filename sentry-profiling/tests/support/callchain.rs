@@ -190,32 +190,40 @@ pub(crate) struct CallChainCheck {
     modules: HashMap<String, Option<ModuleCode>>,
 }
 
+/// A module holding an address: its file's path and its load bias
+/// (runtime address minus file address).
+pub(crate) type Located = Option<(String, u64)>;
+
 impl CallChainCheck {
     /// The verdict on `caller` (a return address minus one, as the
     /// unwinder reports callers) having called the function holding
-    /// `callee`.
-    pub(crate) fn pair(&mut self, modules: &ModuleSet, callee: u64, caller: u64) -> Verdict {
-        let (Some(em), Some(cm)) = (modules.find(callee), modules.find(caller)) else {
+    /// `callee`; `locate` names the module of an address.
+    pub(crate) fn pair(
+        &mut self,
+        locate: impl Fn(u64) -> Located,
+        callee: u64,
+        caller: u64,
+    ) -> Verdict {
+        let (Some((epath, ebias)), Some((cpath, cbias))) = (locate(callee), locate(caller)) else {
             return Verdict::Unknown;
         };
-        let (em, cm) = (em.clone(), cm.clone());
-        for path in [&em.path, &cm.path] {
-            self.modules
-                .entry(path.clone())
-                .or_insert_with(|| ModuleCode::open(path));
+        for path in [&epath, &cpath] {
+            if !self.modules.contains_key(path) {
+                self.modules.insert(path.clone(), ModuleCode::open(path));
+            }
         }
         let (Some(Some(ecode)), Some(Some(ccode))) =
-            (self.modules.get(&em.path), self.modules.get(&cm.path))
+            (self.modules.get(&epath), self.modules.get(&cpath))
         else {
             return Verdict::Unknown;
         };
-        let callee_fn = ecode.function(callee - em.bias).map(|(s, _)| s);
-        let ret = caller + 1 - cm.bias;
+        let callee_fn = ecode.function(callee - ebias).map(|(s, _)| s);
+        let ret = caller + 1 - cbias;
         match call_ending_at(ccode, ret) {
             (_, true) => Verdict::Possible,
             (None, false) => Verdict::RuledOut,
             (Some(target), false) => {
-                let same_module = em.path == cm.path;
+                let same_module = epath == cpath;
                 if callee_fn.is_none() && !ccode.in_plt(target) {
                     Verdict::Unknown
                 } else if ccode.may_reach(target, callee_fn.filter(|_| same_module), 3) {
@@ -226,4 +234,13 @@ impl CallChainCheck {
             }
         }
     }
+}
+
+/// [`CallChainCheck::pair`]'s `locate` for the modules a sampler saw.
+#[allow(
+    dead_code,
+    reason = "each binary that includes this module uses one way to locate"
+)]
+pub(crate) fn in_modules(modules: &ModuleSet) -> impl Fn(u64) -> Located + '_ {
+    |addr| modules.find(addr).map(|m| (m.path.clone(), m.bias))
 }

@@ -1,0 +1,470 @@
+//! Whether the stacks of a service's threads are true, on a service with
+//! more threads than Tokio's workers: the example's router (`service_twin
+//! sentry-profiling`, the README's set-up, envelopes to a directory) under
+//! a mixed load of CPU in handlers (`/work`), queries on its database
+//! thread (`/db`, a thread waiting in a `flume` receive between queries),
+//! CPU on the blocking pool (`/render`), sleeps and trivial requests.
+//!
+//! Over the OS threads' samples that have a real stack (lanes and synthetic
+//! stacks left out), each weighted as Sentry weights it (time to the
+//! thread's next sample, at most 0.1 s):
+//! - **rooted**: the share whose stack reaches the thread's root (std's
+//!   `thread_start` under libc's thread start, or `_start`);
+//! - **cut**: the share ending in `(rest of the stack not unwound)`;
+//! - **ruled out**: the share with a (callee, caller) pair that the machine
+//!   code rules out (the caller follows no call, or a direct call to a
+//!   function that cannot reach the callee), checked against the module
+//!   files by the tests' oracle (`sentry-profiling/tests/support/callchain.rs`).
+//!
+//! And the service's "slowest functions" as Sentry computes them
+//! (vroomrs' function metrics over every thread of a chunk, lanes
+//! included: each sample's time goes to its leaf-most in-app frame that is
+//! not the root; in-app is the executable's code, less what the README's
+//! stack-trace rules mark `-app`; functions seen in one sample are
+//! dropped), with the README's rules and with none.
+//!
+//! `cargo bench -p sentry-profiling-benches --bench truth`
+//! (`TRUTH_BENCH_SECS`, default 30, the load's length; `TRUTH_BENCH_KEEP`,
+//! a directory to keep the envelopes in, for `shared/tools/callchain_check.py`);
+//! `-- --test` is the smoke run (4 s).
+
+#[path = "../../sentry-profiling/tests/support/callchain.rs"]
+mod callchain;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use callchain::{CallChainCheck, Located, Verdict};
+use sentry_profiling::sentry_view::{ProfileChunk, is_lane_thread_id};
+use sentry_profiling_tests::{read_envelope_dir, split_items};
+use serde_json::Value;
+
+/// (path, requests per second, connections) of the load.
+const MIX: [(&str, u32, u32); 5] = [
+    ("/work/20", 10, 2),
+    ("/db/10", 20, 2),
+    ("/render/10", 20, 2),
+    ("/sleep/30", 20, 2),
+    ("/", 200, 2),
+];
+
+/// The longest weight a sample gets (a thread's last sample, a gap).
+const MAX_WEIGHT_NS: u64 = 100_000_000;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn start_service(dir: &Path, addr: SocketAddr) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_service_twin"))
+        .arg("sentry-profiling")
+        .env("ADDR", addr.to_string())
+        .env("SENTRY_ENVELOPE_DIR", dir)
+        .env_remove("SENTRY_DSN")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("service_twin starts");
+    let started = Instant::now();
+    while TcpStream::connect(addr).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "service_twin did not start listening"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+fn stop_service(mut child: Child) {
+    // SAFETY: a plain system call on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().expect("service_twin exits");
+    assert!(status.success(), "service_twin ended with {status}");
+}
+
+/// Runs the mix for `secs` against `addr`.
+fn load(addr: SocketAddr, secs: u64) {
+    let loads: Vec<Child> = MIX
+        .iter()
+        .map(|&(path, rate, conns)| {
+            Command::new(env!("CARGO_BIN_EXE_load"))
+                .args([
+                    addr.to_string(),
+                    path.to_owned(),
+                    (u64::from(rate) * secs).to_string(),
+                    conns.to_string(),
+                    rate.to_string(),
+                ])
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("load starts")
+        })
+        .collect();
+    for mut l in loads {
+        let _ = l.wait();
+    }
+}
+
+/// A module of a chunk's debug images: (start, end, path, bias).
+type Image = (u64, u64, String, u64);
+
+/// The module of `images` holding `addr`: its path and bias.
+fn locate_in(images: &[Image], addr: u64) -> Option<(&String, u64)> {
+    images
+        .iter()
+        .find(|(s, e, _, _)| (*s..*e).contains(&addr))
+        .map(|(_, _, path, bias)| (path, *bias))
+}
+
+/// The modules of a chunk's debug images.
+fn images(payload: &Value) -> Vec<Image> {
+    let hex = |v: &Value| {
+        v.as_str()
+            .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
+    };
+    payload["debug_meta"]["images"]
+        .as_array()
+        .map(|images| {
+            images
+                .iter()
+                .filter_map(|im| {
+                    let start = hex(&im["image_addr"])?;
+                    let vmaddr = hex(&im["image_vmaddr"]).unwrap_or(0);
+                    let size = im["image_size"].as_u64()?;
+                    let path = im["code_file"].as_str()?.to_owned();
+                    Some((start, start + size, path, start - vmaddr))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[derive(Default)]
+struct Figures {
+    weight: u64,
+    rooted: u64,
+    cut: u64,
+    ruled_out: u64,
+    unknown: u64,
+    samples: usize,
+    worst_unrooted: HashMap<String, u64>,
+    worst_pairs: HashMap<String, u64>,
+    per_thread: HashMap<String, (u64, u64)>,
+}
+
+fn analyse(dir: &Path) -> (Figures, Vec<(ProfileChunk, Vec<Image>)>) {
+    let envelopes = read_envelope_dir(dir);
+    let (chunks, transactions) = split_items(&envelopes);
+    eprintln!(
+        "truth: {} chunks, {} transactions",
+        chunks.len(),
+        transactions.len()
+    );
+    let mut check = CallChainCheck::default();
+    let mut f = Figures::default();
+    let mut parsed = Vec::new();
+    for item in &chunks {
+        let payload = &item.payload;
+        let chunk = ProfileChunk::from_value(payload).expect("a chunk that parses");
+        let images = images(payload);
+        let locate =
+            |addr: u64| -> Located { locate_in(&images, addr).map(|(p, b)| (p.clone(), b)) };
+        let mut by_thread: HashMap<&str, Vec<(u64, usize)>> = HashMap::new();
+        for s in &chunk.samples {
+            if !is_lane_thread_id(&s.thread_id) {
+                by_thread
+                    .entry(&s.thread_id)
+                    .or_default()
+                    .push((s.timestamp_ns, s.stack_id));
+            }
+        }
+        let mut verdicts: HashMap<usize, (bool, bool, Verdict, String)> = HashMap::new();
+        for (tid, mut samples) in by_thread {
+            samples.sort_unstable();
+            let name = chunk.thread_names.get(tid).cloned().unwrap_or_default();
+            for (i, &(ts, stack_id)) in samples.iter().enumerate() {
+                let w = samples
+                    .get(i + 1)
+                    .map_or(0, |&(next, _)| next.saturating_sub(ts))
+                    .min(MAX_WEIGHT_NS);
+                let Some(stack) = chunk.stacks.get(stack_id) else {
+                    continue;
+                };
+                let frames: Vec<_> = stack.iter().filter_map(|&i| chunk.frames.get(i)).collect();
+                if frames.iter().all(|fr| fr.is_synthetic()) {
+                    continue;
+                }
+                let (rooted, cut, verdict, shown) = verdicts.entry(stack_id).or_insert_with(|| {
+                    let cut = frames.last().is_some_and(|fr| {
+                        fr.function.as_deref()
+                            == Some(sentry_profiling::sentry_view::UNWOUND_NO_FURTHER_FUNCTION)
+                    });
+                    let names: Vec<String> = frames.iter().map(|fr| fr.name()).collect();
+                    let n = names.len();
+                    let in_libc = |fr: Option<&&sentry_profiling::sentry_view::Frame>| {
+                        fr.and_then(|fr| fr.instruction_addr)
+                            .and_then(locate)
+                            .is_some_and(|(path, _)| path.contains("libc"))
+                    };
+                    let thread_root = names
+                        .iter()
+                        .rposition(|n| n.ends_with("thread_start"))
+                        .is_some_and(|i| i + 3 >= n)
+                        && in_libc(frames.last());
+                    let main_root = names.last().is_some_and(|n| n == "_start");
+                    let mut verdict = Verdict::Possible;
+                    let addrs: Vec<u64> = frames
+                        .iter()
+                        .filter(|fr| !fr.is_synthetic())
+                        .filter_map(|fr| fr.instruction_addr)
+                        .collect();
+                    for pair in addrs.windows(2) {
+                        if pair[0] == pair[1] {
+                            continue;
+                        }
+                        match check.pair(locate, pair[0], pair[1]) {
+                            Verdict::RuledOut => {
+                                verdict = Verdict::RuledOut;
+                                break;
+                            }
+                            Verdict::Unknown => verdict = Verdict::Unknown,
+                            Verdict::Possible => {}
+                        }
+                    }
+                    let shown = names
+                        .iter()
+                        .take(6)
+                        .map(|n| n.chars().take(60).collect::<String>())
+                        .collect::<Vec<_>>()
+                        .join(" < ");
+                    (!cut && (thread_root || main_root), cut, verdict, shown)
+                });
+                f.samples += 1;
+                f.weight += w;
+                let entry = f.per_thread.entry(name.clone()).or_default();
+                entry.0 += w;
+                if *rooted {
+                    f.rooted += w;
+                    entry.1 += w;
+                } else {
+                    *f.worst_unrooted
+                        .entry(format!("[{name}] {shown}"))
+                        .or_default() += w;
+                }
+                if *cut {
+                    f.cut += w;
+                }
+                match verdict {
+                    Verdict::RuledOut => {
+                        f.ruled_out += w;
+                        *f.worst_pairs
+                            .entry(format!("[{name}] {shown}"))
+                            .or_default() += w;
+                    }
+                    Verdict::Unknown => f.unknown += w,
+                    Verdict::Possible => {}
+                }
+            }
+        }
+        parsed.push((chunk, images));
+    }
+    (f, parsed)
+}
+
+/// Project stack-trace rules that mark frames `-app`, as the README gives
+/// them: `stack.function:GLOB -app` and `stack.package:GLOB -app`.
+#[derive(Default)]
+struct Rules {
+    functions: Vec<String>,
+    packages: Vec<String>,
+}
+
+impl Rules {
+    /// The rules of the README's block after "Stack Trace Rules".
+    fn from_readme(readme: &str) -> Self {
+        let mut rules = Rules::default();
+        let Some(at) = readme.find("Stack Trace Rules*") else {
+            return rules;
+        };
+        let block = readme[at..]
+            .split("```text")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .unwrap_or("");
+        for line in block.lines() {
+            let mut words = line.split_whitespace();
+            let (Some(matcher), Some("-app")) = (words.next(), words.next()) else {
+                continue;
+            };
+            if let Some(glob) = matcher.strip_prefix("stack.function:") {
+                rules.functions.push(glob.to_owned());
+            } else if let Some(glob) = matcher.strip_prefix("stack.package:") {
+                rules.packages.push(glob.to_owned());
+            }
+        }
+        rules
+    }
+
+    fn len(&self) -> usize {
+        self.functions.len() + self.packages.len()
+    }
+
+    /// Whether a frame of `function` in `package` stays in-app.
+    fn in_app(&self, function: &str, package: &str) -> bool {
+        !self.functions.iter().any(|g| glob(g, function))
+            && !self.packages.iter().any(|g| glob(g, package))
+    }
+}
+
+/// Whether `text` matches `pattern`, where `*` stands for any run of
+/// characters.
+fn glob(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    for (i, part) in parts.iter().enumerate() {
+        if i + 1 == parts.len() {
+            return rest.ends_with(part);
+        }
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.is_empty()
+}
+
+/// Self time per function as vroomrs computes it, over every thread of
+/// the chunks, with `rules`: (function, seconds), most first.
+fn slowest_functions(chunks: &[(ProfileChunk, Vec<Image>)], rules: &Rules) -> Vec<(String, f64)> {
+    let mut time: HashMap<String, (u64, u32)> = HashMap::new();
+    for (chunk, images) in chunks {
+        let mut by_thread: HashMap<&str, Vec<(u64, usize)>> = HashMap::new();
+        for s in &chunk.samples {
+            by_thread
+                .entry(&s.thread_id)
+                .or_default()
+                .push((s.timestamp_ns, s.stack_id));
+        }
+        for samples in by_thread.values_mut() {
+            samples.sort_unstable();
+            for (i, &(ts, stack_id)) in samples.iter().enumerate() {
+                let Some(&(next, _)) = samples.get(i + 1) else {
+                    continue;
+                };
+                let Some(stack) = chunk.stacks.get(stack_id) else {
+                    continue;
+                };
+                let depth = stack.len();
+                let owner = stack.iter().enumerate().find_map(|(k, &f)| {
+                    let frame = chunk.frames.get(f)?;
+                    let function = frame.function.as_deref()?;
+                    let image = frame.instruction_addr.and_then(|a| locate_in(images, a));
+                    let executable = image.is_some_and(|(path, _)| !path.contains(".so"));
+                    let package = image.map_or("", |(path, _)| path.as_str());
+                    (k + 1 < depth
+                        && !frame.is_synthetic()
+                        && executable
+                        && rules.in_app(function, package))
+                    .then(|| function.to_owned())
+                });
+                if let Some(function) = owner {
+                    let entry = time.entry(function).or_default();
+                    entry.0 += next.saturating_sub(ts);
+                    entry.1 += 1;
+                }
+            }
+        }
+    }
+    let mut out: Vec<(String, f64)> = time
+        .into_iter()
+        .filter(|(_, (_, n))| *n > 1)
+        .map(|(f, (ns, _))| (f, ns as f64 / 1e9))
+        .collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1));
+    out
+}
+
+fn top(map: &HashMap<String, u64>, n: usize) -> Vec<(String, u64)> {
+    let mut v: Vec<_> = map.iter().map(|(k, w)| (k.clone(), *w)).collect();
+    v.sort_by_key(|e| std::cmp::Reverse(e.1));
+    v.truncate(n);
+    v
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--test");
+    let secs: u64 = if quick {
+        4
+    } else {
+        std::env::var("TRUTH_BENCH_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(30)
+    };
+    let dir: PathBuf = std::env::temp_dir().join(format!("truth-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("envelope directory");
+    let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let service = start_service(&dir, addr);
+    load(addr, secs);
+    stop_service(service);
+    let (f, chunks) = analyse(&dir);
+    match std::env::var_os("TRUTH_BENCH_KEEP") {
+        Some(keep) => {
+            let _ = std::fs::remove_dir_all(&keep);
+            std::fs::rename(&dir, &keep).expect("envelopes kept");
+        }
+        None => {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    let share = |x: u64| x as f64 / f.weight.max(1) as f64;
+    println!(
+        "truth: {secs} s of load; {} samples of OS threads with a real stack, {:.1} s weighted",
+        f.samples,
+        f.weight as f64 / 1e9
+    );
+    println!("  rooted share        {:.4}", share(f.rooted));
+    println!("  cut share           {:.4}", share(f.cut));
+    println!("  ruled-out share     {:.4}", share(f.ruled_out));
+    println!("  unknown share       {:.4}", share(f.unknown));
+    let mut threads: Vec<_> = f.per_thread.iter().collect();
+    threads.sort_by_key(|t| std::cmp::Reverse(t.1.0));
+    for (name, (w, rooted)) in threads.iter().take(12) {
+        println!(
+            "  thread {name:<20} {:6.2} s, rooted {:.3}",
+            *w as f64 / 1e9,
+            *rooted as f64 / (*w).max(1) as f64
+        );
+    }
+    for (k, w) in top(&f.worst_unrooted, 8) {
+        println!("  unrooted {:6.2} s  {k}", w as f64 / 1e9);
+    }
+    for (k, w) in top(&f.worst_pairs, 8) {
+        println!("  ruled out {:6.2} s  {k}", w as f64 / 1e9);
+    }
+    let readme = Rules::from_readme(include_str!("../../README.md"));
+    for (title, rules) in [
+        (format!("the README's {} rules", readme.len()), &readme),
+        ("no rules".to_owned(), &Rules::default()),
+    ] {
+        println!("  slowest functions, {title}:");
+        for (function, secs) in slowest_functions(&chunks, rules).iter().take(8) {
+            let function: String = function.chars().take(100).collect();
+            println!("    {secs:8.2} s  {function}");
+        }
+    }
+    assert!(f.samples > 0, "no samples of OS threads");
+    assert!(readme.len() > 0, "no stack-trace rules found in the README");
+}
