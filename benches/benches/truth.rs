@@ -66,8 +66,10 @@ fn start_service(dir: &Path, addr: SocketAddr) -> Child {
         .arg("sentry-profiling")
         .env("ADDR", addr.to_string())
         .env("SENTRY_ENVELOPE_DIR", dir)
+        .env("TWIN_STATS", "1")
         .env_remove("SENTRY_DSN")
         .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("service_twin starts");
     let started = Instant::now();
@@ -81,11 +83,26 @@ fn start_service(dir: &Path, addr: SocketAddr) -> Child {
     child
 }
 
-fn stop_service(mut child: Child) {
+/// Stops the service; returns the sampler's (blocked threads read, and
+/// nanoseconds spent unwinding) from the counters it prints.
+fn stop_service(child: Child) -> (u64, u64) {
     // SAFETY: a plain system call on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let status = child.wait().expect("service_twin exits");
-    assert!(status.success(), "service_twin ended with {status}");
+    let out = child.wait_with_output().expect("service_twin exits");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "service_twin ended with {}:\n{stderr}",
+        out.status
+    );
+    let counter = |name: &str| {
+        stderr
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(": "))
+            .and_then(|v| v.trim_end_matches(',').parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (counter("waits_read"), counter("unwind_ns"))
 }
 
 /// Runs the mix for `secs` against `addr`.
@@ -417,7 +434,7 @@ fn main() {
     let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let service = start_service(&dir, addr);
     load(addr, secs);
-    stop_service(service);
+    let (waits_read, unwind_ns) = stop_service(service);
     let (f, chunks) = analyse(&dir);
     match std::env::var_os("TRUTH_BENCH_KEEP") {
         Some(keep) => {
@@ -439,6 +456,10 @@ fn main() {
     println!("  cut share           {:.4}", share(f.cut));
     println!("  ruled-out share     {:.4}", share(f.ruled_out));
     println!("  unknown share       {:.4}", share(f.unknown));
+    println!(
+        "  sampler: {waits_read} blocked threads read; unwinding (all stacks) {:.1} ms in all",
+        unwind_ns as f64 / 1e6
+    );
     let mut threads: Vec<_> = f.per_thread.iter().collect();
     threads.sort_by_key(|t| std::cmp::Reverse(t.1.0));
     for (name, (w, rooted)) in threads.iter().take(12) {

@@ -72,6 +72,10 @@ pub struct ProfilingIntegration {
 /// start.
 pub(crate) const NOT_APPLIED: &str = "sentry-profiling: profiling disabled: `ProfilingIntegration` was added with `add_integration` (or `integrations`), which cannot link transactions to profiles or send the last chunk at shutdown; pass the client options through `ProfilingIntegration::new()...apply(options)` instead";
 
+/// Said on stderr (once a process) when the integration is set up on a
+/// client without a DSN.
+pub(crate) const NO_DSN: &str = "sentry-profiling: profiling off: the Sentry client has no DSN, so it sends nothing (no transactions, no profile chunks, whatever its transport) and the profiler does not start; set `dsn` (or SENTRY_DSN), or, to keep the envelopes on this machine, set any DSN (such as https://public@sentry.invalid/1) with `transport` = `sentry_profiling::EnvelopeDirTransport::factory(dir)`";
+
 impl std::fmt::Debug for ProfilingIntegration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProfilingIntegration")
@@ -499,7 +503,11 @@ impl Integration for ProfilingIntegration {
             return;
         };
         if options.dsn.is_none() {
-            // The client sends nothing without a DSN; neither do we.
+            // The client sends nothing without a DSN; neither do we. Said
+            // once a process: a transport set without a DSN gets nothing,
+            // which is not what its author expects.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| eprintln!("{NO_DSN}"));
             return;
         }
         let sampled = config.v1.is_some()

@@ -161,6 +161,16 @@ fn cases() -> Vec<(&'static str, Expect)> {
             },
         ),
         (
+            "no_dsn",
+            Expect {
+                stderr: &[
+                    "sentry-profiling: profiling off: the Sentry client has no DSN",
+                    "EnvelopeDirTransport::factory",
+                ],
+                state: State::NoSession,
+            },
+        ),
+        (
             "layer_without_init",
             Expect {
                 stderr: &["spans done without sentry::init"],
@@ -354,8 +364,22 @@ fn run_case(case: &str) {
         "manual_misuse" => manual_misuse(),
         "trace_lifecycle_manual_calls" => trace_lifecycle_manual_calls(),
         "layer_without_init" => layer_without_init(),
+        "no_dsn" => no_dsn(),
         other => panic!("unknown case {other}"),
     }
+}
+
+/// A transport set without a DSN: the client sends nothing, the profiler
+/// does not start, and stderr says so and how to keep envelopes locally.
+fn no_dsn() {
+    // SAFETY: set before any other thread of this child exists.
+    unsafe { std::env::remove_var("SENTRY_DSN") };
+    let capture = CaptureTransport::new();
+    let mut options = sentry::ClientOptions::new().traces_sample_rate(1.0);
+    options.transport = Some(capture.factory());
+    let guard = sentry::init(on().apply(options));
+    report_state();
+    drop(guard);
 }
 
 /// A `profiles_sampler` returning NaN, negative and huge values: warned

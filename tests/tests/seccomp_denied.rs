@@ -1,7 +1,7 @@
 //! The example service under a seccomp policy that refuses the system calls
 //! the sampler samples with (`EPERM`), as locked-down container profiles
-//! can: `timer_create`, `timer_settime`, `rt_tgsigqueueinfo` and
-//! `process_vm_readv` each in turn; `timer_create`, `rt_tgsigqueueinfo` and
+//! can: `timer_create`, `timer_settime`, `timer_gettime`, `timer_delete`,
+//! `rt_tgsigqueueinfo` and `process_vm_readv` each in turn; `timer_create`, `rt_tgsigqueueinfo` and
 //! `process_vm_readv` together; and those three refused only once the
 //! service already runs.
 //!
@@ -70,6 +70,8 @@ struct Case {
 enum Syscall {
     TimerCreate,
     TimerSettime,
+    TimerGettime,
+    TimerDelete,
     RtTgsigqueueinfo,
     ProcessVmReadv,
 }
@@ -79,6 +81,8 @@ impl Syscall {
         match self {
             Self::TimerCreate => libc::SYS_timer_create,
             Self::TimerSettime => libc::SYS_timer_settime,
+            Self::TimerGettime => libc::SYS_timer_gettime,
+            Self::TimerDelete => libc::SYS_timer_delete,
             Self::RtTgsigqueueinfo => libc::SYS_rt_tgsigqueueinfo,
             Self::ProcessVmReadv => libc::SYS_process_vm_readv,
         }
@@ -118,6 +122,30 @@ const CASES: &[Case] = &[
         late: false,
         expected: Some(
             "sentry-profiling: sampling degraded: CPU timers denied (timer_settime: EPERM): threads are signalled by the sampler thread instead",
+        ),
+        naming: &[],
+        counted: [false, true, false],
+        samples_running_code: true,
+    },
+    Case {
+        name: "timer_gettime",
+        denied: &[Syscall::TimerGettime],
+        late: false,
+        expected: Some(
+            "sentry-profiling: sampling degraded: CPU timers denied (timer_gettime: EPERM): threads are signalled by the sampler thread instead",
+        ),
+        naming: &[],
+        counted: [false, true, false],
+        samples_running_code: true,
+    },
+    // Timers that cannot be deleted would be left behind by every thread
+    // that ends: none is created.
+    Case {
+        name: "timer_delete",
+        denied: &[Syscall::TimerDelete],
+        late: false,
+        expected: Some(
+            "sentry-profiling: sampling degraded: CPU timers denied (timer_delete: EPERM): threads are signalled by the sampler thread instead",
         ),
         naming: &[],
         counted: [false, true, false],

@@ -10,7 +10,8 @@
 //! Sentry's own transports send from a background thread. The queue is
 //! bounded; when it is full an envelope is dropped and counted rather than
 //! making the sender wait, and `flush` and `shutdown` wait for the queue at
-//! most their timeout.
+//! most their timeout. The directory is bounded too: past a number of files
+//! or bytes, the writer removes the oldest (see `super::retention`).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -22,11 +23,18 @@ use std::time::Duration;
 use sentry_core::protocol::Envelope;
 use sentry_core::{Transport, TransportFactory};
 
+use super::retention::Retention;
 use crate::error::log_throttled;
 
 /// Writes each envelope to `<dir>/<sequence>-<millis>.envelope`, in Sentry's
 /// envelope format, from a writer thread of its own (named
 /// `sentry-envelope-dir`).
+///
+/// The directory keeps at most [`max_files`](Self::max_files) envelope
+/// files and [`max_bytes`](Self::max_bytes) bytes of them, those of earlier
+/// runs included: after each write the writer thread removes the oldest
+/// past either bound (counted in [`removed`](Self::removed)). Other files
+/// in the directory are left alone.
 ///
 /// [`send_envelope`](Transport::send_envelope) never waits for the disk: it
 /// queues the envelope, or drops it when
@@ -92,6 +100,11 @@ struct Shared {
     written: AtomicU64,
     failed: AtomicU64,
     dropped: AtomicU64,
+    /// Envelope files removed to keep the directory within its bounds.
+    removed: AtomicU64,
+    /// The bounds: files, and bytes.
+    max_files: AtomicUsize,
+    max_bytes: AtomicU64,
     /// Shutdown ran out of time: the writer drops what is still queued
     /// instead of writing it.
     abandoned: AtomicBool,
@@ -106,6 +119,16 @@ impl EnvelopeDirTransport {
     /// otherwise: about a second of transactions of a service serving 1,000
     /// requests a second, a few megabytes of memory for typical ones.
     pub const DEFAULT_QUEUE_CAPACITY: usize = 1024;
+
+    /// Envelope files the directory keeps unless
+    /// [`max_files`](Self::max_files) says otherwise: as many as the
+    /// preview page reads (`cargo xtask view`), about 20 s of a service at
+    /// 1,000 requests a second, hours of one at a few a second.
+    pub const DEFAULT_MAX_FILES: usize = 20_000;
+
+    /// Bytes of envelope files the directory keeps unless
+    /// [`max_bytes`](Self::max_bytes) says otherwise: 1 GiB.
+    pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 
     /// How long dropping a transport that was not shut down waits for its
     /// queue, at most (Sentry's default `shutdown_timeout`).
@@ -125,6 +148,9 @@ impl EnvelopeDirTransport {
             written: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            removed: AtomicU64::new(0),
+            max_files: AtomicUsize::new(Self::DEFAULT_MAX_FILES),
+            max_bytes: AtomicU64::new(Self::DEFAULT_MAX_BYTES),
             abandoned: AtomicBool::new(false),
             write_delay_ns: AtomicU64::new(0),
         });
@@ -163,6 +189,31 @@ impl EnvelopeDirTransport {
     pub fn queue_capacity(mut self, envelopes: usize) -> Self {
         self.capacity = envelopes.max(1);
         self
+    }
+
+    /// Sets how many envelope files the directory keeps at most (default
+    /// [`DEFAULT_MAX_FILES`](Self::DEFAULT_MAX_FILES), at least 1): past
+    /// it, the writer thread removes the oldest.
+    #[must_use]
+    pub fn max_files(self, files: usize) -> Self {
+        self.shared.max_files.store(files.max(1), Ordering::Relaxed);
+        self
+    }
+
+    /// Sets how many bytes of envelope files the directory keeps at most
+    /// (default [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES)): past it,
+    /// the writer thread removes the oldest (the newest file stays, however
+    /// large).
+    #[must_use]
+    pub fn max_bytes(self, bytes: u64) -> Self {
+        self.shared.max_bytes.store(bytes, Ordering::Relaxed);
+        self
+    }
+
+    /// Envelope files removed so far to keep the directory within
+    /// [`max_files`](Self::max_files) and [`max_bytes`](Self::max_bytes).
+    pub fn removed(&self) -> u64 {
+        self.shared.removed.load(Ordering::Relaxed)
     }
 
     /// The directory written to.
@@ -204,8 +255,9 @@ impl Transport for EnvelopeDirTransport {
     fn send_envelope(&self, envelope: Envelope) {
         if crate::sys::in_forked_child() {
             // The writer thread stayed in the parent, and the parent writes
-            // what was queued when the child was forked.
-            self.shared.write(&envelope);
+            // what was queued when the child was forked. The child keeps no
+            // count of the directory: the parent's writer bounds it.
+            let _ = self.shared.write(&envelope);
             return;
         }
         // A place in the queue is claimed before `closed` is read, both in
@@ -293,13 +345,34 @@ impl Drop for EnvelopeDirTransport {
 /// The writer thread: deals with jobs in order until told to stop (or the
 /// transport is gone).
 fn run(shared: &Shared, jobs: &Receiver<Job>) {
+    // The directory's files, read at the first write (not before: a
+    // transport that writes nothing reads nothing).
+    let mut retention: Option<Retention> = None;
+    let mut remove = Vec::new();
     while let Ok(job) = jobs.recv() {
         match job {
             Job::Write(envelope) => {
                 if shared.abandoned.load(Ordering::Relaxed) {
                     shared.drop_one("not written before the shutdown timeout");
-                } else {
-                    shared.write(&envelope);
+                } else if let Some((name, size)) = shared.write(&envelope) {
+                    let retention = retention.get_or_insert_with(|| {
+                        let mut found = Retention::scan(&shared.dir);
+                        // The file just written is the newest.
+                        found.forget(&name);
+                        found
+                    });
+                    retention.admit(
+                        name,
+                        size,
+                        shared.max_files.load(Ordering::Relaxed),
+                        shared.max_bytes.load(Ordering::Relaxed),
+                        &mut remove,
+                    );
+                    for old in remove.drain(..) {
+                        if std::fs::remove_file(shared.dir.join(&*old)).is_ok() {
+                            shared.removed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                 }
                 // Counted out only now, so that the bound covers the
                 // envelope being written too.
@@ -347,8 +420,8 @@ impl Shared {
     }
 
     /// Serialises `envelope` and writes it to the next file, counting the
-    /// outcome.
-    fn write(&self, envelope: &Envelope) {
+    /// outcome; returns the file's name and size when written.
+    fn write(&self, envelope: &Envelope) -> Option<(Box<str>, u64)> {
         let delay = self.write_delay_ns.load(Ordering::Relaxed);
         if delay > 0 {
             std::thread::sleep(Duration::from_nanos(delay));
@@ -358,12 +431,14 @@ impl Shared {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or_default();
-        let path = self.dir.join(format!("{seq:06}-{millis}.envelope"));
+        let name = format!("{seq:06}-{millis}.envelope");
+        let path = self.dir.join(&name);
         let result = crate::transaction_tags::envelope_bytes(envelope, None, None, None)
-            .and_then(|bytes| std::fs::write(&path, &bytes));
+            .and_then(|bytes| std::fs::write(&path, &bytes).map(|()| bytes.len()));
         match result {
-            Ok(()) => {
+            Ok(size) => {
                 self.written.fetch_add(1, Ordering::Relaxed);
+                Some((name.into_boxed_str(), size as u64))
             }
             Err(e) => {
                 let n = self.failed.fetch_add(1, Ordering::Relaxed) + 1;
@@ -373,6 +448,7 @@ impl Shared {
                         path.display()
                     )
                 });
+                None
             }
         }
     }
@@ -606,5 +682,53 @@ mod tests {
         }
         assert!(t.flush(Duration::from_secs(30)));
         assert_eq!((t.written(), t.dropped(), t.failed()), (0, 0, 3));
+    }
+
+    #[test]
+    fn the_directory_keeps_its_newest_files_within_its_bounds() {
+        let dir = temp_dir("retention");
+        std::fs::create_dir_all(&dir).unwrap();
+        // An earlier run's files, older than any of this run's.
+        for i in 0..3 {
+            std::fs::write(dir.join(format!("{i:06}-{i}.envelope")), b"old").unwrap();
+        }
+        std::fs::write(dir.join("profile.pb.gz"), b"kept").unwrap();
+        let t = EnvelopeDirTransport::new(&dir).unwrap().max_files(5);
+        for i in 0..12 {
+            t.send_envelope(envelope(i));
+        }
+        assert!(t.flush(Duration::from_secs(30)));
+        assert_eq!((t.written(), t.removed(), t.failed()), (12, 10, 0));
+        let names: Vec<String> = files(&dir)
+            .iter()
+            .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
+            .collect();
+        assert!(names.contains(&"profile.pb.gz".to_owned()), "{names:?}");
+        let envelopes: Vec<_> = files(&dir)
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "envelope"))
+            .collect();
+        assert_eq!(envelopes.len(), 5);
+        // The newest five of this run.
+        for (file, i) in envelopes.iter().zip(7..) {
+            let text = String::from_utf8(std::fs::read(file).unwrap()).unwrap();
+            assert!(
+                text.contains(&format!("\"envelope {i}\"")),
+                "{}",
+                file.display()
+            );
+        }
+
+        // Bytes: a bound below two envelopes keeps one.
+        let t = EnvelopeDirTransport::new(&dir).unwrap().max_bytes(1);
+        t.send_envelope(envelope(99));
+        assert!(t.shutdown(Duration::from_secs(30)));
+        assert_eq!(t.removed(), 5);
+        let left: Vec<_> = files(&dir)
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "envelope"))
+            .collect();
+        assert_eq!(left.len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -6,6 +6,7 @@
 mod envelope_dir;
 #[cfg(feature = "http")]
 pub(crate) mod http;
+mod retention;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

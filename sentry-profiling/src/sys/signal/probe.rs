@@ -43,10 +43,13 @@ pub(crate) fn probe_signal() -> Result<(), i32> {
     queue_signal(pid, tid, &info)
 }
 
-/// Whether the calling thread may create and set a CPU-time timer, as
-/// [`super::CpuTimer`] does; `Err` holds the call refused and its `errno`.
-/// The timer, on the calling thread's own CPU clock, notifies nobody, is
-/// only ever set disarmed, and is deleted at once.
+/// Whether the calling thread may create, set, read and delete a CPU-time
+/// timer, as [`super::CpuTimer`] does; `Err` holds the first call refused
+/// and its `errno`. The timer, on the calling thread's own CPU clock,
+/// notifies nobody, is only ever set disarmed, and is deleted at once (a
+/// policy that refuses `timer_delete` leaves this one timer behind: the
+/// sampler then creates no more, which would each be left behind when
+/// their thread ends).
 pub(crate) fn probe_cpu_timer() -> Result<(), (&'static str, i32)> {
     let tid = crate::sys::current_tid();
     let event = KernelSigEvent {
@@ -76,16 +79,32 @@ pub(crate) fn probe_cpu_timer() -> Result<(), (&'static str, i32)> {
             std::ptr::null_mut::<libc::itimerspec>(),
         )
     };
-    let set = if rc == 0 {
+    let mut result = if rc == 0 {
         Ok(())
     } else {
         Err(("timer_settime", last_errno()))
     };
-    // SAFETY: deletes the timer created above; it is not used again.
-    unsafe {
-        libc::syscall(libc::SYS_timer_delete, id as libc::c_long);
+    if result.is_ok() {
+        let mut current = spec;
+        // SAFETY: timer_gettime on the timer just created, writing a valid
+        // itimerspec.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_timer_gettime,
+                id as libc::c_long,
+                std::ptr::from_mut(&mut current),
+            )
+        };
+        if rc != 0 {
+            result = Err(("timer_gettime", last_errno()));
+        }
     }
-    set
+    // SAFETY: deletes the timer created above; it is not used again.
+    let rc = unsafe { libc::syscall(libc::SYS_timer_delete, id as libc::c_long) };
+    if rc != 0 && result.is_ok() {
+        result = Err(("timer_delete", last_errno()));
+    }
+    result
 }
 
 /// Whether `process_vm_readv` can read this process's own memory from the
