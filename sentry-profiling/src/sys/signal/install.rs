@@ -55,13 +55,24 @@ pub(crate) fn install_handler(preferred: Option<i32>) -> Result<SignalSetup, Str
         if !disposition_is_default(sig) {
             continue;
         }
+        // Not `SA_ONSTACK`: the handler runs on the interrupted stack. A
+        // thread's alternate signal stack is the application's, small (std
+        // gives each thread `max(SIGSTKSZ, AT_MINSIGSTKSZ)` bytes, 8 KiB on
+        // x86_64, above a guard page; C code may give 2 to 4 KiB), and made
+        // for its crash handlers: the kernel's frame (3.4 KiB with AVX-512
+        // state) and the handler there left too little room (a frame larger
+        // than the stack is a SIGSEGV from the kernel; under valgrind, whose
+        // frames are larger, the guard page was hit at a shutdown). A
+        // thread's own stack has room for a call of a few KiB wherever it
+        // can make one.
+        //
         // SAFETY: a zeroed sigaction is a valid starting value; the handler
         // has the SA_SIGINFO signature and is async-signal-safe (see
         // `handler`); the old action is written to a local.
         let installed = unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = handler as *const () as usize;
-            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
             libc::sigemptyset(&mut action.sa_mask);
             let mut old: libc::sigaction = std::mem::zeroed();
             libc::sigaction(sig, &action, &mut old) == 0 && old.sa_sigaction == libc::SIG_DFL
