@@ -13,9 +13,12 @@ use sentry_profiling::{ModuleSet, Sample, Sampler, SamplerConfig, SamplerStats};
 ///
 /// A sampler that dozes (the application idle) records the periods it
 /// slept through at the tick that ends the doze, up to half a second
-/// later: samples of the run's last periods may come after it, so the run
-/// waits for a sample stamped at or after its end (at most
-/// [`DOZE_WAIT`]) and keeps the samples stamped within it.
+/// later, and a waiting thread's samples leave only once the thread is
+/// known alive after them (its CPU clock read, every few periods): samples
+/// of the run's last periods may come well after it, and each thread's at
+/// its own time. So the run waits until every thread still alive at its
+/// end has a sample stamped at or after the end (at most [`DOZE_WAIT`]),
+/// and keeps the samples stamped within it.
 #[allow(
     dead_code,
     reason = "each test binary includes this module and uses one of the two"
@@ -47,20 +50,34 @@ pub(crate) fn sample_with_modules(
     let elapsed = started.elapsed();
     let end_ns = realtime_ns();
     let waited = Instant::now();
-    while !samples.iter().any(|s| s.timestamp_ns() >= end_ns) && waited.elapsed() < DOZE_WAIT {
+    let mut pending: std::collections::HashSet<u32> = samples
+        .iter()
+        .map(Sample::thread_id)
+        .filter(|tid| std::path::Path::new(&format!("/proc/self/task/{tid}")).exists())
+        .collect();
+    while !pending.is_empty() && waited.elapsed() < DOZE_WAIT {
         if let Some(s) = sampler.recv_timeout(Duration::from_millis(20)) {
             samples.push(s);
         }
         samples.extend(sampler.try_iter());
+        for s in &samples[..] {
+            if s.timestamp_ns() >= end_ns {
+                pending.remove(&s.thread_id());
+            }
+        }
     }
     samples.retain(|s| s.timestamp_ns() < end_ns);
     let modules = sampler.modules();
     (samples, elapsed, sampler.stop(), modules)
 }
 
-/// The longest [`sample_for`] waits for a doze's samples: longer than a
-/// doze (48 periods at 101 Hz, about half a second).
-const DOZE_WAIT: Duration = Duration::from_millis(800);
+/// The longest [`sample_for`] waits for the threads' last samples: a doze
+/// (48 periods at 101 Hz, about half a second), then up to 16 periods
+/// until a parked thread's clock is read, on a machine whose other load
+/// may delay the sampler thread by as much again. The wait ends as soon as
+/// every thread's samples have passed the run's end, so this bounds only a
+/// run whose threads' samples never come.
+const DOZE_WAIT: Duration = Duration::from_secs(3);
 
 /// `CLOCK_REALTIME` in nanoseconds, as samples are stamped.
 fn realtime_ns() -> u64 {
