@@ -472,6 +472,29 @@ pub fn run_self_as_child(env_var: &str) -> (String, String) {
     (stdout, stderr)
 }
 
+/// The address a child service from [`serve_example_from_env`] reports on
+/// its stdout (`listening ADDR`), waiting at most `timeout`; `None` if it
+/// never does. Takes the child's stdout (which must be piped).
+pub fn listening_addr(
+    child: &mut std::process::Child,
+    timeout: std::time::Duration,
+) -> Option<std::net::SocketAddr> {
+    use std::io::BufRead;
+    let stdout = child.stdout.take()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(a) = line.strip_prefix("listening ") {
+                let _ = tx.send(a.parse().ok());
+            }
+        }
+    });
+    rx.recv_timeout(timeout).ok().flatten()
+}
+
 /// What the `axum_service` example's `main` does, for tests that run the
 /// service as a child process of their own binary: settings from the
 /// environment, `sentry_options`, `init_tracing`, `serve_until_signal`

@@ -11,7 +11,7 @@
 //! child under valgrind (slow: use a few cycles), keeping every report of
 //! a failed cycle in the directory the test prints.
 
-use std::io::{BufRead, Read};
+use std::io::Read;
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -110,7 +110,7 @@ fn one_cycle(
         .spawn()
         .map_err(|e| format!("spawn: {e}"))?;
     let stderr = collect(child.stderr.take());
-    let addr = match listening_addr(&mut child) {
+    let addr = match sentry_profiling_tests::listening_addr(&mut child, Duration::from_secs(120)) {
         Some(a) => a,
         None => {
             let _ = child.kill();
@@ -204,23 +204,6 @@ fn collect(pipe: Option<std::process::ChildStderr>) -> std::thread::JoinHandle<S
         }
         text
     })
-}
-
-/// The service's address from its stdout (`listening ADDR`).
-fn listening_addr(child: &mut Child) -> Option<SocketAddr> {
-    let stdout = child.stdout.take()?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if let Some(a) = line.strip_prefix("listening ") {
-                let _ = tx.send(a.parse::<SocketAddr>().ok());
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(120)).ok().flatten()
 }
 
 /// One `GET`; true when it got a whole `200`.

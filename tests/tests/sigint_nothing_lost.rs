@@ -10,7 +10,6 @@
 //! `serve_until_signal`, then closing the client), so it is stopped by a
 //! real SIGINT through Tokio's Ctrl-C handling.
 
-use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -103,21 +102,9 @@ fn one_run(run: usize) -> usize {
 
 /// Reads the service's bound address from its stdout (with a timeout).
 fn listening_addr(child: &mut Child) -> SocketAddr {
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if let Some(a) = line.strip_prefix("listening ") {
-                let _ = tx.send(a.parse::<SocketAddr>().unwrap());
-            }
-        }
-    });
-    match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(a) => a,
-        Err(_) => {
+    match sentry_profiling_tests::listening_addr(child, Duration::from_secs(60)) {
+        Some(a) => a,
+        None => {
             let _ = child.kill();
             let _ = child.wait();
             panic!("the service never reported its address");
