@@ -345,7 +345,7 @@ impl Drop for EnvelopeDirTransport {
 /// The writer thread: deals with jobs in order until told to stop (or the
 /// transport is gone).
 fn run(shared: &Shared, jobs: &Receiver<Job>) {
-    // The directory's files, read at the first write (not before: a
+    // The directory's files, read before the first write (not earlier: a
     // transport that writes nothing reads nothing).
     let mut retention: Option<Retention> = None;
     let mut remove = Vec::new();
@@ -354,23 +354,20 @@ fn run(shared: &Shared, jobs: &Receiver<Job>) {
             Job::Write(envelope) => {
                 if shared.abandoned.load(Ordering::Relaxed) {
                     shared.drop_one("not written before the shutdown timeout");
-                } else if let Some((name, size)) = shared.write(&envelope) {
-                    let retention = retention.get_or_insert_with(|| {
-                        let mut found = Retention::scan(&shared.dir);
-                        // The file just written is the newest.
-                        found.forget(&name);
-                        found
-                    });
-                    retention.admit(
-                        name,
-                        size,
-                        shared.max_files.load(Ordering::Relaxed),
-                        shared.max_bytes.load(Ordering::Relaxed),
-                        &mut remove,
-                    );
-                    for old in remove.drain(..) {
-                        if std::fs::remove_file(shared.dir.join(&*old)).is_ok() {
-                            shared.removed.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    let retention = retention.get_or_insert_with(|| Retention::scan(&shared.dir));
+                    if let Some((name, size)) = shared.write(&envelope) {
+                        retention.admit(
+                            name,
+                            size,
+                            shared.max_files.load(Ordering::Relaxed),
+                            shared.max_bytes.load(Ordering::Relaxed),
+                            &mut remove,
+                        );
+                        for old in remove.drain(..) {
+                            if std::fs::remove_file(shared.dir.join(&*old)).is_ok() {
+                                shared.removed.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                     }
                 }

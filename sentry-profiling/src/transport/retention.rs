@@ -53,16 +53,6 @@ impl Retention {
         this
     }
 
-    /// Leaves `name` out (a file found by [`scan`](Self::scan) that is
-    /// about to be admitted as the newest).
-    pub(crate) fn forget(&mut self, name: &str) {
-        if let Some(i) = self.files.iter().rposition(|(n, _)| &**n == name) {
-            if let Some((_, size)) = self.files.remove(i) {
-                self.bytes -= size;
-            }
-        }
-    }
-
     /// Files held.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -55,16 +55,18 @@ pub(crate) fn sample_with_modules(
         .map(Sample::thread_id)
         .filter(|tid| std::path::Path::new(&format!("/proc/self/task/{tid}")).exists())
         .collect();
+    let mut seen = samples.len();
     while !pending.is_empty() && waited.elapsed() < DOZE_WAIT {
         if let Some(s) = sampler.recv_timeout(Duration::from_millis(20)) {
             samples.push(s);
         }
         samples.extend(sampler.try_iter());
-        for s in &samples[..] {
+        for s in &samples[seen..] {
             if s.timestamp_ns() >= end_ns {
                 pending.remove(&s.thread_id());
             }
         }
+        seen = samples.len();
     }
     samples.retain(|s| s.timestamp_ns() < end_ns);
     let modules = sampler.modules();
