@@ -7,13 +7,14 @@
 //! thread off the CPU at every tick for hundreds of milliseconds of its CPU
 //! time: its timer then stays expired and unfired. The sampler takes those
 //! captures itself, with a signal, only while the thread is not blocked in
-//! a system call. Here, beside CPU hogs (one more than the cores), threads
+//! a system call. Here, beside CPU hogs (two more than the cores), threads
 //! alternate 20 ms of CPU with short waits in calls that `SA_RESTART`
 //! does not restart (`epoll_wait`, `nanosleep`, a timed `futex` wait):
 //! none may return `EINTR`, each thread's captures must show its burning
-//! function, and none may run more than [`MAX_CPU_WITHOUT_CAPTURE`] of CPU
-//! time without one. On this project's 2-core VM, without the sampler's
-//! catch-up, such stretches reach 55 to 317 ms.
+//! function, and at most [`MAX_LONG_SHARE`] of each one's CPU time may be
+//! run in stretches longer than [`LONG_STRETCH`] without a capture. On
+//! this project's 2-core VM, without the sampler's catch-up, 15% to 66% of
+//! it is, in stretches of up to 96 ms (55 to 317 ms on an earlier kernel).
 
 #[path = "support/eintr.rs"]
 mod eintr;
@@ -33,12 +34,22 @@ const HZ: u32 = 500;
 const BURN: Duration = Duration::from_millis(20);
 /// Each wait's timeout.
 const WAIT_MS: i32 = 1;
-/// The longest stretch of a busy thread's CPU time allowed between two
-/// captures of its running code: the sampler takes a capture itself after
-/// a period and 5 ms of CPU time without one, and looks at each tick; the
-/// rest is margin for a sampler thread that is itself kept waiting for a
-/// core.
-const MAX_CPU_WITHOUT_CAPTURE: Duration = Duration::from_millis(40);
+/// A stretch of a busy thread's CPU time between two captures of its
+/// running code counts as long above this. The sampler takes a capture
+/// itself after a period and 5 ms of CPU time without one (7 ms here),
+/// counted from its first look after the latest capture, and looks at each
+/// tick: a stretch is that and what the thread ran in the sampler's tick
+/// gaps around it (about 4 ms of CPU each beside the hogs).
+const LONG_STRETCH: Duration = Duration::from_millis(15);
+/// The share of a busy thread's CPU time it may run in long stretches.
+/// Measured (12 runs, 36 threads, with and without four more hogs): at
+/// most 5% with the catch-up, 15% to 66% without it (stretches of up to
+/// 96 ms). Not a bound on the longest stretch, with the reason: the
+/// sampler thread itself can be kept off a CPU for tens of milliseconds
+/// (the host descheduling the VM's CPU), and every thread then runs one
+/// long stretch at once; CI met that once, 42 to 52 ms on all three
+/// threads in one run, about 1.5% of each one's CPU time.
+const MAX_LONG_SHARE: f64 = 0.10;
 
 /// One busy thread's calls, and its CPU clock against the wall clock while
 /// it burned: (wall-clock ns since the epoch, its CPU time in ns), taken
@@ -236,17 +247,29 @@ fn busy_threads_on_a_crowded_machine_are_sampled_where_they_burn_and_never_see_e
             })
             .count();
         let log = threads[i].clock.lock().unwrap();
-        let longest = captures
+        let first_ns = captures.first().map_or(0, |s| s.timestamp_ns());
+        // (CPU time without a capture, ms after the first capture).
+        let stretches: Vec<(Duration, u64)> = captures
             .windows(2)
             .filter_map(|w| {
-                Some(cpu_at(&log, w[1].timestamp_ns())? - cpu_at(&log, w[0].timestamp_ns())?)
+                let cpu = cpu_at(&log, w[1].timestamp_ns())? - cpu_at(&log, w[0].timestamp_ns())?;
+                let at = w[0].timestamp_ns().saturating_sub(first_ns) / 1_000_000;
+                Some((Duration::from_nanos(cpu), at))
             })
-            .max()
-            .map(Duration::from_nanos);
+            .collect();
+        let (longest, at) = stretches.iter().copied().max().unzip();
+        let total: Duration = stretches.iter().map(|s| s.0).sum();
+        let long: Duration = stretches
+            .iter()
+            .map(|s| s.0)
+            .filter(|&cpu| cpu > LONG_STRETCH)
+            .sum();
+        let long_share = long.as_secs_f64() / total.as_secs_f64().max(1e-9);
         eprintln!(
-            "{name}: calls={calls} EINTR={eintr} other_errors={other} samples={} captures={} burning={burning} longest CPU time without a capture={longest:?}",
+            "{name}: calls={calls} EINTR={eintr} other_errors={other} samples={} captures={} burning={burning} longest CPU time without a capture={longest:?} (from {at:?} ms after its first capture) in long stretches={:.1}%",
             mine.len(),
             captures.len(),
+            long_share * 100.0,
         );
         assert!(calls > 50, "{name} made only {calls} calls");
         assert_eq!(other, 0, "{name}: unexpected errors");
@@ -261,9 +284,11 @@ fn busy_threads_on_a_crowded_machine_are_sampled_where_they_burn_and_never_see_e
                 captures.len()
             ));
         }
-        if longest.is_none_or(|l| l > MAX_CPU_WITHOUT_CAPTURE) {
+        if stretches.len() < 100 || long_share > MAX_LONG_SHARE {
             failures.push(format!(
-                "{name}: ran {longest:?} of CPU time without a capture (at most {MAX_CPU_WITHOUT_CAPTURE:?})"
+                "{name}: ran {:.1}% of its CPU time in stretches of more than {LONG_STRETCH:?} without a capture (at most {:.0}%), the longest {longest:?}",
+                long_share * 100.0,
+                MAX_LONG_SHARE * 100.0,
             ));
         }
     }
