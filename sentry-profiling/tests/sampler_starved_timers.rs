@@ -11,9 +11,9 @@
 //! alternate 20 ms of CPU with short waits in calls that `SA_RESTART`
 //! does not restart (`epoll_wait`, `nanosleep`, a timed `futex` wait):
 //! none may return `EINTR`, each thread's captures must show its burning
-//! function, and at most [`MAX_LONG_SHARE`] of each one's CPU time may be
-//! run in stretches longer than [`LONG_STRETCH`] without a capture. On
-//! this project's 2-core VM, without the sampler's catch-up, 15% to 66% of
+//! function, and at most [`MAX_LONG_SHARE`] of their CPU time together may
+//! be run in stretches longer than [`LONG_STRETCH`] without a capture. On
+//! this project's 2-core VM, without the sampler's catch-up, 34% to 49% of
 //! it is, in stretches of up to 96 ms (55 to 317 ms on an earlier kernel).
 
 #[path = "support/eintr.rs"]
@@ -41,15 +41,18 @@ const WAIT_MS: i32 = 1;
 /// tick: a stretch is that and what the thread ran in the sampler's tick
 /// gaps around it (about 4 ms of CPU each beside the hogs).
 const LONG_STRETCH: Duration = Duration::from_millis(15);
-/// The share of a busy thread's CPU time it may run in long stretches.
-/// Measured (12 runs, 36 threads, with and without four more hogs): at
-/// most 5% with the catch-up, 15% to 66% without it (stretches of up to
-/// 96 ms). Not a bound on the longest stretch, with the reason: the
-/// sampler thread itself can be kept off a CPU for tens of milliseconds
-/// (the host descheduling the VM's CPU), and every thread then runs one
-/// long stretch at once; CI met that once, 42 to 52 ms on all three
-/// threads in one run, about 1.5% of each one's CPU time.
-const MAX_LONG_SHARE: f64 = 0.10;
+/// The share of the busy threads' CPU time, the three together, they may
+/// run in long stretches. Measured over the three: at most 5% with the
+/// catch-up on a machine with only the test's hogs and four more, 11% with
+/// a build running beside those too (one thread 12%: one thread's unlucky
+/// scheduling moves its own share, so the bound is on the three together);
+/// 34% to 49% without the catch-up (one thread 15% to 66%). Not a bound on
+/// the longest stretch, with the reason: the sampler thread itself can be
+/// kept off a CPU for tens of milliseconds (the host descheduling the VM's
+/// CPU), and every thread then runs one long stretch at once; CI met that
+/// once, 42 to 52 ms on all three threads in one run, about 1.5% of each
+/// one's CPU time.
+const MAX_LONG_SHARE: f64 = 0.20;
 
 /// One busy thread's calls, and its CPU clock against the wall clock while
 /// it burned: (wall-clock ns since the epoch, its CPU time in ns), taken
@@ -228,6 +231,8 @@ fn busy_threads_on_a_crowded_machine_are_sampled_where_they_burn_and_never_see_e
 
     let mut sym = Symbolizer::new();
     let mut failures = Vec::new();
+    // CPU time in all stretches, and in long ones, the three together.
+    let (mut all_ns, mut long_ns) = (0u128, 0u128);
     for (i, name) in BUSY.iter().enumerate() {
         let (calls, eintr, other) = threads[i].tally.get();
         let mine: Vec<_> = samples
@@ -265,6 +270,8 @@ fn busy_threads_on_a_crowded_machine_are_sampled_where_they_burn_and_never_see_e
             .filter(|&cpu| cpu > LONG_STRETCH)
             .sum();
         let long_share = long.as_secs_f64() / total.as_secs_f64().max(1e-9);
+        all_ns += total.as_nanos();
+        long_ns += long.as_nanos();
         eprintln!(
             "{name}: calls={calls} EINTR={eintr} other_errors={other} samples={} captures={} burning={burning} longest CPU time without a capture={longest:?} (from {at:?} ms after its first capture) in long stretches={:.1}%",
             mine.len(),
@@ -284,13 +291,18 @@ fn busy_threads_on_a_crowded_machine_are_sampled_where_they_burn_and_never_see_e
                 captures.len()
             ));
         }
-        if stretches.len() < 100 || long_share > MAX_LONG_SHARE {
-            failures.push(format!(
-                "{name}: ran {:.1}% of its CPU time in stretches of more than {LONG_STRETCH:?} without a capture (at most {:.0}%), the longest {longest:?}",
-                long_share * 100.0,
-                MAX_LONG_SHARE * 100.0,
-            ));
+        if stretches.len() < 100 {
+            failures.push(format!("{name}: only {} captures", stretches.len() + 1));
         }
+    }
+    let share = long_ns as f64 / all_ns.max(1) as f64;
+    eprintln!("all three: {:.1}% in long stretches", share * 100.0);
+    if share > MAX_LONG_SHARE {
+        failures.push(format!(
+            "the three ran {:.1}% of their CPU time in stretches of more than {LONG_STRETCH:?} without a capture (at most {:.0}%)",
+            share * 100.0,
+            MAX_LONG_SHARE * 100.0,
+        ));
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
