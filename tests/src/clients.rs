@@ -18,7 +18,7 @@ pub const MAX_CLIENTS: u64 = 8;
 
 /// Burns `ms` of this thread's CPU time (not wall time: on a loaded machine
 /// the request still does the same work).
-fn burn(ms: u64) -> u64 {
+pub(crate) fn burn(ms: u64) -> u64 {
     let start = thread_cpu();
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     while thread_cpu().saturating_sub(start) < Duration::from_millis(ms) {

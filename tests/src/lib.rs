@@ -8,6 +8,7 @@ pub mod attribution;
 pub mod browser;
 pub mod clients;
 pub mod fake_sentry;
+pub mod phantom;
 mod relay;
 
 use std::collections::HashSet;

@@ -57,9 +57,10 @@ fn machine() -> String {
     )
 }
 
-const BENCHES: [&str; 9] = [
+const BENCHES: [&str; 10] = [
     "sampler",
     "truth",
+    "phantom",
     "per_sample",
     "growth",
     "encode",

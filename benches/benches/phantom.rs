@@ -1,0 +1,62 @@
+//! Whether a function is shown where it did not run
+//! (`sentry_profiling_tests::phantom`): a service with four named CPU
+//! functions timed in-process (in a handler before and after an `.await`,
+//! on the blocking pool, on a database thread), six concurrent clients on
+//! the machine's cores, at the default frequency. For each function: the
+//! time Sentry shows in it and the share of that time at moments when no
+//! call of it ran anywhere (the phantom share; the target is at most 10%).
+//!
+//! `cargo bench -p sentry-profiling-benches --bench phantom`
+//! (`PHANTOM_BENCH_SECS`, default 20; `PHANTOM_BENCH_CLIENTS`, default 6);
+//! `-- --test` is the smoke run (3 s).
+
+use std::time::Duration;
+
+use sentry_profiling_tests::phantom::measure;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let smoke = std::env::args().any(|a| a == "--test");
+    let secs = if smoke {
+        3
+    } else {
+        env_or("PHANTOM_BENCH_SECS", 20)
+    };
+    let clients = env_or("PHANTOM_BENCH_CLIENTS", 6) as usize;
+    let hz = sentry_profiling::DEFAULT_FREQUENCY_HZ;
+    let (shown, requests) = measure(hz, clients, Duration::from_secs(secs));
+    println!(
+        "phantom: {requests} requests in {secs} s, {clients} clients, {hz} Hz, {} cores",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!(
+        "{:<18} {:>6} {:>16} {:>16} {:>8} {:>8} {:>8}",
+        "function", "calls", "threads shown ms", "lanes shown ms", "threads", "lanes", "phantom"
+    );
+    for s in &shown {
+        println!(
+            "{:<18} {:>6} {:>16.1} {:>16.1} {:>7.1}% {:>7.1}% {:>7.1}%",
+            s.function,
+            s.calls,
+            s.shown_ns[0] as f64 / 1e6,
+            s.shown_ns[1] as f64 / 1e6,
+            s.phantom_share_on(0) * 100.0,
+            s.phantom_share_on(1) * 100.0,
+            s.phantom_share() * 100.0
+        );
+    }
+    let worst = shown.iter().map(|s| s.phantom_share()).fold(0.0, f64::max);
+    println!("worst phantom share: {:.1}%", worst * 100.0);
+    if smoke {
+        assert!(
+            shown.iter().any(|s| s.shown_ns.iter().sum::<u64>() > 0),
+            "no timed function shown at all"
+        );
+    }
+}

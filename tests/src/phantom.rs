@@ -1,0 +1,379 @@
+//! Whether a function is shown where it did not run: a service whose named
+//! CPU functions time every call of theirs in-process (start, end, thread,
+//! request), under more concurrent requests than cores, profiled as the
+//! README says; then, for each function, the time Sentry shows in it (every
+//! thread and lane of every chunk, each sample weighted by the time to its
+//! thread's next sample, as Sentry weights it) and the part of that time
+//! whose sample stands at a moment when no call of it was running where the
+//! sample says: on that OS thread, or, for a request's lane, in that
+//! request.
+//!
+//! A sample of running code stands within half a period of its capture
+//! (its period slot), so a sample counts as phantom only when no such call
+//! overlaps half a period and a millisecond either side of it. What is
+//! left is time shown in a function that had returned, or not begun, there:
+//! a stack repeated after the code moved on, or another moment's or
+//! another thread's stack.
+//!
+//! The functions: [`phantom_first`] and [`phantom_second`] run in a handler
+//! on Tokio's workers, a `yield_now` between them; [`phantom_blocking`] on
+//! the blocking pool (`spawn_blocking_in_span`); [`phantom_query`] on a
+//! database thread of the service's own behind a channel, as sqlx's SQLite
+//! worker.
+
+use std::sync::Mutex;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use std::collections::HashMap;
+
+use axum::extract::Path;
+use sentry_profiling::sentry_view::{
+    ProfileChunk, TransactionWindow, is_lane_thread_id, what_sentry_shows,
+};
+
+use crate::clients::{burn, client_of, trace_header};
+use crate::{CaptureTransport, http_get_with, run_service_on, split_items};
+
+/// The timed functions, by the name their frames carry.
+pub const FUNCTIONS: [&str; 4] = [
+    "phantom_first",
+    "phantom_second",
+    "phantom_blocking",
+    "phantom_query",
+];
+
+/// One call of a timed function.
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    /// Its index in [`FUNCTIONS`].
+    function: usize,
+    /// The request it ran for (see [`request_key`]).
+    request: u64,
+    /// The OS thread it ran on.
+    tid: u64,
+    /// Start and end, in ns since the Unix epoch.
+    start_ns: u64,
+    end_ns: u64,
+}
+
+/// Every call of a timed function.
+static CALLS: Mutex<Vec<Call>> = Mutex::new(Vec::new());
+
+/// Client `k`'s request `n`, as one number.
+fn request_key(k: u64, n: u64) -> u64 {
+    k << 32 | n
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Runs `f`, noting it as a call of `FUNCTIONS[function]` for `request`.
+fn timed(function: usize, request: u64, f: impl FnOnce() -> u64) -> u64 {
+    let start_ns = now_ns();
+    let out = f();
+    let end_ns = now_ns();
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u64;
+    CALLS.lock().unwrap_or_else(|e| e.into_inner()).push(Call {
+        function,
+        request,
+        tid,
+        start_ns,
+        end_ns,
+    });
+    out
+}
+
+/// `ms` of CPU, first in its handler.
+#[inline(never)]
+pub fn phantom_first(request: u64, ms: u64) -> u64 {
+    timed(0, request, || std::hint::black_box(burn(ms)))
+}
+
+/// `ms` of CPU, in its handler after a `yield_now`.
+#[inline(never)]
+pub fn phantom_second(request: u64, ms: u64) -> u64 {
+    timed(1, request, || std::hint::black_box(burn(ms)) ^ 1)
+}
+
+/// `ms` of CPU on Tokio's blocking pool.
+#[inline(never)]
+pub fn phantom_blocking(request: u64, ms: u64) -> u64 {
+    timed(2, request, || std::hint::black_box(burn(ms)) ^ 2)
+}
+
+/// `ms` of CPU on the database thread.
+#[inline(never)]
+pub fn phantom_query(request: u64, ms: u64) -> u64 {
+    timed(3, request, || std::hint::black_box(burn(ms)) ^ 3)
+}
+
+/// CPU per call of each timed function, in ms of the thread's CPU time.
+pub const CPU_MS: u64 = 15;
+
+async fn handler(Path((k, n)): Path<(u64, u64)>) -> String {
+    let request = request_key(k, n);
+    let a = phantom_first(request, CPU_MS);
+    tokio::task::yield_now().await;
+    format!("{:x}\n", a ^ phantom_second(request, CPU_MS))
+}
+
+async fn blocking(Path((k, n)): Path<(u64, u64)>) -> String {
+    let request = request_key(k, n);
+    let x =
+        sentry_profiling_tracing::spawn_blocking_in_span(move || phantom_blocking(request, CPU_MS))
+            .await;
+    format!("{:x}\n", x.unwrap_or(0))
+}
+
+/// A query: its request, and where its answer goes.
+type Query = (u64, tokio::sync::oneshot::Sender<u64>);
+
+/// The database thread: runs queries one at a time from a channel.
+fn database() -> mpsc::Sender<Query> {
+    let (tx, rx) = mpsc::channel::<Query>();
+    std::thread::Builder::new()
+        .name("phantom-db".into())
+        .spawn(move || {
+            for (request, reply) in rx {
+                let _ = reply.send(phantom_query(request, CPU_MS));
+            }
+        })
+        .expect("database thread");
+    tx
+}
+
+/// One function's figures.
+#[derive(Debug, Clone, Default)]
+pub struct Shown {
+    /// The function's name.
+    pub function: &'static str,
+    /// Calls timed.
+    pub calls: usize,
+    /// Time shown in it on OS threads and on requests' lanes, in ns.
+    pub shown_ns: [u64; 2],
+    /// The part of `shown_ns` at moments no call of it ran there.
+    pub phantom_ns: [u64; 2],
+}
+
+impl Shown {
+    /// The phantom share over threads and lanes together.
+    pub fn phantom_share(&self) -> f64 {
+        let shown: u64 = self.shown_ns.iter().sum();
+        self.phantom_ns.iter().sum::<u64>() as f64 / shown.max(1) as f64
+    }
+
+    /// The phantom share on OS threads (0) or lanes (1).
+    pub fn phantom_share_on(&self, on: usize) -> f64 {
+        self.phantom_ns[on] as f64 / self.shown_ns[on].max(1) as f64
+    }
+}
+
+/// Runs the service at `hz` with `clients` concurrent clients for `run`,
+/// each sending `/handler`, `/blocking` and `/query` requests in turn, and
+/// measures each timed function (see the module docs). Also returns the
+/// number of requests.
+pub fn measure(hz: u32, clients: usize, run: Duration) -> (Vec<Shown>, usize) {
+    CALLS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    let capture = CaptureTransport::new();
+    let options = crate::clients::captured_options_with(&capture, |p| p.frequency_hz(hz));
+    let db = database();
+    let app = axum::Router::new()
+        .route("/handler/{k}/{n}", axum::routing::get(handler))
+        .route("/blocking/{k}/{n}", axum::routing::get(blocking))
+        .route(
+            "/query/{k}/{n}",
+            axum::routing::get(move |Path((k, n)): Path<(u64, u64)>| {
+                let db = db.clone();
+                async move {
+                    let (reply, answer) = tokio::sync::oneshot::channel();
+                    if db.send((request_key(k, n), reply)).is_err() {
+                        return "no database\n".to_owned();
+                    }
+                    format!("{:x}\n", answer.await.unwrap_or(0))
+                }
+            }),
+        )
+        .layer(sentry_profiling_tracing::http_layer());
+    let requests = run_service_on(2, options, app, |addr, _| async move {
+        let until = Instant::now() + run;
+        let mut tasks = tokio::task::JoinSet::new();
+        for k in 0..clients as u64 {
+            tasks.spawn(async move {
+                let mut n = 0u64;
+                while Instant::now() < until {
+                    let path = ["handler", "blocking", "query"][((n + k) % 3) as usize];
+                    let header = trace_header(k, n);
+                    http_get_with(
+                        addr,
+                        format!("/{path}/{k}/{n}"),
+                        &[("sentry-trace", header.as_str())],
+                    )
+                    .await;
+                    n += 1;
+                }
+                n as usize
+            });
+        }
+        let mut n = 0;
+        while let Some(r) = tasks.join_next().await {
+            n += r.expect("client task");
+        }
+        n
+    });
+    let (chunks, transactions) = split_items(&capture.envelopes());
+    let chunks: Vec<ProfileChunk> = chunks
+        .iter()
+        .map(|c| ProfileChunk::from_value(&c.payload).expect("a readable chunk"))
+        .collect();
+    // Each request's lane and window.
+    let lanes: Vec<(String, u64, u64, u64)> = transactions
+        .iter()
+        .filter_map(|tx| {
+            let (k, n) = client_of(tx)?;
+            let w = TransactionWindow::from_value(tx).ok()?;
+            Some((w.thread_id, w.start_ns, w.end_ns, request_key(k, n)))
+        })
+        .collect();
+    let calls = std::mem::take(&mut *CALLS.lock().unwrap_or_else(|e| e.into_inner()));
+    let tolerance_ns = 500_000_000 / u64::from(hz.max(1)) + 1_000_000;
+    (score(&chunks, &calls, &lanes, tolerance_ns), requests)
+}
+
+/// The calls of one function, for "did any run near this moment".
+struct Intervals {
+    /// Starts, sorted.
+    starts: Vec<u64>,
+    /// The latest end among the calls up to each index.
+    max_end: Vec<u64>,
+}
+
+impl Intervals {
+    fn new(mut calls: Vec<(u64, u64)>) -> Self {
+        calls.sort_unstable();
+        let mut max_end = Vec::with_capacity(calls.len());
+        let mut m = 0;
+        for &(_, end) in &calls {
+            m = m.max(end);
+            max_end.push(m);
+        }
+        Self {
+            starts: calls.iter().map(|c| c.0).collect(),
+            max_end,
+        }
+    }
+
+    /// Whether a call overlaps `[from, to]`.
+    fn any_overlaps(&self, from: u64, to: u64) -> bool {
+        let n = self.starts.partition_point(|&s| s <= to);
+        n > 0 && self.max_end[n - 1] >= from
+    }
+}
+
+/// Each function's shown and phantom time over every thread and lane of
+/// `chunks`; `lanes` holds each request's (lane, start, end, request key).
+fn score(
+    chunks: &[ProfileChunk],
+    calls: &[Call],
+    lanes: &[(String, u64, u64, u64)],
+    tolerance_ns: u64,
+) -> Vec<Shown> {
+    // Calls by (function, thread) and by (function, request).
+    let mut by_thread: HashMap<(usize, u64), Vec<(u64, u64)>> = HashMap::new();
+    let mut by_request: HashMap<(usize, u64), Vec<(u64, u64)>> = HashMap::new();
+    for c in calls {
+        let span = (c.start_ns, c.end_ns);
+        by_thread.entry((c.function, c.tid)).or_default().push(span);
+        by_request
+            .entry((c.function, c.request))
+            .or_default()
+            .push(span);
+    }
+    let by_thread: HashMap<_, _> = by_thread
+        .into_iter()
+        .map(|(k, v)| (k, Intervals::new(v)))
+        .collect();
+    let by_request: HashMap<_, _> = by_request
+        .into_iter()
+        .map(|(k, v)| (k, Intervals::new(v)))
+        .collect();
+    let mut out: Vec<Shown> = FUNCTIONS
+        .iter()
+        .enumerate()
+        .map(|(f, &function)| Shown {
+            function,
+            calls: calls.iter().filter(|c| c.function == f).count(),
+            ..Shown::default()
+        })
+        .collect();
+    let mut threads: Vec<(String, String)> = chunks
+        .iter()
+        .flat_map(|c| {
+            c.thread_ids()
+                .map(|t| (c.profiler_id.clone(), t.to_owned()))
+        })
+        .collect();
+    threads.sort();
+    threads.dedup();
+    for (profiler, thread) in &threads {
+        let lane = is_lane_thread_id(thread);
+        let tid = thread.parse::<u64>().unwrap_or(0);
+        let profile = what_sentry_shows(chunks, profiler, thread, 0, u64::MAX);
+        for sample in &profile.samples {
+            let t = sample.timestamp_ns;
+            let (from, to) = (
+                t.saturating_sub(tolerance_ns),
+                t.saturating_add(tolerance_ns),
+            );
+            // The request whose lane this is at `t`, if a lane.
+            // (The one whose window holds `t`, or else one within the
+            // tolerance: a lane's id is used again by a later request.)
+            let request = lane
+                .then(|| {
+                    let mine = lanes.iter().filter(|l| l.0 == *thread);
+                    mine.clone()
+                        .find(|l| l.1 <= t && t <= l.2)
+                        .or_else(|| mine.clone().find(|l| l.1 <= to && from <= l.2))
+                        .map(|l| l.3)
+                })
+                .flatten();
+            let names: Vec<String> = profile.stack(sample).map(|f| f.name()).collect();
+            for (f, shown) in out.iter_mut().enumerate() {
+                if !names.iter().any(|n| n.contains(FUNCTIONS[f])) {
+                    continue;
+                }
+                let on = usize::from(lane);
+                shown.shown_ns[on] += sample.weight_ns;
+                let calls = if lane {
+                    request.and_then(|r| by_request.get(&(f, r)))
+                } else {
+                    by_thread.get(&(f, tid))
+                };
+                if !calls.is_some_and(|c| c.any_overlaps(from, to)) {
+                    shown.phantom_ns[on] += sample.weight_ns;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Intervals;
+
+    #[test]
+    fn a_moment_is_covered_only_by_a_call_that_overlaps_it() {
+        let calls = Intervals::new(vec![(100, 200), (150, 160), (400, 500)]);
+        assert!(calls.any_overlaps(190, 195));
+        assert!(calls.any_overlaps(195, 250));
+        assert!(!calls.any_overlaps(201, 399));
+        assert!(calls.any_overlaps(350, 400));
+        assert!(!calls.any_overlaps(0, 99));
+        assert!(!calls.any_overlaps(501, 900));
+    }
+}
