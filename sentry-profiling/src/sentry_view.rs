@@ -26,7 +26,7 @@ use serde_json::Value;
 
 pub use crate::encode::synthetic::{
     AWAITING_ADDRESS, QUEUED_ADDRESS, RUNNING_REQUEST_ADDRESS, RUNNING_REQUEST_FUNCTION,
-    SUSPENDED_ADDRESS, UNCAPTURED_ADDRESS, UNWOUND_NO_FURTHER_ADDRESS,
+    SUSPENDED_ADDRESS, UNCAPTURED_ADDRESS, UNWOUND_NO_FURTHER_ADDRESS, WAITING_FOR_CPU_ADDRESS,
 };
 pub use crate::lanes::LANE_BASE;
 
@@ -50,6 +50,10 @@ pub const AWAITING_FUNCTION: &str = crate::lanes::AWAITING_FUNCTION;
 /// stack where its callers could not be unwound through frames proven to be
 /// on it.
 pub const UNWOUND_NO_FURTHER_FUNCTION: &str = crate::unwind::UNWOUND_NO_FURTHER_FUNCTION;
+
+/// The function name of the synthetic frame of a period a thread was
+/// runnable but not given a CPU (preempted, or the machine saturated).
+pub const WAITING_FOR_CPU_FUNCTION: &str = crate::sampler::WAITING_FOR_CPU_FUNCTION;
 
 /// Synthetic frames are written at addresses below this one, where Linux
 /// never maps anything (see [`Frame::is_synthetic`]).

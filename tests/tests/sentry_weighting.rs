@@ -12,7 +12,11 @@
 //! - `/work/200` and `/work/300` show the time they spent in `burn_cpu`
 //!   (N on an idle machine; more on a busy one, where a thread preempted
 //!   just before `burn_cpu` checks its deadline stays in it longer) within
-//!   15%, and no `/work` request shows more `burn_cpu` than it was polled
+//!   15%, as `burn_cpu` or, for the periods their thread waited for a CPU
+//!   or ran with no capture next to them, `(waiting for a CPU)` or
+//!   `(running: no stack captured in time)` (on a busy machine most of it:
+//!   those periods claim no function), never more `burn_cpu` than that
+//!   time; and no `/work` request shows more `burn_cpu` than it was polled
 //!   for (plus a period): each poll of a request gets samples at its edges,
 //!   so Sentry's weighting starts and ends the poll's stack with the poll;
 //! - on every OS thread, no sample's weight spans a moment at which the
@@ -173,6 +177,8 @@ fn root_span_offsets(tx: &Value, window: &TransactionWindow) -> (u64, u64) {
 /// A /work transaction: N, burn_cpu shown, time in burn_cpu, time shown
 /// with no stack captured, and what its polled time not shown as burn_cpu
 /// is shown as (the largest first).
+/// A `/work/N` request: N, `burn_cpu` shown, time spent in it, polled time
+/// shown with no function known, the other frames its polled time shows.
 type WorkSeen = (u64, u64, u64, u64, Vec<(String, String)>);
 
 #[test]
@@ -368,7 +374,7 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                     .map(|&(a, b)| to.min(b).saturating_sub(from.max(a)))
                     .sum()
             };
-            let (mut burn_out, mut other_in) = (0u64, 0u64);
+            let (mut burn_out, mut other_in, mut unknown_in) = (0u64, 0u64, 0u64);
             // What the polled time not shown as burn_cpu is shown as: the
             // stack's leaf and root-most frames, and where the sample is.
             let mut other_frames: Vec<(String, u64)> = Vec::new();
@@ -379,8 +385,15 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                         .is_some_and(|n| n.contains("burn_cpu"))
                 });
                 let inside = overlap(smp.timestamp_ns, smp.timestamp_ns + smp.weight_ns);
+                let unknown = shown.stack(smp).all(|f| {
+                    let name = f.function.as_deref();
+                    name == Some(sentry_profiling::sentry_view::WAITING_FOR_CPU_FUNCTION)
+                        || name == Some(sentry_profiling::sentry_view::UNCAPTURED_FUNCTION)
+                });
                 if is_burn {
                     burn_out += smp.weight_ns - inside;
+                } else if unknown {
+                    unknown_in += inside;
                 } else {
                     other_in += inside;
                     if inside > 0 {
@@ -403,7 +416,7 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                 .into_iter()
                 .map(|(name, ns)| (name, format!("{:.1} ms", ns as f64 / 1e6)))
                 .collect();
-            work_seen.push((n, burn, in_burn, uncaptured, other));
+            work_seen.push((n, burn, in_burn, unknown_in, other));
             eprintln!(
                 "  burn_cpu shown while not polled {:.1} ms; polled time shown as other frames {:.1} ms",
                 burn_out as f64 / 1e6,
@@ -500,15 +513,22 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
     eprintln!("burn_cpu shown / N: {burn_ratios:.2?}");
     let mut of_time_in_burn: Vec<f64> = Vec::new();
     let mut short_without = 0;
-    for (n, burn, in_burn, _, other) in &work_seen {
-        let (n, burn, in_burn) = (*n, *burn, *in_burn);
+    for (n, burn, in_burn, unknown, other) in &work_seen {
+        let (n, burn, in_burn, unknown) = (*n, *burn, *in_burn, *unknown);
         if n >= 200 {
-            let ratio = burn as f64 / in_burn.max(1) as f64;
+            let ratio = (burn + unknown) as f64 / in_burn.max(1) as f64;
             of_time_in_burn.push(ratio);
             assert!(
                 (0.85..=1.15).contains(&ratio),
-                "/work/{n}: Sentry would show {:.1} ms in burn_cpu of {:.1} ms spent in it; \
-                 polled time shown as other frames: {other:?}",
+                "/work/{n}: Sentry would show {:.1} ms in burn_cpu and {:.1} ms with no function \
+                 known of {:.1} ms spent in it; polled time shown as other frames: {other:?}",
+                burn as f64 / 1e6,
+                unknown as f64 / 1e6,
+                in_burn as f64 / 1e6
+            );
+            assert!(
+                burn as f64 <= in_burn as f64 * 1.15,
+                "/work/{n}: Sentry would show {:.1} ms in burn_cpu, more than the {:.1} ms spent in it",
                 burn as f64 / 1e6,
                 in_burn as f64 / 1e6
             );
@@ -518,7 +538,7 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
     }
     of_time_in_burn.sort_by(f64::total_cmp);
     eprintln!(
-        "burn_cpu shown / time in burn_cpu, /work/200 and /work/300: {of_time_in_burn:.2?}; \
+        "burn_cpu and no function known shown / time in burn_cpu, /work/200 and /work/300: {of_time_in_burn:.2?}; \
          short /work requests showing no burn_cpu: {short_without} of {}",
         work_seen.iter().filter(|w| w.0 < 200).count()
     );

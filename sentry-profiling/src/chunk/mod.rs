@@ -112,14 +112,6 @@ impl Chunk {
         });
     }
 
-    /// Gives sample `i` the chunk's stack `stack` (see
-    /// `crate::lanes::Lanes::add_poll_edges`).
-    pub(crate) fn set_stack(&mut self, i: usize, stack: u32) {
-        if let Some(s) = self.samples.get_mut(i) {
-            s.stack = stack;
-        }
-    }
-
     /// The index of `frames` among the chunk's stacks, added if new.
     pub(crate) fn stack_id(&mut self, frames: &Arc<[u64]>) -> u32 {
         self.intern(frames)

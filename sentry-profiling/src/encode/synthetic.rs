@@ -23,6 +23,7 @@ use crate::lanes::{
     AWAITING_FRAME, AWAITING_FUNCTION, QUEUED_FRAME, QUEUED_FUNCTION, SUSPENDED_FRAME,
     SUSPENDED_FUNCTION, UNCAPTURED_FRAME, UNCAPTURED_FUNCTION,
 };
+use crate::sampler::{WAITING_FOR_CPU_FRAME, WAITING_FOR_CPU_FUNCTION};
 use crate::unwind::{UNWOUND_NO_FURTHER_FRAME, UNWOUND_NO_FURTHER_FUNCTION};
 
 /// Marker (inside a chunk) of the frame standing for a worker's OS thread
@@ -54,6 +55,10 @@ pub const AWAITING_ADDRESS: u64 = 0x5;
 /// unwound further.
 pub const UNWOUND_NO_FURTHER_ADDRESS: u64 = 0x6;
 
+/// The `instruction_addr` written for the frame of a period its thread was
+/// runnable but not given a CPU.
+pub const WAITING_FOR_CPU_ADDRESS: u64 = 0x7;
+
 /// The address written for, and the function name of, a synthetic frame;
 /// `None` for a real code address.
 pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
@@ -64,6 +69,7 @@ pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
         QUEUED_FRAME => Some((QUEUED_ADDRESS, QUEUED_FUNCTION)),
         AWAITING_FRAME => Some((AWAITING_ADDRESS, AWAITING_FUNCTION)),
         UNWOUND_NO_FURTHER_FRAME => Some((UNWOUND_NO_FURTHER_ADDRESS, UNWOUND_NO_FURTHER_FUNCTION)),
+        WAITING_FOR_CPU_FRAME => Some((WAITING_FOR_CPU_ADDRESS, WAITING_FOR_CPU_FUNCTION)),
         _ => None,
     }
 }
@@ -128,6 +134,7 @@ mod tests {
             QUEUED_FRAME,
             AWAITING_FRAME,
             UNWOUND_NO_FURTHER_FRAME,
+            WAITING_FOR_CPU_FRAME,
         ] {
             let (addr, name) = synthetic_frame(marker).unwrap();
             assert!(addr < 4096, "{name} at {addr:#x}");

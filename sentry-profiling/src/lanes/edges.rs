@@ -12,32 +12,6 @@ use super::table::{Held, Lanes, Poll, WaitingStacks};
 use super::{QUEUED_FRAME, UNCAPTURED_FRAME};
 use crate::chunk::Chunk;
 
-/// The stack of the sample of `samples` (a lane's, by time: time, thread,
-/// stack) nearest to `[from_ns, to_ns]` whose stack is not `uncaptured`.
-fn nearest_captured(
-    samples: &[(u64, u32, u32)],
-    from_ns: u64,
-    to_ns: u64,
-    uncaptured: u32,
-) -> Option<u32> {
-    let i = samples.partition_point(|s| s.0 < from_ns);
-    let before = samples[..i].iter().rev().find(|s| s.2 != uncaptured);
-    let after = samples[i..]
-        .iter()
-        .find(|s| s.0 > to_ns && s.2 != uncaptured);
-    let nearest = match (before, after) {
-        (Some(b), Some(a)) => {
-            if from_ns - b.0 <= a.0 - to_ns {
-                b
-            } else {
-                a
-            }
-        }
-        (b, a) => b.or(a)?,
-    };
-    Some(nearest.2)
-}
-
 impl Lanes {
     /// Adds samples at the edges of each poll of a lane that began at or
     /// after `from_ns` (and at or before `until_ns`): at the poll's start, a
@@ -78,26 +52,6 @@ impl Lanes {
             v.sort_unstable();
         }
         let uncaptured = chunk.stack_id(&Arc::from(&[UNCAPTURED_FRAME][..]));
-        // A period the sampler filed under a request before any stack of
-        // that request was captured (on a starved machine, the first
-        // capture can come 100 ms or more later) shows the request's
-        // nearest captured stack, as a poll no sample caught does.
-        let mut by_index: Vec<(usize, u64, u64)> = chunk
-            .samples()
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| {
-                s.thread_id != 0 && s.stack == uncaptured && own.contains_key(&s.context)
-            })
-            .map(|(i, s)| (i, s.context, s.timestamp_ns))
-            .collect();
-        by_index.sort_unstable_by_key(|&(_, lane, ts)| (lane, ts));
-        for (i, lane, ts) in by_index {
-            let samples = &own[&lane];
-            if let Some(stack) = nearest_captured(samples, ts, ts, uncaptured) {
-                chunk.set_stack(i, stack);
-            }
-        }
         let open = self.open_polls();
         // The samples of each thread that polled a request for longer than
         // one and a half periods (see below).
@@ -163,47 +117,37 @@ impl Lanes {
                     .find(|s| s.1 == p.tid);
                 let stack = match first {
                     Some(&(ts, _, _)) if ts.saturating_sub(p.start_ns) < close => None,
-                    Some(&(ts, _, stack)) if stack == uncaptured => {
-                        Some(nearest_captured(samples, ts, ts, uncaptured).unwrap_or(uncaptured))
-                    }
                     Some(&(_, _, stack)) => Some(stack),
                     // A very short poll no sample caught changes what Sentry
                     // shows by less than a tenth of a period: left to the
                     // sampling grid, so requests that only hand work on do
                     // not double their samples.
                     None if end.saturating_sub(p.start_ns) < close => continue,
-                    // A poll between samples: the request's stack nearest to
-                    // it in time, as the sampler records a period in which a
-                    // thread was preempted inside a request; with no stack
-                    // of the request at all, a frame that says so.
-                    None => Some(
-                        nearest_captured(samples, p.start_ns, end, uncaptured)
-                            .unwrap_or(uncaptured),
-                    ),
+                    // A poll between samples: no stack of it was captured.
+                    // Another poll's stack would show code that had not
+                    // begun, or had returned.
+                    None => Some(uncaptured),
                 };
                 if let Some(stack) = stack {
                     chunk.push_copy(p.start_ns, p.tid, stack, lane);
                     added += 1;
                 }
                 // Inside a long poll, every period in which the sampler
-                // left its thread without a sample (a busy machine: 20 to
-                // 27 ms were seen) gets one, with the request's latest
-                // stack: the thread was in the request then (running, or
-                // preempted in it), and without it the thread's OS-thread
-                // timeline charged the whole gap to one `(running a
-                // request)` sample.
+                // left its thread without a sample (its ticks late on a
+                // busy machine) gets one saying no stack was captured: the
+                // thread was in the request then (running, or preempted in
+                // it), and without it the thread's OS-thread timeline
+                // charged the whole gap to one `(running a request)`
+                // sample. The request's latest stack would show code that
+                // may have returned.
                 if long(p) {
                     let times = thread_times.get(&p.tid).map_or(&[][..], Vec::as_slice);
                     let mut t = p.start_ns.saturating_add(period_ns);
                     while t.saturating_add(period_ns / 2) < end && t <= until_ns {
                         let j = times.partition_point(|&x| x < t.saturating_sub(period_ns / 2));
                         let sampled = times.get(j).is_some_and(|&x| x <= t + period_ns / 2);
-                        let latest = samples[..samples.partition_point(|s| s.0 <= t)]
-                            .last()
-                            .map(|s| s.2)
-                            .or(stack);
-                        if let (false, Some(latest)) = (sampled, latest) {
-                            chunk.push_copy(t, p.tid, latest, lane);
+                        if !sampled {
+                            chunk.push_copy(t, p.tid, uncaptured, lane);
                             added += 1;
                         }
                         t = t.saturating_add(period_ns);

@@ -10,17 +10,10 @@ use std::time::{Duration, Instant};
 
 use super::Sample;
 use super::ledger;
-use super::requests::RequestStacks;
 use super::state::Awaited;
 use super::stats::Counters;
 use super::threads::Tracked;
 use crate::sys;
-
-/// How long a fill of a request in which no stack was captured yet waits
-/// for one. A thread's samples leave in time order, so this holds its later
-/// samples too: it stays below the 150 ms a transaction-based profile waits
-/// for samples up to its end.
-pub(super) const REQUEST_STACK_WAIT_NS: u64 = 100_000_000;
 
 /// How long a signalled thread may take to run the handler before the
 /// sampler stops waiting for it (a thread that blocks the signal, or is
@@ -103,39 +96,26 @@ impl Harvested {
 /// Lets `t`'s held samples leave while they may (see `Ledger::drain`);
 /// with `force` (the sampler pauses or stops), fills also leave while where
 /// the thread stands is not known.
-pub(super) fn flush(
-    tx: &SyncSender<Sample>,
-    c: &Counters,
-    t: &mut Tracked,
-    requests: &RequestStacks,
-    force: bool,
-) {
+pub(super) fn flush(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, force: bool) {
     let view = ledger::DrainView {
-        place: t.place.fill_place(t.last_stack.as_ref(), force),
+        place: t.place.fill_place(),
         asking: t.asking.asks_where(),
-        last: t.last_stack.as_ref(),
-        last_context: t.last_context,
         force,
-        request_stack_wait_ns: REQUEST_STACK_WAIT_NS,
     };
     let (tid, name, start) = (t.info.tid, &t.name, t.info.start_time);
-    t.ledger.drain(
-        &view,
-        |context| requests.get(context),
-        |out| match out {
-            ledger::Out::Sample(sample) => emit(tx, c, sample),
-            ledger::Out::Fill {
-                timestamp_ns,
-                stack,
-                context,
-            } => {
-                c.samples_idle.add(1);
-                let sample = Sample::new(timestamp_ns, tid, name.clone(), stack, context, true)
-                    .with_thread_start(start);
-                emit(tx, c, sample);
-            }
-        },
-    );
+    t.ledger.drain(&view, |out| match out {
+        ledger::Out::Sample(sample) => emit(tx, c, sample),
+        ledger::Out::Fill {
+            timestamp_ns,
+            stack,
+            context,
+        } => {
+            c.samples_idle.add(1);
+            let sample = Sample::new(timestamp_ns, tid, name.clone(), stack, context, true)
+                .with_thread_start(start);
+            emit(tx, c, sample);
+        }
+    });
 }
 
 /// Emits one sample of thread `t`.

@@ -40,7 +40,7 @@ impl Worker {
             return;
         }
         let word = crate::context::read_for(slot, t.info.tid);
-        if word == 0 || self.requests.get(word).is_some() {
+        if word == 0 || self.requests.contains(word) {
             return;
         }
         // An expired timer whose signal waits for the thread to run again
@@ -449,7 +449,7 @@ impl Worker {
             c.samples_timer.add(1);
         }
         if timer || t.timer.is_none() || request.is_some_and(|r| r.as_sample) {
-            self.requests.record(cap.context, &stack);
+            self.requests.record(cap.context);
             return Harvested::Running(sample_of(t, cap.timestamp_ns, stack, cap.context, false));
         }
         // The answer to where it waits, taken by a signal (so possibly while
@@ -518,7 +518,7 @@ impl Worker {
             if alive {
                 t.ledger.alive_ns = u64::MAX;
             }
-            flush(&self.tx, c, t, &self.requests, true);
+            flush(&self.tx, c, t, true);
             // Fills after the thread was last seen alive are dropped.
             t.ledger.clear();
             if alive {

@@ -237,21 +237,15 @@ pub(super) enum Out {
 
 /// What [`Ledger::drain`] needs to know of the thread.
 #[derive(Debug)]
-pub(super) struct DrainView<'a> {
+pub(super) struct DrainView {
     /// Where its fills stand.
     pub(super) place: FillPlace,
     /// A question about where it waits is awaited (its fills wait for the
     /// answer).
     pub(super) asking: bool,
-    /// Its latest capture and the context word captured with it.
-    pub(super) last: Option<&'a Arc<[u64]>>,
-    pub(super) last_context: u64,
     /// The thread is leaving the ledger's hands (the sampler pauses or
     /// stops): fills leave with what is known.
     pub(super) force: bool,
-    /// How long a fill of a request of which no stack was captured yet
-    /// waits for one.
-    pub(super) request_stack_wait_ns: u64,
 }
 
 /// One thread's ledger.
@@ -461,19 +455,17 @@ impl Ledger {
     /// they show the nearer capture's stack, filed under the request the
     /// thread published at their moment (see `periods::standing_running`).
     /// Farther apart, the thread also waited or was preempted between them,
-    /// and the fills keep where it stood, unless it was `never_waiting`
-    /// (never found waiting anywhere: it has nowhere else to stand).
+    /// and the fills keep where it stood: neither capture's code is known
+    /// to have been on its stack then.
     pub(super) fn captured(
         &mut self,
         ts: u64,
         stack: &Arc<[u64]>,
         context: u64,
         ran_within_ns: u64,
-        never_waiting: bool,
-        request_stack: impl Fn(u64) -> Option<Arc<[u64]>>,
     ) {
         if let Some((prev, prev_stack, prev_context)) = &self.last_capture {
-            if *prev < ts && (ts - prev <= ran_within_ns || never_waiting) {
+            if *prev < ts && ts - prev <= ran_within_ns {
                 for p in &mut self.pending {
                     let Pending::Fill {
                         timestamp_ns,
@@ -491,7 +483,7 @@ impl Ledger {
                     } else {
                         (stack, context)
                     };
-                    *at_tick = super::periods::standing_running(*word, near, &request_stack);
+                    *at_tick = super::periods::standing_running(*word, near);
                 }
             }
         }
@@ -520,17 +512,10 @@ impl Ledger {
     /// of running code always; a fill once the thread is known alive at its
     /// time and where it stands is known (not being asked), or a later
     /// sample of running code is queued (it then leaves with the place last
-    /// learned, filed under no request); a fill of a request of which no
-    /// stack was captured yet waits for one up to
-    /// [`DrainView::request_stack_wait_ns`]. With more than [`MAX_PENDING`]
+    /// learned, filed under no request). With more than [`MAX_PENDING`]
     /// held, the oldest leaves whatever it waits for. A fill without any
     /// stack to show is dropped.
-    pub(super) fn drain(
-        &mut self,
-        view: &DrainView<'_>,
-        request_stack: impl Fn(u64) -> Option<Arc<[u64]>>,
-        mut out: impl FnMut(Out),
-    ) {
+    pub(super) fn drain(&mut self, view: &DrainView, mut out: impl FnMut(Out)) {
         let place = &view.place;
         let force = view.force;
         let mut later_samples = if place.known || force {
@@ -550,11 +535,7 @@ impl Ledger {
             } = front
             {
                 let standing = matches!(at_tick, AtTick::In(..) | AtTick::InRequest(_));
-                let stackless = matches!(at_tick, AtTick::InRequest(c) if request_stack(*c).is_none())
-                    && self.alive_ns.saturating_sub(*timestamp_ns) < view.request_stack_wait_ns
-                    && !force;
                 let blocked = *timestamp_ns > self.alive_ns
-                    || stackless
                     || (!standing
                         && (view.asking || (!place.known && !force && later_samples == 0)));
                 if blocked && !overfull {
@@ -582,20 +563,17 @@ impl Ledger {
             };
             let shown = match at_tick {
                 AtTick::In(stack, context) => Some((stack, context)),
-                // The request's own stack, or else (none captured in it in
-                // time) the thread's latest stack if that was captured in
-                // this same request. A stack another request left on the
-                // thread (a blocking-pool thread runs many) would show that
-                // request's code under this one: the period stays the
-                // request's, with a frame saying its stack is not known.
-                AtTick::InRequest(context) if request_stack(context).is_some() => {
-                    request_stack(context).map(|s| (s, context))
+                // Where the thread is found standing in the request now
+                // (waiting for a CPU, blocked), or else the period stays the
+                // request's with a frame saying no stack of it was captured:
+                // a stack of another moment (its own latest, or the
+                // request's on another thread) would show code that may
+                // have returned.
+                AtTick::InRequest(context) if place.known && place.context == context => {
+                    place.stack.clone().map(|s| (s, context))
                 }
-                AtTick::InRequest(context) if view.last_context == context => {
-                    view.last.cloned().map(|s| (s, context))
-                }
-                AtTick::InRequest(context) if view.last_context != 0 => Some((
-                    Arc::from(&[crate::attribution::UNCAPTURED_FRAME][..]),
+                AtTick::InRequest(context) => Some((
+                    super::state::synthetic(crate::attribution::UNCAPTURED_FRAME),
                     context,
                 )),
                 AtTick::Outside => place.stack.clone().map(|s| (s, 0)),
@@ -633,18 +611,18 @@ mod tests {
         Arc::from(&[a][..])
     }
 
+    /// The waiting-for-a-CPU frame.
+    const WAITING: u64 = super::super::WAITING_FOR_CPU_FRAME;
+
     fn sample(ts: u64, frame: u64, context: u64) -> Sample {
         Sample::new(ts, 7, Arc::from("t"), stack(frame), context, false)
     }
 
-    fn view(place: FillPlace) -> DrainView<'static> {
+    fn view(place: FillPlace) -> DrainView {
         DrainView {
             place,
             asking: false,
-            last: None,
-            last_context: 0,
             force: false,
-            request_stack_wait_ns: 1_000,
         }
     }
 
@@ -657,20 +635,16 @@ mod tests {
     }
 
     /// Drains and returns (timestamp, first frame, context, fill?).
-    fn drain(l: &mut Ledger, v: &DrainView<'_>) -> Vec<(u64, u64, u64, bool)> {
+    fn drain(l: &mut Ledger, v: &DrainView) -> Vec<(u64, u64, u64, bool)> {
         let mut got = Vec::new();
-        l.drain(
-            v,
-            |_| None,
-            |o| match o {
-                Out::Sample(s) => got.push((s.timestamp_ns(), s.frames()[0], s.context(), false)),
-                Out::Fill {
-                    timestamp_ns,
-                    stack,
-                    context,
-                } => got.push((timestamp_ns, stack[0], context, true)),
-            },
-        );
+        l.drain(v, |o| match o {
+            Out::Sample(s) => got.push((s.timestamp_ns(), s.frames()[0], s.context(), false)),
+            Out::Fill {
+                timestamp_ns,
+                stack,
+                context,
+            } => got.push((timestamp_ns, stack[0], context, true)),
+        });
         got
     }
 
@@ -793,16 +767,12 @@ mod tests {
                 // own fill waits a tick (as `tick_thread` does).
                 l.alive_ns = l.alive_ns.max(slot_end - 1);
             }
-            l.drain(
-                &view(known(9, 0)),
-                |_| None,
-                |o| {
-                    out.push(match o {
-                        Out::Sample(s) => s.timestamp_ns(),
-                        Out::Fill { timestamp_ns, .. } => timestamp_ns,
-                    })
-                },
-            );
+            l.drain(&view(known(9, 0)), |o| {
+                out.push(match o {
+                    Out::Sample(s) => s.timestamp_ns(),
+                    Out::Fill { timestamp_ns, .. } => timestamp_ns,
+                })
+            });
         }
         out
     }
@@ -1154,37 +1124,22 @@ mod tests {
     }
 
     #[test]
-    fn a_fill_in_a_request_shows_the_request_and_waits_a_while_for_its_stack() {
+    fn a_fill_in_a_request_shows_where_the_thread_stands_in_it_or_that_no_stack_was_captured() {
         let mut l = Ledger::default();
         l.push_fill(100, None, AtTick::InRequest(5));
         l.alive_ns = 500;
-        let mut v = view(known(9, 0));
-        v.last = None;
-        v.last_context = 3;
-        // No stack of request 5 yet, within the wait: held.
-        assert!(drain(&mut l, &v).is_empty());
-        // Its stack is known now.
-        let got = {
-            let mut got = Vec::new();
-            l.drain(
-                &v,
-                |c| (c == 5).then(|| stack(55)),
-                |o| {
-                    if let Out::Fill { stack, context, .. } = o {
-                        got.push((stack[0], context));
-                    }
-                },
-            );
-            got
-        };
-        assert_eq!(got, [(55, 5)]);
-        // Waited long enough without one, the thread last captured in
-        // another request: the period stays the request's, its stack shown
-        // as not captured.
-        l.push_fill(600, None, AtTick::InRequest(5));
-        l.alive_ns = 600 + 1_000;
-        let got = drain(&mut l, &v);
-        assert_eq!(got, [(600, crate::attribution::UNCAPTURED_FRAME, 5, true)]);
+        // Found waiting for a CPU (or blocked) in request 5 by the time it
+        // leaves: that.
+        let got = drain(&mut l, &view(known(WAITING, 5)));
+        assert_eq!(got, [(100, WAITING, 5, true)]);
+        // Standing in another request, or not known: the period stays
+        // request 5's, no stack of any other moment shown.
+        l.push_fill(200, None, AtTick::InRequest(5));
+        let got = drain(&mut l, &view(known(WAITING, 6)));
+        assert_eq!(got, [(200, crate::attribution::UNCAPTURED_FRAME, 5, true)]);
+        l.push_fill(300, None, AtTick::InRequest(5));
+        let got = drain(&mut l, &view(FillPlace::default()));
+        assert_eq!(got, [(300, crate::attribution::UNCAPTURED_FRAME, 5, true)]);
     }
 
     #[test]
@@ -1192,30 +1147,31 @@ mod tests {
         let waiting = known(9, 0);
         let mut l = Ledger::default();
         let (a, b) = (stack(1), stack(2));
-        l.captured(100, &a, 4, 150, false, |_| None);
+        l.captured(100, &a, 4, 150);
         // A fill the next capture is too far from to take, 120 after the
         // previous one: the thread ran through it.
         l.push_fill(150, Some(Some(4)), AtTick::Unknown);
         l.push_fill(350, Some(Some(4)), AtTick::Unknown);
-        l.captured(220, &b, 4, 150, false, |_| None);
+        l.captured(220, &b, 4, 150);
         // The next capture 200 later: the thread also waited in between,
         // the fill keeps where it stood.
         l.push_sample(sample(420, 3, 4));
-        l.captured(420, &stack(3), 4, 150, false, |_| None);
+        l.captured(420, &stack(3), 4, 150);
         l.alive_ns = 1_000;
         let got = drain(&mut l, &view(waiting));
         assert_eq!(
             got,
             [(150, 1, 4, true), (350, 9, 0, true), (420, 3, 4, false)]
         );
-        // A thread never found waiting: nowhere else to stand.
+        // A thread never found waiting, captured far apart: neither
+        // capture's code is known to have been on its stack between them.
         let mut l = Ledger::default();
-        l.captured(100, &a, 0, 150, true, |_| None);
+        l.captured(100, &a, 0, 150);
         l.push_fill(300, None, AtTick::Unknown);
-        l.captured(500, &b, 0, 150, true, |_| None);
+        l.captured(500, &b, 0, 150);
         l.alive_ns = 1_000;
-        let got = drain(&mut l, &view(FillPlace::default()));
-        assert_eq!(got, [(300, 1, 0, true)]);
+        let got = drain(&mut l, &view(known(WAITING, 0)));
+        assert_eq!(got, [(300, WAITING, 0, true)]);
     }
 
     #[test]

@@ -37,15 +37,17 @@
 //!   CPU for a whole tick after running, or, for a thread that never waits
 //!   that long, every `PROBE_EVERY` periods at most; while the answers stay
 //!   the same, less and less often (down to every `MAX_ASK_EVERY` periods);
-//! - a preempted thread stands where it last ran, and a thread never seen
-//!   waiting is taken to be preempted when it does not run;
+//! - a period shows only what is known of it, never a stack of another
+//!   moment: a thread found runnable but not running (preempted) shows
+//!   `(waiting for a CPU)`; one that ran without a capture shows the
+//!   capture next to it if one lies within a period and a half (it ran
+//!   through), or else `(running: no stack captured in time)`; one that
+//!   waits shows where it was read waiting;
 //! - a fill is filed under the request (context word) the thread published
 //!   at the fill's moment (`crate::context` keeps a short history, so a late
-//!   sampler still knows), with a stack captured in that request (or, none
-//!   captured within 100 ms, the thread's latest stack if that was taken
-//!   inside a request); a thread in no request, or whose word at that moment
-//!   is no longer known, files it under no request, so a request's lane
-//!   never gets time its thread spent elsewhere;
+//!   sampler still knows); a thread in no request, or whose word at that
+//!   moment is no longer known, files it under no request, so a request's
+//!   lane never gets time its thread spent elsewhere;
 //! - a thread that stays parked has its CPU clock read less and less often,
 //!   down to every `MAX_CHECK_EVERY` periods;
 //! - a tick that comes late (the sampler thread was not given a core in
@@ -60,6 +62,16 @@
 //! when the kernel refuses timers (a seccomp policy); which calls it
 //! refuses is probed at the start and noted when it changes, counted, and
 //! said once on stderr (see `denied`).
+
+/// The code address standing, in a sample, for a period its thread was
+/// runnable but not running: preempted, or not yet given a core, because
+/// more threads were runnable than the machine has cores. Where in its code
+/// it stood is not known (it may have run on since its latest capture), so
+/// no function is shown for the period.
+pub(crate) const WAITING_FOR_CPU_FRAME: u64 = u64::MAX - 6;
+
+/// The function name shown for [`WAITING_FOR_CPU_FRAME`].
+pub(crate) const WAITING_FOR_CPU_FUNCTION: &str = "(waiting for a CPU)";
 
 mod answers;
 mod capture;

@@ -31,9 +31,10 @@ pub(super) enum Standing {
     Unknown,
     /// Waiting where [`Whereabouts::wait`] says.
     Waiting,
-    /// Runnable but not given a core: it stands where it last ran (this
-    /// stack), in the request of this context word (0: none).
-    Preempted(Arc<[u64]>, u64),
+    /// Runnable but not given a core, in the request of this context word
+    /// (0: none). Where in its code is not known: it may have run on since
+    /// its latest capture.
+    Preempted(u64),
 }
 
 /// What the sampler knows of where a thread is when it does not run.
@@ -85,35 +86,16 @@ impl Whereabouts {
         answer
     }
 
-    /// Found runnable but not running (preempted), having last run `last`
-    /// in the request of `last_context`, and publishing `context_now`: it
-    /// stands where it last ran, in that request if it still publishes it.
-    pub(super) fn found_preempted(
-        &mut self,
-        last: Option<&Arc<[u64]>>,
-        last_context: u64,
-        context_now: u64,
-    ) {
-        let context = if context_now == last_context {
-            context_now
-        } else {
-            0
-        };
-        self.now = match last {
-            Some(stack) => Standing::Preempted(stack.clone(), context),
-            None => Standing::Unknown,
-        };
+    /// Found runnable but not running (preempted), publishing `context_now`:
+    /// waiting for a CPU, in that request.
+    pub(super) fn found_preempted(&mut self, context_now: u64) {
+        self.now = Standing::Preempted(context_now);
     }
 
     /// It ran without a capture (its CPU clock moved less than a period):
-    /// not known where it stands now; a thread never seen waiting is taken
-    /// to spend the time it does not run preempted where it last ran, filed
-    /// under no request (it may have left it since).
-    pub(super) fn ran_uncaptured(&mut self, last: Option<&Arc<[u64]>>) {
-        self.now = match (&self.wait, last) {
-            (None, Some(stack)) => Standing::Preempted(stack.clone(), 0),
-            _ => Standing::Unknown,
-        };
+    /// where it stands now is not known until it is looked at again.
+    pub(super) fn ran_uncaptured(&mut self) {
+        self.now = Standing::Unknown;
     }
 
     /// It gave the same answer the last times it was asked: taken to wait
@@ -134,34 +116,29 @@ impl Whereabouts {
     }
 
     /// What `periods::standing` may use: where it waits, if current.
-    pub(super) fn known<'a>(
-        &'a self,
-        last: Option<&'a Arc<[u64]>>,
-        last_context: u64,
-    ) -> Known<'a> {
+    pub(super) fn known(&self) -> Known<'_> {
         Known {
             waiting: match (&self.now, &self.wait) {
                 (Standing::Waiting, Some(w)) => Some((&w.stack, w.context)),
                 _ => None,
             },
-            last: last.map(|s| (s, last_context)),
+            preempted: match self.now {
+                Standing::Preempted(context) => Some(context),
+                _ => None,
+            },
         }
     }
 
-    /// Where its fills stand when they leave: where it is preempted; where
-    /// it waits (filed under the request it waited in only while that is
-    /// current and verified); where it last waited, not known to be there
-    /// now; with `force` (the sampler pauses or stops) its latest stack if
-    /// it was never found waiting.
-    pub(super) fn fill_place(
-        &self,
-        last: Option<&Arc<[u64]>>,
-        force: bool,
-    ) -> super::ledger::FillPlace {
+    /// Where its fills stand when they leave: waiting for a CPU where it is
+    /// preempted; where it waits (filed under the request it waited in only
+    /// while that is current and verified); where it last waited, not known
+    /// to be there now; never found waiting, ran without a stack captured
+    /// (no earlier capture stands in: its code may have moved on).
+    pub(super) fn fill_place(&self) -> super::ledger::FillPlace {
         use super::ledger::FillPlace;
         match (&self.now, &self.wait) {
-            (Standing::Preempted(stack, context), _) => FillPlace {
-                stack: Some(stack.clone()),
+            (Standing::Preempted(context), _) => FillPlace {
+                stack: Some(synthetic(super::WAITING_FOR_CPU_FRAME)),
                 context: *context,
                 known: true,
             },
@@ -174,12 +151,17 @@ impl Whereabouts {
                 }
             }
             (_, None) => FillPlace {
-                stack: last.filter(|_| force).cloned(),
+                stack: Some(synthetic(crate::lanes::UNCAPTURED_FRAME)),
                 context: 0,
                 known: false,
             },
         }
     }
+}
+
+/// A stack of the one synthetic frame `frame`.
+pub(super) fn synthetic(frame: u64) -> Arc<[u64]> {
+    Arc::from(&[frame][..])
 }
 
 /// A signal the sampler sent to a thread, not yet answered.
@@ -386,22 +368,22 @@ mod tests {
         assert!(!w.is_current());
         // Answered a signal: current, not verified (filed under no request).
         assert_eq!(w.found_waiting(stack(1), 7, false), Answer::New);
-        let p = w.fill_place(None, false);
+        let p = w.fill_place();
         assert_eq!(
             (p.stack.as_deref(), p.context, p.known),
             (Some(&[1][..]), 0, true)
         );
         // Its clock stayed: verified, filed under request 7.
         w.stayed_off();
-        assert_eq!(w.fill_place(None, false).context, 7);
+        assert_eq!(w.fill_place().context, 7);
         // Read while blocked, same place: verified at once.
         let mut w = Whereabouts::default();
         w.found_waiting(stack(1), 7, true);
         assert_eq!(w.found_waiting(stack(1), 7, true), Answer::Same);
-        assert_eq!(w.fill_place(None, false).context, 7);
+        assert_eq!(w.fill_place().context, 7);
         // It ran since: the place is a guess, its request not claimed.
         w.ran();
-        let p = w.fill_place(None, false);
+        let p = w.fill_place();
         assert_eq!((p.context, p.known), (0, false));
         // Not asked again (it gave the same answer): taken to wait there.
         w.assume_waiting();
@@ -409,45 +391,43 @@ mod tests {
     }
 
     #[test]
-    fn a_preempted_thread_stands_where_it_last_ran() {
+    fn a_preempted_thread_waits_for_a_cpu_in_the_request_it_publishes() {
         let mut w = Whereabouts::default();
         w.found_waiting(stack(1), 0, true);
-        let last = stack(2);
-        // Still publishing the request it was captured in.
-        w.found_preempted(Some(&last), 5, 5);
-        let p = w.fill_place(Some(&last), false);
+        w.found_preempted(5);
+        let p = w.fill_place();
         assert_eq!(
             (p.stack.as_deref(), p.context, p.known),
-            (Some(&[2][..]), 5, true)
+            (Some(&[crate::sampler::WAITING_FOR_CPU_FRAME][..]), 5, true)
         );
-        assert!(w.known(Some(&last), 5).waiting.is_none());
-        // It left that request since: filed under none.
-        w.found_preempted(Some(&last), 5, 6);
-        assert_eq!(w.fill_place(Some(&last), false).context, 0);
-        // Never captured: nothing known.
-        w.found_preempted(None, 0, 0);
+        assert!(w.known().waiting.is_none());
+        assert_eq!(w.known().preempted, Some(5));
+        // Outside any request.
+        w.found_preempted(0);
+        assert_eq!(w.fill_place().context, 0);
+        // It ran since: not known where it stands.
+        w.ran_uncaptured();
         assert!(!w.is_current());
+        assert_eq!(w.known().preempted, None);
     }
 
     #[test]
-    fn a_thread_never_seen_waiting_is_taken_to_be_preempted_when_it_does_not_run() {
-        let last = stack(3);
+    fn a_thread_that_ran_without_a_capture_is_not_shown_in_its_latest_capture() {
+        // Never seen waiting: the period shows that no stack was captured,
+        // not the latest capture (its code may have moved on).
         let mut w = Whereabouts::default();
-        w.ran_uncaptured(Some(&last));
-        let p = w.fill_place(Some(&last), false);
+        w.ran_uncaptured();
+        let p = w.fill_place();
         assert_eq!(
             (p.stack.as_deref(), p.context, p.known),
-            (Some(&[3][..]), 0, true)
+            (Some(&[crate::lanes::UNCAPTURED_FRAME][..]), 0, false)
         );
-        // Seen waiting once: its place is not known now.
+        // Seen waiting once: its place is not known now, its last wait
+        // the guess.
         w.found_waiting(stack(1), 0, true);
-        w.ran_uncaptured(Some(&last));
+        w.ran_uncaptured();
         assert!(!w.is_current());
-        // Never seen waiting nor captured: fills have nothing to show,
-        // unless the sampler stops (then its latest stack).
-        let w = Whereabouts::default();
-        assert!(w.fill_place(Some(&last), false).stack.is_none());
-        assert!(w.fill_place(Some(&last), true).stack.is_some());
+        assert_eq!(w.fill_place().stack.as_deref(), Some(&[1][..]));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::answers::{IDLE_CPU_SLACK_NS, Look, awaited, flush, learned_waiting, sample_of};
 use super::denied::Denials;
-use super::requests::RequestStacks;
+use super::requests::CapturedRequests;
 use super::state::{self, Awaited, Clock};
 use super::stats::Counters;
 use super::threads::ThreadTable;
@@ -76,8 +76,8 @@ pub(super) struct Worker {
     pub(super) stat_buf: Vec<u8>,
     /// Reused to copy the stacks of threads blocked in the kernel.
     pub(super) copy_buf: Vec<u8>,
-    /// The latest stack captured in each request, by context word.
-    pub(super) requests: RequestStacks,
+    /// The requests a stack was captured in (see `Worker::nudge`).
+    pub(super) requests: CapturedRequests,
     /// Sampling periods elapsed so far (ticks run, and ticks missed that a
     /// later tick recorded); thread checks are scheduled in these.
     pub(super) tick_no: u64,
@@ -150,7 +150,7 @@ impl Worker {
             frames: Vec::with_capacity(crate::unwind::MAX_FRAMES),
             stat_buf: Vec::with_capacity(512),
             copy_buf: Vec::new(),
-            requests: RequestStacks::default(),
+            requests: CapturedRequests::default(),
             tick_no: 0,
             owed: 0,
             idle_ticks: 0,
@@ -401,13 +401,11 @@ impl Worker {
         // still names, even if the listing now finds an id reused since.
         // A thread that exited (or whose id a new one took) leaves the
         // ledger's hands: its held fills (up to when it was last known
-        // alive) leave with what is known, as when the sampler pauses.
-        // Fills of a request that waited for its first stack would
-        // otherwise be dropped with the thread: a runtime shut down right
-        // after a request lost that request's last periods, those it spent
-        // blocked included.
-        let (tx, requests) = (&self.tx, &self.requests);
-        let leaving = |t: &mut super::threads::Tracked| flush(tx, c, t, requests, true);
+        // alive) leave with what is known, as when the sampler pauses: a
+        // runtime shut down right after a request would otherwise lose
+        // that request's last periods, those it spent blocked included.
+        let tx = &self.tx;
+        let leaving = |t: &mut super::threads::Tracked| flush(tx, c, t, true);
         if self
             .threads
             .refresh_due(self.idle_ticks >= IDLE_TICKS_BEFORE_DOZING)
@@ -441,7 +439,7 @@ impl Worker {
             }
             // Whatever was held when the thread lost its timer goes first.
             t.ledger.alive_ns = u64::MAX;
-            flush(&self.tx, c, t, &self.requests, false);
+            flush(&self.tx, c, t, false);
             self.untimed(idx, tick.ts, tick.now, c);
             return;
         }
@@ -498,28 +496,19 @@ impl Worker {
             let word = t
                 .context_slot
                 .map(|s| crate::context::word_at(s, t.info.tid, slot));
-            let turn = (slot / period_ns.max(1)) as usize;
-            let at_tick = periods::standing(
-                word,
-                &t.place.known(t.last_stack.as_ref(), t.last_context),
-                |c| self.requests.pick(c, turn),
-            );
+            let at_tick = periods::standing(word, &t.place.known());
             t.ledger.push_fill(slot, word, at_tick);
         }
         let ran_within_ns = period_ns * 3 / 2;
-        let never_waiting = t.place.wait.is_none();
         for (ts, stack, context) in &captures {
-            t.ledger
-                .captured(*ts, stack, *context, ran_within_ns, never_waiting, |c| {
-                    self.requests.get(c)
-                });
+            t.ledger.captured(*ts, stack, *context, ran_within_ns);
         }
         if !running.is_empty() {
             self.captured = true;
             t.ran_uncaptured_from = None;
             // Alive and running: what was held until the capture leaves with
             // what was known until then.
-            flush(&self.tx, c, t, &self.requests, false);
+            flush(&self.tx, c, t, false);
             t.place.ran();
             t.schedule.ran(tick_no);
             return;
@@ -527,7 +516,7 @@ impl Worker {
         match awaited(t, tick.now, c) {
             Awaited::Pending => return,
             // Given up: record the held periods with what is known.
-            Awaited::GaveUp => flush(&self.tx, c, t, &self.requests, false),
+            Awaited::GaveUp => flush(&self.tx, c, t, false),
             Awaited::Nothing => {}
         }
         // A thread inside a request right now (its context word a lane) is
@@ -555,7 +544,7 @@ impl Worker {
             }
             Clock::Recycled => {
                 // The thread that had this id exited: what it held leaves.
-                flush(&self.tx, c, t, &self.requests, true);
+                flush(&self.tx, c, t, true);
                 t.reset_identity();
                 c.threads_recycled.add(1);
                 return;
@@ -565,8 +554,8 @@ impl Worker {
                 // waits one tick (the thread may be parking somewhere new);
                 // the older ones leave with what was known.
                 t.ledger.alive_ns = t.ledger.alive_ns.max(tick.slot_end.saturating_sub(1));
-                flush(&self.tx, c, t, &self.requests, false);
-                t.place.ran_uncaptured(t.last_stack.as_ref());
+                flush(&self.tx, c, t, false);
+                t.place.ran_uncaptured();
                 t.schedule.ran(tick_no);
                 self.request_ran |= in_request;
                 let responsive = !t.asking.is_unresponsive();
@@ -608,11 +597,7 @@ impl Worker {
                             let context_now = t
                                 .context_slot
                                 .map_or(0, |s| crate::context::read_for(s, t.info.tid));
-                            t.place.found_preempted(
-                                t.last_stack.as_ref(),
-                                t.last_context,
-                                context_now,
-                            );
+                            t.place.found_preempted(context_now);
                         }
                         Look::Gone => self.threads.get_mut(idx).gone = true,
                     }
@@ -623,7 +608,7 @@ impl Worker {
             }
         }
         let t = self.threads.get_mut(idx);
-        flush(&self.tx, c, t, &self.requests, false);
+        flush(&self.tx, c, t, false);
         t.schedule.next_check = tick_no + t.schedule.check_every;
     }
 }

@@ -103,8 +103,13 @@ impl Symbolizer {
     }
 
     /// The function containing `addr`, demangled, if the module has a symbol
-    /// table.
+    /// table; for a frame the sampler makes up (a period a thread waited
+    /// for a CPU, or ran with no stack captured, or the end of a stack not
+    /// unwound further), its name, such as `(waiting for a CPU)`.
     pub fn function(&mut self, modules: &ModuleSet, addr: u64) -> Option<Arc<str>> {
+        if let Some((_, name)) = crate::encode::synthetic::synthetic_frame(addr) {
+            return Some(Arc::from(name));
+        }
         self.follow(modules);
         if let Some(hit) = self.cache.get(&addr) {
             return hit.clone();
