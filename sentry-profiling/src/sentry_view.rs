@@ -53,7 +53,7 @@ pub const UNWOUND_NO_FURTHER_FUNCTION: &str = crate::unwind::UNWOUND_NO_FURTHER_
 
 /// The function name of the synthetic frame of a period a thread was
 /// runnable but not given a CPU (preempted, or the machine saturated).
-pub const WAITING_FOR_CPU_FUNCTION: &str = crate::sampler::WAITING_FOR_CPU_FUNCTION;
+pub const WAITING_FOR_CPU_FUNCTION: &str = crate::lanes::WAITING_FOR_CPU_FUNCTION;
 
 /// Synthetic frames are written at addresses below this one, where Linux
 /// never maps anything (see [`Frame::is_synthetic`]).

@@ -77,6 +77,16 @@ pub(crate) const UNCAPTURED_FRAME: u64 = u64::MAX - 2;
 /// The function name shown for [`UNCAPTURED_FRAME`].
 pub(crate) const UNCAPTURED_FUNCTION: &str = "(running: no stack captured in time)";
 
+/// The code address standing, in a sample, for a period its thread was
+/// runnable but not running: preempted, or not yet given a core, because
+/// more threads were runnable than the machine has cores. Where in its code
+/// it stood is not known (it may have run on since its latest capture), so
+/// no function is shown for the period.
+pub(crate) const WAITING_FOR_CPU_FRAME: u64 = u64::MAX - 6;
+
+/// The function name shown for [`WAITING_FOR_CPU_FRAME`].
+pub(crate) const WAITING_FOR_CPU_FUNCTION: &str = "(waiting for a CPU)";
+
 /// The code address standing, in a fill-in sample, for time an
 /// instrumented request was woken but not yet polled: its task waited for
 /// a Tokio worker (the runtime was saturated, or a worker was blocked by

@@ -63,15 +63,7 @@
 //! refuses is probed at the start and noted when it changes, counted, and
 //! said once on stderr (see `denied`).
 
-/// The code address standing, in a sample, for a period its thread was
-/// runnable but not running: preempted, or not yet given a core, because
-/// more threads were runnable than the machine has cores. Where in its code
-/// it stood is not known (it may have run on since its latest capture), so
-/// no function is shown for the period.
-pub(crate) const WAITING_FOR_CPU_FRAME: u64 = u64::MAX - 6;
-
-/// The function name shown for [`WAITING_FOR_CPU_FRAME`].
-pub(crate) const WAITING_FOR_CPU_FUNCTION: &str = "(waiting for a CPU)";
+pub(crate) use crate::lanes::WAITING_FOR_CPU_FRAME;
 
 mod answers;
 mod capture;
