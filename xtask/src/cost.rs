@@ -36,8 +36,31 @@ use std::time::{Duration, Instant};
 pub(crate) const TWIN: &str = "target/release/service_twin";
 pub(crate) const SINK: &str = "target/release/sentry_sink";
 const LOAD: &str = "target/release/load";
-pub(crate) const SINK_PORT: u16 = 3399;
-const SERVICE_PORT: u16 = 3311;
+/// A loopback port no one listens on now, chosen once per `name` and run:
+/// two runs on one machine (two CI jobs) must not talk to each other's
+/// service or sink.
+pub(crate) fn free_port(name: &'static str) -> u16 {
+    static PORTS: std::sync::Mutex<Vec<(&str, u16)>> = std::sync::Mutex::new(Vec::new());
+    let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, port)) = ports.iter().find(|(n, _)| *n == name) {
+        return port;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(0, |a| a.port());
+    ports.push((name, port));
+    port
+}
+
+/// The sink's port (see [`free_port`]).
+pub(crate) fn sink_port() -> u16 {
+    free_port("sink")
+}
+
+/// The measured service's port (see [`free_port`]).
+fn service_port() -> u16 {
+    free_port("service")
+}
 const CONNECTIONS: u32 = 8;
 /// Requests per second of the fixed-rate rounds: below what the
 /// transaction sender delivers (about 11,000 a second here), so it keeps up
@@ -153,10 +176,10 @@ fn start_service(mode: Mode) -> Result<Killed, String> {
 /// and waits up to `patience` until the service listens.
 pub(crate) fn spawn_service(mut cmd: Command, patience: Duration) -> Result<Killed, String> {
     let child = cmd
-        .env("ADDR", format!("127.0.0.1:{SERVICE_PORT}"))
+        .env("ADDR", format!("127.0.0.1:{}", service_port()))
         .env(
             "SENTRY_DSN",
-            format!("http://public@127.0.0.1:{SINK_PORT}/1"),
+            format!("http://public@127.0.0.1:{}/1", sink_port()),
         )
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
@@ -164,7 +187,7 @@ pub(crate) fn spawn_service(mut cmd: Command, patience: Duration) -> Result<Kill
         .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
     let mut service = Killed(child);
     let until = Instant::now() + patience;
-    while std::net::TcpStream::connect(("127.0.0.1", SERVICE_PORT)).is_err() {
+    while std::net::TcpStream::connect(("127.0.0.1", service_port())).is_err() {
         if Instant::now() > until || matches!(service.0.try_wait(), Ok(Some(_))) {
             return Err(format!("{cmd:?} did not start listening"));
         }
@@ -196,7 +219,7 @@ pub(crate) fn load(
 ) -> Result<(f64, f64, f64), String> {
     let mut cmd = Command::new(LOAD);
     cmd.args([
-        format!("127.0.0.1:{SERVICE_PORT}"),
+        format!("127.0.0.1:{}", service_port()),
         path.to_owned(),
         requests.to_string(),
         conns.to_string(),
@@ -221,7 +244,7 @@ pub(crate) fn load(
 /// Transactions the sink has received so far.
 pub(crate) fn sink_transactions() -> Result<u64, String> {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", SINK_PORT))
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", sink_port()))
         .map_err(|e| format!("cannot reach the sink: {e}"))?;
     s.write_all(b"GET /count HTTP/1.1\r\nHost: sink\r\nConnection: close\r\n\r\n")
         .map_err(|e| format!("cannot ask the sink: {e}"))?;
@@ -369,7 +392,7 @@ pub(crate) fn start_sink(port: u16) -> Result<Killed, String> {
 /// makes every part small (a smoke run for CI).
 pub(crate) fn run(rounds: usize, quick: bool) -> Result<String, String> {
     build()?;
-    let sink = start_sink(SINK_PORT)?;
+    let sink = start_sink(sink_port())?;
     std::thread::sleep(Duration::from_millis(200));
     let scale = if quick { 20 } else { 1 };
     let mut report = String::new();

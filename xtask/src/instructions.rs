@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::cost::{
-    SINK_PORT, TWIN, build, load, sink_transactions, spawn_service, start_sink, stop_service,
+    TWIN, build, load, sink_port, sink_transactions, spawn_service, start_sink, stop_service,
     wait_for_transactions,
 };
 
@@ -81,7 +81,7 @@ pub(crate) fn run_all(requests: u64) -> Result<String, String> {
         return Err("valgrind is needed (apt-get install valgrind)".into());
     }
     build()?;
-    let _sink = start_sink(SINK_PORT)?;
+    let _sink = start_sink(sink_port())?;
     std::thread::sleep(Duration::from_millis(200));
     let off = per_request("off", None, requests)?;
     eprintln!("off: {off:.0} instructions per request");

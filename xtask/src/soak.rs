@@ -19,8 +19,15 @@ use crate::cost::{Killed, start_sink};
 
 const EXAMPLE: &str = "target/release/examples/axum_service";
 const LOAD: &str = "target/release/load";
-const SINK_PORT: u16 = 3398;
-const SERVICE_PORT: u16 = 3312;
+/// The sink's port (see `cost::free_port`).
+fn sink_port() -> u16 {
+    crate::cost::free_port("soak sink")
+}
+
+/// The service's port (see `cost::free_port`).
+fn service_port() -> u16 {
+    crate::cost::free_port("soak service")
+}
 /// How often resident memory is read.
 const EVERY: Duration = Duration::from_secs(10);
 /// Requests per load batch (a batch reports how many were answered).
@@ -69,7 +76,7 @@ fn load_until(path: &'static str, stop: Arc<AtomicBool>) -> (u64, f64) {
     while !stop.load(Ordering::Relaxed) {
         let Ok(out) = Command::new(LOAD)
             .args([
-                format!("127.0.0.1:{SERVICE_PORT}"),
+                format!("127.0.0.1:{}", service_port()),
                 path.to_owned(),
                 BATCH.to_string(),
                 "4".to_owned(),
@@ -96,10 +103,10 @@ fn load_until(path: &'static str, stop: Arc<AtomicBool>) -> (u64, f64) {
 fn run(session_rate: &str, minutes: u64, dir: &std::path::Path) -> Result<Run, String> {
     let _ = std::fs::remove_dir_all(dir);
     let child = Command::new(EXAMPLE)
-        .env("ADDR", format!("127.0.0.1:{SERVICE_PORT}"))
+        .env("ADDR", format!("127.0.0.1:{}", service_port()))
         .env(
             "SENTRY_DSN",
-            format!("http://public@127.0.0.1:{SINK_PORT}/1"),
+            format!("http://public@127.0.0.1:{}/1", sink_port()),
         )
         .env("SENTRY_PROFILE_EXPORT_DIR", dir)
         .env("SENTRY_PROFILE_SESSION_SAMPLE_RATE", session_rate)
@@ -111,7 +118,7 @@ fn run(session_rate: &str, minutes: u64, dir: &std::path::Path) -> Result<Run, S
     let service = Killed(child);
     let pid = service.0.id();
     let until = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", SERVICE_PORT)).is_err() {
+    while std::net::TcpStream::connect(("127.0.0.1", service_port())).is_err() {
         if Instant::now() > until {
             return Err("the example did not start listening".into());
         }
@@ -164,7 +171,7 @@ fn run(session_rate: &str, minutes: u64, dir: &std::path::Path) -> Result<Run, S
 /// Runs the soak; returns (and prints) its Markdown report.
 pub(crate) fn soak(minutes: u64) -> Result<String, String> {
     build()?;
-    let _sink = start_sink(SINK_PORT)?;
+    let _sink = start_sink(sink_port())?;
     let dir = std::env::temp_dir().join(format!("sentry-profiling-soak-{}", std::process::id()));
     let off = run("0", minutes, &dir)?;
     let on = run("1", minutes, &dir)?;
