@@ -534,7 +534,14 @@ impl Ledger {
                 ..
             } = front
             {
-                let standing = matches!(at_tick, AtTick::In(..) | AtTick::InRequest(_));
+                // A fill known to stand in a request, or inside one and
+                // where the thread stands is known by now (waiting for a
+                // CPU, blocked): it may leave. Inside one and not known
+                // yet, it waits for the next look, as a fill of an unknown
+                // place does: a thread that blocked early in a poll shows
+                // where it blocked, not that no stack was captured.
+                let standing = matches!(at_tick, AtTick::In(..))
+                    || (matches!(at_tick, AtTick::InRequest(_)) && place.known);
                 let blocked = *timestamp_ns > self.alive_ns
                     || (!standing
                         && (view.asking || (!place.known && !force && later_samples == 0)));
@@ -1137,9 +1144,24 @@ mod tests {
         l.push_fill(200, None, AtTick::InRequest(5));
         let got = drain(&mut l, &view(known(WAITING, 6)));
         assert_eq!(got, [(200, crate::attribution::UNCAPTURED_FRAME, 5, true)]);
+        // Not known yet where it stands: the fill waits for the next look
+        // (found blocked in request 5: there)...
         l.push_fill(300, None, AtTick::InRequest(5));
+        assert!(drain(&mut l, &view(FillPlace::default())).is_empty());
+        let got = drain(&mut l, &view(known(9, 5)));
+        assert_eq!(got, [(300, 9, 5, true)]);
+        // ...or for a later capture, and then shows that no stack of it was
+        // captured.
+        l.push_fill(400, None, AtTick::InRequest(5));
+        l.push_sample(sample(450, 1, 5));
         let got = drain(&mut l, &view(FillPlace::default()));
-        assert_eq!(got, [(300, crate::attribution::UNCAPTURED_FRAME, 5, true)]);
+        assert_eq!(
+            got,
+            [
+                (400, crate::attribution::UNCAPTURED_FRAME, 5, true),
+                (450, 1, 5, false)
+            ]
+        );
     }
 
     #[test]
