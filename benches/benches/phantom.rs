@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use sentry_profiling_tests::phantom::measure;
+use sentry_profiling_tests::phantom::{Shown, measure};
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -35,21 +35,9 @@ fn main() {
         "phantom: {requests} requests in {secs} s, {clients} clients, {hz} Hz, {} cores",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    println!(
-        "{:<18} {:>6} {:>16} {:>16} {:>8} {:>8} {:>8}",
-        "function", "calls", "threads shown ms", "lanes shown ms", "threads", "lanes", "phantom"
-    );
+    println!("{}", Shown::TABLE_HEADER);
     for s in &shown {
-        println!(
-            "{:<18} {:>6} {:>16.1} {:>16.1} {:>7.1}% {:>7.1}% {:>7.1}%",
-            s.function,
-            s.calls,
-            s.shown_ns[0] as f64 / 1e6,
-            s.shown_ns[1] as f64 / 1e6,
-            s.phantom_share_on(0) * 100.0,
-            s.phantom_share_on(1) * 100.0,
-            s.phantom_share() * 100.0
-        );
+        println!("{s}");
     }
     let worst = shown.iter().map(|s| s.phantom_share()).fold(0.0, f64::max);
     println!("worst phantom share: {:.1}%", worst * 100.0);

@@ -171,6 +171,27 @@ impl Shown {
     pub fn phantom_share_on(&self, on: usize) -> f64 {
         self.phantom_ns[on] as f64 / self.shown_ns[on].max(1) as f64
     }
+
+    /// The header of the table whose rows are [`Shown`]'s `Display`.
+    pub const TABLE_HEADER: &str =
+        "function            calls threads shown ms   lanes shown ms  threads    lanes  phantom";
+}
+
+/// One row of the table headed by [`Shown::TABLE_HEADER`].
+impl std::fmt::Display for Shown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:<18} {:>6} {:>16.1} {:>16.1} {:>7.1}% {:>7.1}% {:>7.1}%",
+            self.function,
+            self.calls,
+            self.shown_ns[0] as f64 / 1e6,
+            self.shown_ns[1] as f64 / 1e6,
+            self.phantom_share_on(0) * 100.0,
+            self.phantom_share_on(1) * 100.0,
+            self.phantom_share() * 100.0
+        )
+    }
 }
 
 /// Runs the service at `hz` with `clients` concurrent clients for `run`,

@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use sentry_profiling_tests::phantom::{CPU_MS, measure};
+use sentry_profiling_tests::phantom::{CPU_MS, Shown, measure};
 
 /// The phantom share allowed: 0 measured; one sample's weight is about
 /// 0.5 % of a function's time in this run.
@@ -38,16 +38,9 @@ fn no_function_is_shown_where_it_did_not_run() {
     );
     println!("{requests} requests");
     let mut failures = Vec::new();
+    println!("{}", Shown::TABLE_HEADER);
     for s in &shown {
-        println!(
-            "{}: {} calls, shown {:.0} ms on threads ({:.1}% phantom), {:.0} ms on lanes ({:.1}% phantom)",
-            s.function,
-            s.calls,
-            s.shown_ns[0] as f64 / 1e6,
-            s.phantom_share_on(0) * 100.0,
-            s.shown_ns[1] as f64 / 1e6,
-            s.phantom_share_on(1) * 100.0,
-        );
+        println!("{s}");
         let cpu_ns = s.calls as u64 * CPU_MS * 1_000_000;
         let shown_ns: u64 = s.shown_ns.iter().sum();
         if s.calls == 0 || (shown_ns as f64) < cpu_ns as f64 * MIN_SHOWN {

@@ -159,9 +159,18 @@ impl Whereabouts {
     }
 }
 
-/// A stack of the one synthetic frame `frame`.
+/// A stack of the one synthetic frame `frame`: `(waiting for a CPU)` or
+/// `(running: no stack captured in time)`, made once and shared (fills
+/// take it at every tick), or any other frame, made anew.
 pub(super) fn synthetic(frame: u64) -> Arc<[u64]> {
-    Arc::from(&[frame][..])
+    static MADE: std::sync::OnceLock<[Arc<[u64]>; 2]> = std::sync::OnceLock::new();
+    let made = MADE.get_or_init(|| {
+        [super::WAITING_FOR_CPU_FRAME, crate::lanes::UNCAPTURED_FRAME].map(|f| Arc::from(&[f][..]))
+    });
+    made.iter()
+        .find(|s| s[0] == frame)
+        .cloned()
+        .unwrap_or_else(|| Arc::from(&[frame][..]))
 }
 
 /// A signal the sampler sent to a thread, not yet answered.
