@@ -345,6 +345,8 @@ struct Seen {
     shown_queued_ns: u64,
     shown_awaiting_ns: u64,
     shown_block_worker_ns: u64,
+    /// Time shown as `(running: no stack captured in time)`.
+    shown_not_known_ns: u64,
 }
 
 /// Runs `drive` against a service on `workers` workers, then reads what
@@ -452,6 +454,9 @@ fn seen(
             shown_awaiting_ns: profile
                 .weight_where(|f| f.instruction_addr == Some(AWAITING_ADDRESS)),
             shown_block_worker_ns: block_ns,
+            shown_not_known_ns: profile.weight_where(|f| {
+                f.function.as_deref() == Some(sentry_profiling::sentry_view::UNCAPTURED_FUNCTION)
+            }),
         });
     }
     out.sort_by_key(|s| s.key);
@@ -643,11 +648,21 @@ fn queued_and_awaiting_time_match_the_truth() {
     );
     // The sampler finds the worker blocked within a few periods (it had
     // run the request's first poll without a timer capture, and may have
-    // dozed before): most of the block shows where it blocked.
+    // dozed before): most of the block shows where it blocked, and the
+    // rest claims no function. The periods before the first look that
+    // finds it blocked, and after the block until the next look, show
+    // `(running: no stack captured in time)`: the thread ran in them, and
+    // when in them it blocked is not known (measured: 47 to 52 ms of
+    // `block_worker` with 24 to 32 ms not known on either side, in 2 of 16
+    // runs beside hogs and 1 CI run; 60 ms or more of `block_worker` in
+    // the others).
     assert!(
-        blocker.shown_block_worker_ns >= 60_000_000,
-        "Sentry shows the long poll with `block_worker` on its stack: {:.1} ms",
-        ms(blocker.shown_block_worker_ns)
+        blocker.shown_block_worker_ns >= 40_000_000
+            && blocker.shown_block_worker_ns + blocker.shown_not_known_ns >= 80_000_000,
+        "Sentry shows the long poll with `block_worker` on its stack for {:.1} ms, and {:.1} ms \
+         with no function known",
+        ms(blocker.shown_block_worker_ns),
+        ms(blocker.shown_not_known_ns)
     );
     assert_eq!(assert_agrees("blocked", &blocked, "GET /gate"), 3);
     for s in blocked.iter().filter(|s| s.name == "GET /gate") {
