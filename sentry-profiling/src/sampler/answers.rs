@@ -95,12 +95,19 @@ impl Harvested {
 
 /// Lets `t`'s held samples leave while they may (see `Ledger::drain`);
 /// with `force` (the sampler pauses or stops), fills also leave while where
-/// the thread stands is not known.
-pub(super) fn flush(tx: &SyncSender<Sample>, c: &Counters, t: &mut Tracked, force: bool) {
+/// the thread stands is not known. `period_ns` is the sampling period.
+pub(super) fn flush(
+    tx: &SyncSender<Sample>,
+    c: &Counters,
+    t: &mut Tracked,
+    force: bool,
+    period_ns: u64,
+) {
     let view = ledger::DrainView {
         place: t.place.fill_place(),
         asking: t.asking.asks_where(),
         force,
+        period_ns,
     };
     let (tid, name, start) = (t.info.tid, &t.name, t.info.start_time);
     t.ledger.drain(&view, |out| match out {

@@ -230,7 +230,7 @@ impl Worker {
     }
 
     /// Learns where thread `idx` waits, if it is blocked in the kernel,
-    /// without interrupting it (see `sys::SyscallFile`): the stack it
+    /// without interrupting it (see `sys::TaskFile`): the stack it
     /// waits in and the context word it publishes.
     pub(super) fn look_blocked(&mut self, idx: usize, c: &Counters) -> Look {
         let cap = self.config.stack_copy_bytes;
@@ -241,7 +241,7 @@ impl Worker {
         let Some(cpu_before) = sys::thread_cpu_time_ns(tid) else {
             return Look::Gone;
         };
-        let state = t.syscall_file.read(tid, &mut self.stat_buf);
+        let state = t.syscall_file.read_syscall(tid);
         let (sp, pc) = match state {
             Some(sys::SyscallState::Blocked { sp, pc, .. }) => (sp, pc),
             Some(sys::SyscallState::Running) => return Look::Running,
@@ -518,7 +518,7 @@ impl Worker {
             if alive {
                 t.ledger.alive_ns = u64::MAX;
             }
-            flush(&self.tx, c, t, true);
+            flush(&self.tx, c, t, true, self.period.as_nanos() as u64);
             // Fills after the thread was last seen alive are dropped.
             t.ledger.clear();
             if alive {

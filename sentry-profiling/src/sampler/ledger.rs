@@ -38,6 +38,12 @@ use super::periods::AtTick;
 /// held fills for.
 const MAX_SURPLUS: i64 = 4;
 
+/// Most periods of fills a thread's ledger remembers having shown waiting
+/// for a CPU, or running, before the kernel counted that time: a thread
+/// found runnable and not running is shown waiting at once, and the kernel
+/// adds the wait to its run delay only once it runs again.
+const MAX_OWED_PERIODS: i64 = 16;
+
 /// Most samples a thread may hold; more means the oldest is written out.
 pub(super) const MAX_PENDING: usize = 256;
 
@@ -219,6 +225,9 @@ pub(super) struct FillPlace {
     pub(super) context: u64,
     /// Whether the thread is known to stand there now.
     pub(super) known: bool,
+    /// Whether it ran since it was last found anywhere (its place is a
+    /// guess, or not known).
+    pub(super) ran: bool,
 }
 
 /// What leaves a thread's ledger.
@@ -246,6 +255,8 @@ pub(super) struct DrainView {
     /// The thread is leaving the ledger's hands (the sampler pauses or
     /// stops): fills leave with what is known.
     pub(super) force: bool,
+    /// The sampling period, ns: the time one fill stands for.
+    pub(super) period_ns: u64,
 }
 
 /// One thread's ledger.
@@ -269,6 +280,15 @@ pub(super) struct Ledger {
     /// yet: the next tick's slot may be theirs (a tick runs after its
     /// deadline, and harvests captures taken since).
     carried: Vec<u64>,
+    /// Time the kernel counted the thread waiting for a CPU (its run
+    /// delay) that no fill shows yet, ns, less the fills that showed such a
+    /// wait before the kernel counted it. See [`Ledger::kernel_counted`].
+    cpu_wait_ns: i64,
+    /// CPU time the kernel counted that no sample shows yet, ns, likewise.
+    ran_ns: i64,
+    /// Samples of running code queued since the kernel's counts were last
+    /// read.
+    running_since_read: u32,
 }
 
 impl Ledger {
@@ -429,6 +449,7 @@ impl Ledger {
         };
         let ts = sample.timestamp_ns();
         self.alive_ns = self.alive_ns.max(ts);
+        self.running_since_read = self.running_since_read.saturating_add(1);
         self.insert(Pending::Sample(sample));
         ts
     }
@@ -492,6 +513,73 @@ impl Ledger {
         }
     }
 
+    /// What the kernel counted for the thread since the previous reading:
+    /// `cpu_ns` of CPU time and `run_delay_ns` runnable but waiting for a
+    /// CPU. The fills then show those times, at one period per fill:
+    ///
+    /// - the CPU time its samples of running code (one period each, queued
+    ///   since the previous reading) and fills showing its running code do
+    ///   not show, as `(running: no stack captured in time)` in fills that
+    ///   would show where it waits (a thread that ran in bursts its timer
+    ///   did not fire in, and was found waiting at every look);
+    /// - the run delay, as `(waiting for a CPU)`, in any fill but one
+    ///   already showing that wait.
+    ///
+    /// Where both are owed, the larger goes first. Neither is owed for
+    /// more than the fills held now (and one) can show, so a time shows in
+    /// the periods it was counted for, not in later ones.
+    pub(super) fn kernel_counted(&mut self, cpu_ns: u64, run_delay_ns: u64, period_ns: u64) {
+        let period = period_ns.max(1) as i64;
+        let held = self
+            .pending
+            .iter()
+            .filter(|p| matches!(p, Pending::Fill { .. }))
+            .count() as i64;
+        let most = (held + 1) * period;
+        let ns = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let shown = i64::from(std::mem::take(&mut self.running_since_read)) * period;
+        self.cpu_wait_ns = self
+            .cpu_wait_ns
+            .saturating_add(ns(run_delay_ns))
+            .clamp(-MAX_OWED_PERIODS * period, most);
+        self.ran_ns = self
+            .ran_ns
+            .saturating_add(ns(cpu_ns))
+            .saturating_sub(shown)
+            .clamp(-MAX_OWED_PERIODS * period, most);
+    }
+
+    /// The stack a fill shows once the kernel's counts are settled (see
+    /// [`Ledger::kernel_counted`]): `stack`, which shows running code if
+    /// `ran`, or a synthetic frame in its place.
+    fn settle(&mut self, stack: Arc<[u64]>, ran: bool, period_ns: u64) -> Arc<[u64]> {
+        let (period, half) = (period_ns.max(1) as i64, (period_ns / 2) as i64);
+        let floor = -MAX_OWED_PERIODS * period;
+        let frame = (stack.len() == 1).then(|| stack[0]);
+        let waiting = frame == Some(super::WAITING_FOR_CPU_FRAME);
+        let running = ran || frame == Some(crate::attribution::UNCAPTURED_FRAME);
+        let (stack, waited, ran) = if waiting {
+            (stack, true, false)
+        } else if self.cpu_wait_ns >= half && self.cpu_wait_ns >= self.ran_ns {
+            let waiting = super::state::synthetic(super::WAITING_FOR_CPU_FRAME);
+            (waiting, true, false)
+        } else if running {
+            (stack, false, true)
+        } else if self.ran_ns >= half {
+            let uncaptured = super::state::synthetic(crate::attribution::UNCAPTURED_FRAME);
+            (uncaptured, false, true)
+        } else {
+            (stack, false, false)
+        };
+        if waited {
+            self.cpu_wait_ns = (self.cpu_wait_ns - period).max(floor);
+        }
+        if ran {
+            self.ran_ns = (self.ran_ns - period).max(floor);
+        }
+        stack
+    }
+
     fn insert(&mut self, item: Pending) {
         let ts = item.timestamp_ns();
         let at = self
@@ -540,8 +628,11 @@ impl Ledger {
                 // yet, it waits for the next look, as a fill of an unknown
                 // place does: a thread that blocked early in a poll shows
                 // where it blocked, not that no stack was captured.
-                let standing = matches!(at_tick, AtTick::In(..))
-                    || (matches!(at_tick, AtTick::InRequest(_)) && place.known);
+                // So may one the kernel's count of the thread's waits for
+                // a CPU covers.
+                let standing = matches!(at_tick, AtTick::In(..) | AtTick::Ran(..))
+                    || (matches!(at_tick, AtTick::InRequest(_)) && place.known)
+                    || (place.ran && self.cpu_wait_ns >= (view.period_ns / 2) as i64);
                 let blocked = *timestamp_ns > self.alive_ns
                     || (!standing
                         && (view.asking || (!place.known && !force && later_samples == 0)));
@@ -569,7 +660,8 @@ impl Ledger {
                 } => (timestamp_ns, at_tick),
             };
             let shown = match at_tick {
-                AtTick::In(stack, context) => Some((stack, context)),
+                AtTick::In(stack, context) => Some((stack, context, false)),
+                AtTick::Ran(stack, context) => Some((stack, context, true)),
                 // Where the thread is found standing in the request now
                 // (waiting for a CPU, blocked), or else the period stays the
                 // request's with a frame saying no stack of it was captured:
@@ -577,25 +669,27 @@ impl Ledger {
                 // request's on another thread) would show code that may
                 // have returned.
                 AtTick::InRequest(context) if place.known && place.context == context => {
-                    place.stack.clone().map(|s| (s, context))
+                    place.stack.clone().map(|s| (s, context, false))
                 }
                 AtTick::InRequest(context) => Some((
                     super::state::synthetic(crate::attribution::UNCAPTURED_FRAME),
                     context,
+                    false,
                 )),
-                AtTick::Outside => place.stack.clone().map(|s| (s, 0)),
-                _ => {
+                AtTick::Outside => place.stack.clone().map(|s| (s, 0, false)),
+                AtTick::Unknown => {
                     let context = if place.known || force {
                         place.context
                     } else {
                         0
                     };
-                    place.stack.clone().map(|s| (s, context))
+                    place.stack.clone().map(|s| (s, context, false))
                 }
             };
-            let Some((stack, context)) = shown else {
+            let Some((stack, context, ran)) = shown else {
                 continue;
             };
+            let stack = self.settle(stack, ran, view.period_ns);
             let timestamp_ns = timestamp_ns.max(self.emitted_ns + 1);
             self.emitted_ns = timestamp_ns;
             out(Out::Fill {
@@ -630,6 +724,7 @@ mod tests {
             place,
             asking: false,
             force: false,
+            period_ns: 100,
         }
     }
 
@@ -638,6 +733,17 @@ mod tests {
             stack: Some(stack(frame)),
             context,
             known: true,
+            ran: false,
+        }
+    }
+
+    /// Where a thread never found waiting, that ran since, stands: not
+    /// known (as `Whereabouts::fill_place` says).
+    fn ran() -> FillPlace {
+        FillPlace {
+            stack: Some(Arc::from(&[crate::attribution::UNCAPTURED_FRAME][..])),
+            ran: true,
+            ..FillPlace::default()
         }
     }
 
@@ -1114,6 +1220,7 @@ mod tests {
             stack: Some(stack(9)),
             context: 4,
             known: false,
+            ran: true,
         };
         let mut l = Ledger::default();
         l.push_fill(100, None, AtTick::Unknown);
@@ -1162,6 +1269,115 @@ mod tests {
                 (450, 1, 5, false)
             ]
         );
+    }
+
+    #[test]
+    fn fills_show_the_waits_for_a_cpu_the_kernel_counted_and_no_more() {
+        // Period 100. A thread in request 5 ran without captures through
+        // four periods, and the kernel counts 230 of them waiting for a
+        // CPU: two fills show that wait (the rest rounds off under half a
+        // period), the others that no stack was captured.
+        let mut l = Ledger::default();
+        for slot in [100, 200, 300, 400] {
+            l.push_fill(slot, None, AtTick::InRequest(5));
+        }
+        l.alive_ns = 500;
+        l.kernel_counted(0, 230, 100);
+        let got = drain(&mut l, &view(ran()));
+        assert_eq!(got, [(100, WAITING, 5, true), (200, WAITING, 5, true)]);
+        // (The others wait for a look, or a later capture.)
+        l.push_sample(sample(450, 1, 5));
+        let got = drain(&mut l, &view(ran()));
+        let unc = crate::attribution::UNCAPTURED_FRAME;
+        assert_eq!(
+            got,
+            [(300, unc, 5, true), (400, unc, 5, true), (450, 1, 5, false)]
+        );
+        // Outside any request too: not the place it last waited in.
+        l.push_fill(600, None, AtTick::Outside);
+        l.alive_ns = 700;
+        l.kernel_counted(0, 100, 100);
+        let got = drain(&mut l, &view(ran()));
+        assert_eq!(got, [(600, WAITING, 0, true)]);
+        // Never more than the fills held (and one) can show: a long wait
+        // counted while captures showed the thread running does not leak
+        // into later periods.
+        l.kernel_counted(0, 10_000, 100);
+        for slot in [800, 900, 1000] {
+            l.push_fill(slot, None, AtTick::InRequest(6));
+        }
+        l.push_sample(sample(1050, 1, 6));
+        let got = drain(&mut l, &view(ran()));
+        assert_eq!(got.iter().filter(|g| g.1 == WAITING).count(), 1, "{got:?}");
+        assert_eq!(got.len(), 4);
+        // A thread found blocked in the kernel since shows the wait for a
+        // CPU it was counted, then where it blocks.
+        l.push_fill(1200, None, AtTick::Outside);
+        l.push_fill(1300, None, AtTick::Outside);
+        l.kernel_counted(0, 100, 100);
+        l.alive_ns = 1400;
+        let got = drain(&mut l, &view(known(9, 0)));
+        assert_eq!(got, [(1200, WAITING, 0, true), (1300, 9, 0, true)]);
+        // Fills shown waiting for a CPU before the kernel counted it
+        // (found runnable and not running) are not shown twice once it
+        // does.
+        let mut l = Ledger::default();
+        for slot in [100, 200] {
+            l.push_fill(slot, None, AtTick::InRequest(5));
+        }
+        l.alive_ns = 300;
+        assert_eq!(drain(&mut l, &view(known(WAITING, 5))).len(), 2);
+        l.push_fill(300, None, AtTick::InRequest(5));
+        l.push_sample(sample(350, 1, 5));
+        l.kernel_counted(0, 200, 100);
+        let got = drain(&mut l, &view(ran()));
+        assert_eq!(got, [(300, unc, 5, true), (350, 1, 5, false)]);
+    }
+
+    #[test]
+    fn fills_show_cpu_time_no_sample_shows_as_run_without_a_stack() {
+        // Period 100. A thread found waiting at every look (in 9) ran 230
+        // of CPU time in bursts no timer caught, and one capture shows 100
+        // of it: one fill of four shows that it ran (the rest rounds off
+        // under half a period), the others where it waits.
+        let unc = crate::attribution::UNCAPTURED_FRAME;
+        let mut l = Ledger::default();
+        l.push_sample(sample(50, 1, 0));
+        for slot in [100, 200, 300, 400] {
+            l.push_fill(slot, None, AtTick::Outside);
+        }
+        l.alive_ns = 500;
+        l.kernel_counted(230, 0, 100);
+        let got = drain(&mut l, &view(known(9, 0)));
+        assert_eq!(
+            got,
+            [
+                (50, 1, 0, false),
+                (100, unc, 0, true),
+                (200, 9, 0, true),
+                (300, 9, 0, true),
+                (400, 9, 0, true)
+            ]
+        );
+        // Fills showing the code of a capture next to them show running
+        // time: no more is owed for it.
+        let mut l = Ledger::default();
+        l.push_fill(100, None, AtTick::Ran(stack(1), 0));
+        l.push_fill(200, None, AtTick::Outside);
+        l.alive_ns = 300;
+        l.kernel_counted(100, 0, 100);
+        let got = drain(&mut l, &view(known(9, 0)));
+        assert_eq!(got, [(100, 1, 0, true), (200, 9, 0, true)]);
+        // Owed both, the larger goes first.
+        let mut l = Ledger::default();
+        for slot in [100, 200, 300] {
+            l.push_fill(slot, None, AtTick::Outside);
+        }
+        l.alive_ns = 400;
+        l.kernel_counted(100, 200, 100);
+        let got = drain(&mut l, &view(known(9, 0)));
+        let frames: Vec<u64> = got.iter().map(|g| g.1).collect();
+        assert_eq!(frames, [WAITING, WAITING, unc]);
     }
 
     #[test]

@@ -19,10 +19,13 @@ pub(super) enum AtTick {
     /// the fill's moment): the fill is filed under no request.
     Outside,
     /// It was inside the request of this context word, where this stack
-    /// says: blocked there (read while it waited), waiting for a CPU in it,
-    /// or running the code of a capture next to the fill. The fill belongs
-    /// to that request.
+    /// says: blocked there (read while it waited), or waiting for a CPU in
+    /// it. The fill belongs to that request.
     In(Arc<[u64]>, u64),
+    /// Running the code of a capture next to the fill (see
+    /// [`standing_running`]), in the request of this context word (0:
+    /// none).
+    Ran(Arc<[u64]>, u64),
     /// Inside the request of this context word, and where is not known yet
     /// (it ran without a capture, or was not looked at): the fill shows
     /// where the thread is found standing in that request when it leaves
@@ -78,9 +81,9 @@ pub(super) fn standing_running(word: Option<Option<u64>>, ran: (&Arc<[u64]>, u64
     let (stack, captured_in) = ran;
     match word {
         // Publishes no word: the capture's own (0).
-        None => AtTick::In(stack.clone(), captured_in),
-        Some(None | Some(0)) => AtTick::In(stack.clone(), 0),
-        Some(Some(context)) if context == captured_in => AtTick::In(stack.clone(), context),
+        None => AtTick::Ran(stack.clone(), captured_in),
+        Some(None | Some(0)) => AtTick::Ran(stack.clone(), 0),
+        Some(Some(context)) if context == captured_in => AtTick::Ran(stack.clone(), context),
         Some(Some(context)) => AtTick::InRequest(context),
     }
 }
@@ -93,29 +96,29 @@ mod tests {
         matches!(a, AtTick::In(s, c) if **s == *stack && *c == context)
     }
 
+    fn ran(a: &AtTick, stack: &[u64], context: u64) -> bool {
+        matches!(a, AtTick::Ran(s, c) if **s == *stack && *c == context)
+    }
+
     #[test]
     fn a_fill_of_a_running_thread_shows_its_capture_in_the_request_of_its_moment() {
         let captured: Arc<[u64]> = Arc::from(&[3u64][..]);
         // No word published: the capture's, as captured.
-        assert!(is_in(&standing_running(None, (&captured, 0)), &[3], 0));
+        assert!(ran(&standing_running(None, (&captured, 0)), &[3], 0));
         // Still in the capture's request.
-        assert!(is_in(
+        assert!(ran(
             &standing_running(Some(Some(8)), (&captured, 8)),
             &[3],
             8
         ));
         // Out of any request by then (or not known): the capture's code,
         // no request's time.
-        assert!(is_in(
+        assert!(ran(
             &standing_running(Some(Some(0)), (&captured, 8)),
             &[3],
             0
         ));
-        assert!(is_in(
-            &standing_running(Some(None), (&captured, 8)),
-            &[3],
-            0
-        ));
+        assert!(ran(&standing_running(Some(None), (&captured, 8)), &[3], 0));
         // Polling another request by then: never the capture's stack (or
         // another of that request's), where is not known yet.
         assert!(matches!(

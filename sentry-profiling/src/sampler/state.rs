@@ -141,6 +141,7 @@ impl Whereabouts {
                 stack: Some(synthetic(super::WAITING_FOR_CPU_FRAME)),
                 context: *context,
                 known: true,
+                ran: false,
             },
             (now, Some(w)) => {
                 let current = matches!(now, Standing::Waiting);
@@ -148,12 +149,14 @@ impl Whereabouts {
                     stack: Some(w.stack.clone()),
                     context: if current && w.verified { w.context } else { 0 },
                     known: current || w.context == 0,
+                    ran: !current,
                 }
             }
             (_, None) => FillPlace {
                 stack: Some(synthetic(crate::lanes::UNCAPTURED_FRAME)),
                 context: 0,
                 known: false,
+                ran: true,
             },
         }
     }

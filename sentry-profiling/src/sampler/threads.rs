@@ -64,9 +64,13 @@ pub(super) struct Tracked {
     /// after its latest capture or wait (see `Worker::catch_stalled_timer`).
     pub(super) ran_uncaptured_from: Option<(u64, u64)>,
     pub(super) gone: bool,
-    /// Its `/proc/self/task/<tid>/syscall`, kept open (see
-    /// `sys::SyscallFile`).
-    pub(super) syscall_file: sys::SyscallFile,
+    /// Its `/proc/self/task/<tid>/syscall` and `schedstat`, kept open
+    /// (see `sys::TaskFile`).
+    pub(super) syscall_file: sys::TaskFile,
+    pub(super) schedstat_file: sys::TaskFile,
+    /// Its CPU time and run delay (time runnable but waiting for a CPU)
+    /// at the last reading of its `schedstat`, ns.
+    pub(super) schedstat_seen: Option<(u64, u64)>,
     retried: bool,
     first_seen: Instant,
 }
@@ -92,7 +96,9 @@ impl Tracked {
             timer_armed: false,
             ran_uncaptured_from: None,
             gone: false,
-            syscall_file: sys::SyscallFile::default(),
+            syscall_file: sys::TaskFile::syscall(),
+            schedstat_file: sys::TaskFile::schedstat(),
+            schedstat_seen: None,
             retried: false,
             first_seen: Instant::now(),
         }
@@ -109,6 +115,22 @@ impl Tracked {
 
     /// Forgets everything learned about the thread that had this id; the
     /// new one gets its own timer and slot at the next tick.
+    /// Reads its CPU time and run delay: what the kernel counted since the
+    /// previous reading goes to its ledger, for its fills to show (see
+    /// `Ledger::kernel_counted`).
+    pub(super) fn read_schedstat(&mut self, period_ns: u64) {
+        let Some((cpu, delay)) = self.schedstat_file.read_schedstat(self.info.tid) else {
+            return;
+        };
+        if let Some((cpu_seen, delay_seen)) = self.schedstat_seen.replace((cpu, delay)) {
+            self.ledger.kernel_counted(
+                cpu.saturating_sub(cpu_seen),
+                delay.saturating_sub(delay_seen),
+                period_ns,
+            );
+        }
+    }
+
     pub(super) fn reset_identity(&mut self) {
         if let Some(info) = sys::read_thread_identity(self.info.tid) {
             self.name = Arc::from(info.name.as_str());

@@ -72,8 +72,6 @@ pub(super) struct Worker {
     pub(super) threads: ThreadTable,
     pub(super) unwinder: StackUnwinder,
     pub(super) frames: Vec<u64>,
-    /// Reused to read threads' scheduler and system-call states.
-    pub(super) stat_buf: Vec<u8>,
     /// Reused to copy the stacks of threads blocked in the kernel.
     pub(super) copy_buf: Vec<u8>,
     /// The requests a stack was captured in (see `Worker::nudge`).
@@ -148,7 +146,6 @@ impl Worker {
             threads: ThreadTable::default(),
             unwinder,
             frames: Vec::with_capacity(crate::unwind::MAX_FRAMES),
-            stat_buf: Vec::with_capacity(512),
             copy_buf: Vec::new(),
             requests: CapturedRequests::default(),
             tick_no: 0,
@@ -405,7 +402,8 @@ impl Worker {
         // runtime shut down right after a request would otherwise lose
         // that request's last periods, those it spent blocked included.
         let tx = &self.tx;
-        let leaving = |t: &mut super::threads::Tracked| flush(tx, c, t, true);
+        let period_ns = self.period.as_nanos() as u64;
+        let leaving = |t: &mut super::threads::Tracked| flush(tx, c, t, true, period_ns);
         if self
             .threads
             .refresh_due(self.idle_ticks >= IDLE_TICKS_BEFORE_DOZING)
@@ -439,7 +437,7 @@ impl Worker {
             }
             // Whatever was held when the thread lost its timer goes first.
             t.ledger.alive_ns = u64::MAX;
-            flush(&self.tx, c, t, false);
+            flush(&self.tx, c, t, false, period_ns);
             self.untimed(idx, tick.ts, tick.now, c);
             return;
         }
@@ -507,8 +505,10 @@ impl Worker {
             self.captured = true;
             t.ran_uncaptured_from = None;
             // Alive and running: what was held until the capture leaves with
-            // what was known until then.
-            flush(&self.tx, c, t, false);
+            // what was known until then, and what the kernel counted since
+            // the previous reading.
+            t.read_schedstat(period_ns);
+            flush(&self.tx, c, t, false, period_ns);
             t.place.ran();
             t.schedule.ran(tick_no);
             return;
@@ -516,7 +516,7 @@ impl Worker {
         match awaited(t, tick.now, c) {
             Awaited::Pending => return,
             // Given up: record the held periods with what is known.
-            Awaited::GaveUp => flush(&self.tx, c, t, false),
+            Awaited::GaveUp => flush(&self.tx, c, t, false, period_ns),
             Awaited::Nothing => {}
         }
         // A thread inside a request right now (its context word a lane) is
@@ -544,7 +544,7 @@ impl Worker {
             }
             Clock::Recycled => {
                 // The thread that had this id exited: what it held leaves.
-                flush(&self.tx, c, t, true);
+                flush(&self.tx, c, t, true, period_ns);
                 t.reset_identity();
                 c.threads_recycled.add(1);
                 return;
@@ -554,7 +554,8 @@ impl Worker {
                 // waits one tick (the thread may be parking somewhere new);
                 // the older ones leave with what was known.
                 t.ledger.alive_ns = t.ledger.alive_ns.max(tick.slot_end.saturating_sub(1));
-                flush(&self.tx, c, t, false);
+                t.read_schedstat(period_ns);
+                flush(&self.tx, c, t, false, period_ns);
                 t.place.ran_uncaptured();
                 t.schedule.ran(tick_no);
                 self.request_ran |= in_request;
@@ -608,7 +609,7 @@ impl Worker {
             }
         }
         let t = self.threads.get_mut(idx);
-        flush(&self.tx, c, t, false);
+        flush(&self.tx, c, t, false, period_ns);
         t.schedule.next_check = tick_no + t.schedule.check_every;
     }
 }

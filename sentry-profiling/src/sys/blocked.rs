@@ -14,8 +14,6 @@
 //! The thread's CPU clock is read before and after: if it moved, the thread
 //! woke up during the copy and the copy is thrown away.
 
-use std::io::Read;
-
 /// What `/proc/self/task/<tid>/syscall` says about a thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SyscallState {
@@ -27,65 +25,85 @@ pub(crate) enum SyscallState {
     Blocked { nr: Option<i64>, sp: u64, pc: u64 },
 }
 
-/// Reads thread `tid`'s system-call state; `None` if it exited or the file
-/// cannot be read. `buf` is reused between calls.
-fn syscall_state(tid: i32, buf: &mut Vec<u8>) -> Option<SyscallState> {
-    let mut file = std::fs::File::open(syscall_path(tid)).ok()?;
-    buf.clear();
-    file.read_to_end(buf).ok()?;
-    parse_syscall(std::str::from_utf8(buf).ok()?)
-}
+/// Most files under `/proc/self/task/<tid>/` kept open at once,
+/// process-wide (see [`TaskFile`]): each is a file descriptor of the
+/// application's, and a process with thousands of threads must not run out
+/// of them because of the profiler. Files beyond it are opened at each
+/// read.
+const MAX_KEPT_OPEN: usize = 128;
 
-fn syscall_path(tid: i32) -> String {
-    format!("/proc/self/task/{tid}/syscall")
-}
-
-/// Most `syscall` files kept open at once, process-wide: each is a file
-/// descriptor of the application's, and a process with thousands of
-/// threads must not run out of them because of the profiler. Threads
-/// beyond it have the file opened at each read, as [`syscall_state`] does.
-const MAX_KEPT_OPEN: usize = 64;
-
-/// `syscall` files kept open now (see [`SyscallFile`]).
+/// Task files kept open now (see [`TaskFile`]).
 static KEPT_OPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// One thread's `/proc/self/task/<tid>/syscall`, kept open between reads
-/// (up to [`MAX_KEPT_OPEN`] of them): a read from offset 0 makes the
-/// kernel write the file anew, so each look at a blocked thread is one
-/// `pread` instead of an allocation, a path walk through `/proc`, a read to
-/// the end and a `close`. The descriptor names the task it was opened for:
-/// once that thread exits its reads fail (they never show a later thread
-/// given the same id), and the file is opened again by path.
-#[derive(Debug, Default)]
-pub(crate) struct SyscallFile {
+/// One file of one thread's, `/proc/self/task/<tid>/<name>` (`syscall`,
+/// `schedstat`), kept open between reads (up to [`MAX_KEPT_OPEN`] of them):
+/// a read from offset 0 makes the kernel write the file anew, so each read
+/// is one `pread` instead of a path walk through `/proc`, a read and a
+/// `close`. The descriptor names the task it was opened for: once that
+/// thread exits its reads fail (they never show a later thread given the
+/// same id), and the file is opened again by path.
+#[derive(Debug)]
+pub(crate) struct TaskFile {
+    name: &'static str,
     file: Option<std::fs::File>,
 }
 
-impl SyscallFile {
-    /// Thread `tid`'s system-call state, as [`syscall_state`].
-    pub(crate) fn read(&mut self, tid: i32, buf: &mut Vec<u8>) -> Option<SyscallState> {
-        if let Some(state) = self.read_kept() {
-            return state;
-        }
-        // None kept, or its read failed (the thread exited, or the id now
-        // names another thread): opened anew, once.
-        if self.open(tid)
-            && let Some(state) = self.read_kept()
-        {
-            return state;
-        }
-        syscall_state(tid, buf)
+impl TaskFile {
+    /// A thread's system-call state (see [`TaskFile::read_syscall`]).
+    pub(crate) fn syscall() -> Self {
+        Self::named("syscall")
     }
 
-    /// The state read from the kept file; `None` if there is none or its
-    /// read failed (the file is closed then).
-    fn read_kept(&mut self) -> Option<Option<SyscallState>> {
-        use std::os::unix::fs::FileExt;
+    /// A thread's scheduler statistics (see [`TaskFile::read_schedstat`]).
+    pub(crate) fn schedstat() -> Self {
+        Self::named("schedstat")
+    }
+
+    fn named(name: &'static str) -> Self {
+        Self { name, file: None }
+    }
+
+    /// The system-call state of thread `tid` (a [`TaskFile::syscall`]);
+    /// `None` if it exited or the file cannot be read.
+    pub(crate) fn read_syscall(&mut self, tid: i32) -> Option<SyscallState> {
+        self.read(tid, parse_syscall)
+    }
+
+    /// The nanoseconds thread `tid` spent on a CPU, and runnable but
+    /// waiting for one (its run delay), since it started (a
+    /// [`TaskFile::schedstat`]).
+    pub(crate) fn read_schedstat(&mut self, tid: i32) -> Option<(u64, u64)> {
+        self.read(tid, parse_schedstat)
+    }
+
+    /// The file's text for thread `tid`, parsed; `None` if it exited or the
+    /// file cannot be read.
+    fn read<T>(&mut self, tid: i32, parse: fn(&str) -> Option<T>) -> Option<T> {
         let mut line = [0u8; 512];
-        match self.file.as_ref()?.read_at(&mut line, 0) {
-            Ok(n) if n < line.len() => {
-                Some(std::str::from_utf8(&line[..n]).ok().and_then(parse_syscall))
+        let n = match self.read_kept(&mut line) {
+            Some(n) => n,
+            // None kept, or its read failed (the thread exited, or the id
+            // now names another thread): opened anew, once.
+            None if self.open(tid) => self.read_kept(&mut line)?,
+            None => {
+                use std::os::unix::fs::FileExt;
+                let file = std::fs::File::open(self.path(tid)).ok()?;
+                file.read_at(&mut line, 0).ok()?
             }
+        };
+        parse(std::str::from_utf8(line.get(..n)?).ok()?)
+    }
+
+    fn path(&self, tid: i32) -> String {
+        format!("/proc/self/task/{tid}/{}", self.name)
+    }
+
+    /// Bytes read from the kept file into `line`; `None` if there is none,
+    /// or its read failed or filled `line` (the file is closed then).
+    fn read_kept(&mut self, line: &mut [u8]) -> Option<usize> {
+        use std::os::unix::fs::FileExt;
+        match self.file.as_ref()?.read_at(line, 0) {
+            Ok(n) if n < line.len() => Some(n),
             _ => {
                 self.close();
                 None
@@ -104,7 +122,7 @@ impl SyscallFile {
         if !claimed {
             return false;
         }
-        match std::fs::File::open(syscall_path(tid)) {
+        match std::fs::File::open(self.path(tid)) {
             Ok(file) => {
                 self.file = Some(file);
                 true
@@ -123,10 +141,17 @@ impl SyscallFile {
     }
 }
 
-impl Drop for SyscallFile {
+impl Drop for TaskFile {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// Parses `schedstat`'s one line: CPU time, run delay (both ns), and the
+/// number of times the thread was given a CPU; returns the first two.
+fn parse_schedstat(line: &str) -> Option<(u64, u64)> {
+    let mut fields = line.split_whitespace().map(|f| f.parse().ok());
+    Some((fields.next()??, fields.next()??))
 }
 
 /// Parses the file's one line: `running`, `-1 <sp> <pc>`, or
@@ -262,10 +287,11 @@ mod tests {
             let _ = rx.recv();
         });
         let tid = tid_rx.recv().unwrap();
-        let mut buf = Vec::new();
         let mut seen = None;
         for _ in 0..200 {
-            if let Some(SyscallState::Blocked { sp, pc, .. }) = syscall_state(tid, &mut buf) {
+            // Opened anew at each read, as for threads beyond those kept.
+            let state = TaskFile::syscall().read_syscall(tid);
+            if let Some(SyscallState::Blocked { sp, pc, .. }) = state {
                 seen = Some((sp, pc));
                 break;
             }
@@ -305,11 +331,10 @@ mod tests {
             let _ = rx.recv();
         });
         let tid = tid_rx.recv().unwrap();
-        let mut file = SyscallFile::default();
-        let mut buf = Vec::new();
-        let mut wait_for = |file: &mut SyscallFile, blocked: bool| {
+        let mut file = TaskFile::syscall();
+        let wait_for = |file: &mut TaskFile, blocked: bool| {
             (0..400).any(|_| {
-                let state = file.read(tid, &mut buf);
+                let state = file.read_syscall(tid);
                 let matches = match state {
                     Some(SyscallState::Blocked { .. }) => blocked,
                     Some(SyscallState::Running) => !blocked,
@@ -330,7 +355,46 @@ mod tests {
         );
         drop(tx);
         h.join().unwrap();
-        assert_eq!(file.read(tid, &mut buf), None, "its thread exited");
+        assert_eq!(file.read_syscall(tid), None, "its thread exited");
         assert!(file.file.is_none(), "a failed read closes the file");
+    }
+
+    #[test]
+    fn a_thread_kept_off_the_cpu_by_another_grows_its_run_delay() {
+        assert_eq!(
+            parse_schedstat("90030773 93897837 82\n"),
+            Some((90_030_773, 93_897_837))
+        );
+        assert_eq!(parse_schedstat("1"), None);
+        // Two threads pinned to one CPU take turns: each waits for it
+        // while the other runs.
+        // SAFETY: a cpu_set_t is plain bits; all zero is the empty set.
+        let mut cpus: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: CPU_SET writes bit 0 of a set owned by this frame.
+        unsafe { libc::CPU_SET(0, &mut cpus) };
+        let spin = move || {
+            // SAFETY: sets the calling thread's affinity from a set that
+            // lives through the call.
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&cpus), &cpus) };
+            let tid = crate::sys::current_tid();
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(300);
+            while std::time::Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            tid
+        };
+        let other = std::thread::spawn(spin);
+        let mut file = TaskFile::schedstat();
+        let me = crate::sys::current_tid();
+        let (_, before) = file.read_schedstat(me).expect("schedstat is readable");
+        assert_eq!(spin(), me);
+        let (_, after) = file.read_schedstat(me).expect("schedstat is readable");
+        other.join().unwrap();
+        assert!(file.file.is_some(), "the file is kept open");
+        assert!(
+            after - before >= 50_000_000,
+            "waited {} ms for the CPU the other thread held",
+            (after - before) / 1_000_000
+        );
     }
 }

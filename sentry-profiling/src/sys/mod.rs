@@ -22,7 +22,7 @@ mod signal;
 mod thread;
 
 #[cfg(profiling_supported)]
-pub(crate) use blocked::{SyscallFile, SyscallState, probe_proc_mem, read_own_memory};
+pub(crate) use blocked::{SyscallState, TaskFile, probe_proc_mem, read_own_memory};
 #[cfg(profiling_supported)]
 pub(crate) use fork::{in_forked_child, watch_fork};
 #[cfg(profiling_supported)]

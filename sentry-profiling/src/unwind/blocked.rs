@@ -1,7 +1,7 @@
 //! Unwinding a thread blocked in the kernel, through real frames only.
 //!
 //! The kernel shows a blocked thread's stack pointer and program counter
-//! (`sys::SyscallFile`), not its frame pointer. The leaf frames (libc's
+//! (`sys::TaskFile`), not its frame pointer. The leaf frames (libc's
 //! system-call wrappers) unwind by their CFI, relative to the stack pointer,
 //! and a frame whose CFI restores the frame pointer gives its exact value.
 //! The first frame whose CFI is based on a frame pointer that no frame
