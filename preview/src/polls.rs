@@ -24,6 +24,9 @@ const POLLED: &str = "tokio.polled";
 const QUEUED: &str = "tokio.queued";
 /// `data::AWAITING`: milliseconds neither polled nor queued.
 const AWAITING: &str = "tokio.awaiting";
+/// `data::CPU_WAIT`: milliseconds of the polled time its threads were
+/// shown waiting for a CPU (only on profiled requests).
+const CPU_WAIT: &str = "tokio.cpu_wait";
 /// `data::LONGEST_POLL`: the longest poll, in milliseconds.
 const LONGEST_POLL: &str = "tokio.longest_poll";
 /// `data::LONG_POLLS`: polls at least the long-poll threshold long (only
@@ -43,6 +46,8 @@ pub(crate) struct PollTotals {
     pub(crate) polled_ms: f64,
     pub(crate) queued_ms: f64,
     pub(crate) awaiting_ms: f64,
+    /// Of the time polled, waiting for a CPU (0 when not profiled).
+    pub(crate) cpu_wait_ms: f64,
     pub(crate) longest_ms: f64,
     /// Polls at least the long-poll threshold long.
     pub(crate) long_polls: u64,
@@ -76,20 +81,22 @@ impl PollTotals {
             polled_ms: number(POLLED).unwrap_or(0.0),
             queued_ms: number(QUEUED).unwrap_or(0.0),
             awaiting_ms: number(AWAITING).unwrap_or(0.0),
+            cpu_wait_ms: number(CPU_WAIT).unwrap_or(0.0),
             longest_ms: number(LONGEST_POLL).unwrap_or(0.0),
             long_polls: count(LONG_POLLS).unwrap_or(0),
             longest_start_ns: value(LONGEST_POLL_START).and_then(timestamp_ns),
         })
     }
 
-    /// The page's row object: polls, polled, queued, awaiting, longest
-    /// poll, long polls.
+    /// The page's row object: polls, polled, queued, awaiting, waiting for
+    /// a CPU, longest poll, long polls.
     pub(crate) fn to_json(self) -> Value {
         json!({
             "n": self.polls,
             "p": round_ms(self.polled_ms),
             "q": round_ms(self.queued_ms),
             "a": round_ms(self.awaiting_ms),
+            "w": round_ms(self.cpu_wait_ms),
             "l": round_ms(self.longest_ms),
             "x": self.long_polls,
         })
@@ -107,6 +114,7 @@ pub(crate) struct NameTotals {
     pub(crate) polled_ms: f64,
     pub(crate) queued_ms: f64,
     pub(crate) awaiting_ms: f64,
+    pub(crate) cpu_wait_ms: f64,
     /// The longest poll of any of them.
     pub(crate) longest_ms: f64,
     pub(crate) long_polls: u64,
@@ -120,6 +128,7 @@ impl NameTotals {
         self.polled_ms += totals.polled_ms;
         self.queued_ms += totals.queued_ms;
         self.awaiting_ms += totals.awaiting_ms;
+        self.cpu_wait_ms += totals.cpu_wait_ms;
         self.longest_ms = self.longest_ms.max(totals.longest_ms);
         self.long_polls += totals.long_polls;
     }
@@ -150,6 +159,7 @@ impl NameTotals {
                 "p": round_ms(self.polled_ms),
                 "q": round_ms(self.queued_ms),
                 "a": round_ms(self.awaiting_ms),
+                "w": round_ms(self.cpu_wait_ms),
                 "l": round_ms(self.longest_ms),
                 "x": self.long_polls,
                 "qs": (self.queued_share() * 1e4).round() / 1e4,
@@ -268,6 +278,7 @@ mod tests {
             }}},
             "measurements": {
                 "tokio.awaiting": {"value": 80.5, "unit": "millisecond"},
+                "tokio.cpu_wait": {"value": 2.5, "unit": "millisecond"},
                 "tokio.queued": {"value": 99.0, "unit": "millisecond"},
             },
         });
@@ -278,6 +289,7 @@ mod tests {
                 polled_ms: 12.5,
                 queued_ms: 3.0,
                 awaiting_ms: 80.5,
+                cpu_wait_ms: 2.5,
                 longest_ms: 11.0,
                 long_polls: 1,
                 longest_start_ns: Some(10_250_000_000),
@@ -400,6 +412,7 @@ mod tests {
             polled_ms: 10.0,
             queued_ms: 30.0,
             awaiting_ms: 80.0,
+            cpu_wait_ms: 4.0,
             longest_ms: 6.0,
             long_polls: 0,
             longest_start_ns: None,

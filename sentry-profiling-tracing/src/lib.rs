@@ -56,7 +56,7 @@ mod spawn;
 /// future): why it waited, in milliseconds, and how it was polled.
 pub mod data {
     pub use sentry_profiling::hooks::{
-        AWAITING, LONG_POLLS, LONGEST_POLL, LONGEST_POLL_START, POLLED, POLLS, QUEUED,
+        AWAITING, CPU_WAIT, LONG_POLLS, LONGEST_POLL, LONGEST_POLL_START, POLLED, POLLS, QUEUED,
     };
 }
 

@@ -139,6 +139,8 @@ impl PollTotals {
             longest_ns: self.longest_ns,
             long_polls: self.long_polls,
             longest_start_ns: self.longest_start_ns,
+            // The transport's to set, from the profile.
+            cpu_wait_ns: None,
         })
     }
 

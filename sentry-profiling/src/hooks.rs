@@ -18,8 +18,8 @@ pub use crate::chunk::{Chunk, ChunkSample};
 pub use crate::encode::sentry_chunk::{ChunkMeta, EncodedChunk, encode_chunk};
 pub use crate::thread_word::{current_thread_id, set_thread_context, thread_context};
 pub use crate::transaction_tags::{
-    AWAITING, HandedLane, Handover, LONG_POLLS, LONGEST_POLL, LONGEST_POLL_START, POLLED, POLLS,
-    PollTotals, QUEUED, TOKIO_MEASUREMENTS, finish_handed,
+    AWAITING, CPU_WAIT, HandedLane, Handover, LONG_POLLS, LONGEST_POLL, LONGEST_POLL_START, POLLED,
+    POLLS, PollTotals, QUEUED, TOKIO_MEASUREMENTS, finish_handed,
 };
 pub use crate::transport::{OS_THREAD_ID, OS_THREAD_NAME};
 

@@ -120,6 +120,7 @@ mod attribution;
 mod chunk;
 #[cfg(profiling_supported)]
 mod context;
+mod cpu_waits;
 mod encode;
 mod error;
 mod export;

@@ -106,6 +106,11 @@ pub const QUEUED: &str = "tokio.queued";
 /// Data key: milliseconds neither polled nor queued: waiting for what it
 /// awaited.
 pub const AWAITING: &str = "tokio.awaiting";
+/// Data key (only for a profiled request): milliseconds its threads were
+/// shown waiting for a CPU, runnable but not running (the profile's
+/// `(waiting for a CPU)` under its lane, up to when its transaction was
+/// sent): part of the time polled.
+pub const CPU_WAIT: &str = "tokio.cpu_wait";
 /// Data key: the longest poll, in milliseconds.
 pub const LONGEST_POLL: &str = "tokio.longest_poll";
 /// Data key (only when there were some): polls at least the long-poll
@@ -116,12 +121,13 @@ pub const LONG_POLLS: &str = "tokio.long_polls";
 pub const LONGEST_POLL_START: &str = "tokio.longest_poll.start";
 
 /// The poll totals `sentry-profiling-tracing` records on a request's
-/// transaction, with the unit each has as a Sentry measurement: five custom
+/// transaction, with the unit each has as a Sentry measurement: six custom
 /// measurements, all valid for Relay (names of letters, digits, `_` and
 /// `.`, none a built-in one), within Sentry's default budget of ten per
 /// transaction.
-pub const TOKIO_MEASUREMENTS: [(&str, &str); 5] = [
+pub const TOKIO_MEASUREMENTS: [(&str, &str); 6] = [
     (AWAITING, "millisecond"),
+    (CPU_WAIT, "millisecond"),
     (LONGEST_POLL, "millisecond"),
     (POLLED, "millisecond"),
     (POLLS, "none"),
@@ -131,9 +137,13 @@ pub const TOKIO_MEASUREMENTS: [(&str, &str); 5] = [
 /// [`TOKIO_MEASUREMENTS`] as JSON around each value: the name and the
 /// opening of its object, then the unit and the closing (a unit test checks
 /// they match).
-const MEASUREMENT_JSON: [(&str, &str); 5] = [
+const MEASUREMENT_JSON: [(&str, &str); 6] = [
     (
         "\"tokio.awaiting\":{\"value\":",
+        ",\"unit\":\"millisecond\"}",
+    ),
+    (
+        "\"tokio.cpu_wait\":{\"value\":",
         ",\"unit\":\"millisecond\"}",
     ),
     (
@@ -163,23 +173,29 @@ pub struct PollTotals {
     pub long_polls: u64,
     /// When the longest poll began (`CLOCK_REALTIME`, ns).
     pub longest_start_ns: u64,
+    /// Time its threads were shown waiting for a CPU, ns (see
+    /// [`CPU_WAIT`]); `None` for a request not profiled. The transport
+    /// sets it.
+    pub cpu_wait_ns: Option<u64>,
 }
 
 impl PollTotals {
     /// The values of [`TOKIO_MEASUREMENTS`], in its order and in their
-    /// units: milliseconds, or a count.
-    fn measurements(&self) -> [Amount; 5] {
+    /// units: milliseconds, or a count (`None`: not known).
+    fn measurements(&self) -> [Option<Amount>; 6] {
         [
-            Amount::Ms(self.awaiting_ns),
-            Amount::Ms(self.longest_ns),
-            Amount::Ms(self.polled_ns),
-            Amount::Count(self.polls),
-            Amount::Ms(self.queued_ns),
+            Some(Amount::Ms(self.awaiting_ns)),
+            self.cpu_wait_ns.map(Amount::Ms),
+            Some(Amount::Ms(self.longest_ns)),
+            Some(Amount::Ms(self.polled_ns)),
+            Some(Amount::Count(self.polls)),
+            Some(Amount::Ms(self.queued_ns)),
         ]
     }
 
     /// The totals as data keys ([`POLLS`] and the rest; the two long-poll
-    /// keys only when there were long polls).
+    /// keys only when there were long polls, [`CPU_WAIT`] only when
+    /// known).
     pub fn data(&self) -> impl Iterator<Item = (&'static str, Value)> + use<> {
         let ms = |ns: u64| Value::from(ns as f64 / 1e6);
         let long = self.long_polls > 0;
@@ -188,6 +204,7 @@ impl PollTotals {
             (POLLED, Some(ms(self.polled_ns))),
             (QUEUED, Some(ms(self.queued_ns))),
             (AWAITING, Some(ms(self.awaiting_ns))),
+            (CPU_WAIT, self.cpu_wait_ns.map(ms)),
             (LONGEST_POLL, Some(ms(self.longest_ns))),
             (LONG_POLLS, long.then(|| Value::from(self.long_polls))),
             (
@@ -403,7 +420,7 @@ fn write_transaction_json(
         .filter_map(|(i, &(name, _))| {
             // The same numbers as the data keys, from wherever they are.
             let value = match handed {
-                Some(values) => values[i],
+                Some(values) => values[i]?,
                 None => {
                     let v = data?.get(name)?.as_f64()?;
                     Amount::Float(Some(v).filter(|v| v.is_finite() && *v >= 0.0)?)
@@ -677,6 +694,7 @@ mod tests {
             longest_ns: 500_000,
             long_polls: 0,
             longest_start_ns: 0,
+            cpu_wait_ns: Some(620_000),
         };
         let mut bytes = b"head\n".to_vec();
         let tx = sentry_core::protocol::Transaction::default();
@@ -695,6 +713,18 @@ mod tests {
             assert_eq!(m["value"].as_f64(), data[name].as_f64(), "{name}");
             assert_eq!(m["unit"], unit, "{name}");
         }
+        assert_eq!(json["measurements"]["tokio.cpu_wait"]["value"], 0.62);
+        // A request not profiled has no time waiting for a CPU to show.
+        let unprofiled = PollTotals {
+            cpu_wait_ns: None,
+            ..totals
+        };
+        let mut bytes = Vec::new();
+        write_transaction_json(&mut bytes, &tx, Some(&unprofiled), None, None).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert!(json["measurements"].get("tokio.cpu_wait").is_none());
+        assert!(json["measurements"].get("tokio.polled").is_some());
+        assert!(!unprofiled.data().any(|(k, _)| k == CPU_WAIT));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::collections::HashMap;
 
 use axum::extract::Path;
 use sentry_profiling::sentry_view::{
-    ProfileChunk, TransactionWindow, is_lane_thread_id, what_sentry_shows,
+    ProfileChunk, TransactionWindow, WAITING_FOR_CPU_FUNCTION, is_lane_thread_id, what_sentry_shows,
 };
 
 use crate::clients::{burn, client_of, trace_header};
@@ -55,6 +55,9 @@ struct Call {
     /// Start and end, in ns since the Unix epoch.
     start_ns: u64,
     end_ns: u64,
+    /// The time its thread waited for a CPU during it, by the kernel's
+    /// count (its run delay), in ns.
+    run_delay_ns: u64,
 }
 
 /// Every call of a timed function.
@@ -71,11 +74,22 @@ fn now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// The calling thread's run delay: the time it spent runnable but waiting
+/// for a CPU since it started, by the kernel's count, in ns.
+pub fn own_run_delay_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Runs `f`, noting it as a call of `FUNCTIONS[function]` for `request`.
 fn timed(function: usize, request: u64, f: impl FnOnce() -> u64) -> u64 {
+    let delay_before = own_run_delay_ns();
     let start_ns = now_ns();
     let out = f();
     let end_ns = now_ns();
+    let run_delay_ns = own_run_delay_ns().saturating_sub(delay_before);
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() } as u64;
     CALLS.lock().unwrap_or_else(|e| e.into_inner()).push(Call {
@@ -84,6 +98,7 @@ fn timed(function: usize, request: u64, f: impl FnOnce() -> u64) -> u64 {
         tid,
         start_ns,
         end_ns,
+        run_delay_ns,
     });
     out
 }
@@ -194,11 +209,60 @@ impl std::fmt::Display for Shown {
     }
 }
 
+/// The time requests waited for a CPU: as Sentry shows it, and as the
+/// kernel counted it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuWait {
+    /// Time shown in `(waiting for a CPU)` on requests' lanes, in ns.
+    pub shown_ns: u64,
+    /// The run delay of the threads that ran the timed functions in
+    /// requests (all but [`phantom_query`]) during those calls, in ns:
+    /// the requests' CPU time is almost all theirs.
+    pub kernel_ns: u64,
+    /// The requests' `tokio.cpu_wait` totals, summed, in ns.
+    pub measured_ns: u64,
+    /// How many transactions carry a `tokio.cpu_wait`.
+    pub measured: usize,
+}
+
+impl CpuWait {
+    /// Shown over counted by the kernel.
+    pub fn ratio(&self) -> f64 {
+        self.shown_ns as f64 / self.kernel_ns.max(1) as f64
+    }
+}
+
+impl std::fmt::Display for CpuWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "waiting for a CPU in requests: shown {:.1} ms, the kernel's run delay in the timed calls {:.1} ms: {:.2}; \
+             tokio.cpu_wait {:.1} ms on {} transactions",
+            self.shown_ns as f64 / 1e6,
+            self.kernel_ns as f64 / 1e6,
+            self.ratio(),
+            self.measured_ns as f64 / 1e6,
+            self.measured,
+        )
+    }
+}
+
+/// What [`measure`] found.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    /// Each timed function's figures.
+    pub shown: Vec<Shown>,
+    /// Requests served.
+    pub requests: usize,
+    /// The requests' waits for a CPU.
+    pub cpu_wait: CpuWait,
+}
+
 /// Runs the service at `hz` with `clients` concurrent clients for `run`,
 /// each sending `/handler`, `/blocking` and `/query` requests in turn, and
-/// measures each timed function (see the module docs). Also returns the
-/// number of requests.
-pub fn measure(hz: u32, clients: usize, run: Duration) -> (Vec<Shown>, usize) {
+/// measures each timed function (see the module docs) and the requests'
+/// waits for a CPU.
+pub fn measure(hz: u32, clients: usize, run: Duration) -> Measured {
     CALLS.lock().unwrap_or_else(|e| e.into_inner()).clear();
     let capture = CaptureTransport::new();
     let options = crate::clients::captured_options_with(&capture, |p| p.frequency_hz(hz));
@@ -262,7 +326,64 @@ pub fn measure(hz: u32, clients: usize, run: Duration) -> (Vec<Shown>, usize) {
         .collect();
     let calls = std::mem::take(&mut *CALLS.lock().unwrap_or_else(|e| e.into_inner()));
     let tolerance_ns = 500_000_000 / u64::from(hz.max(1)) + 1_000_000;
-    (score(&chunks, &calls, &lanes, tolerance_ns), requests)
+    let measured: Vec<f64> = transactions
+        .iter()
+        .filter_map(|tx| {
+            let data = tx.pointer("/contexts/trace/data/tokio.cpu_wait");
+            let m = tx.pointer("/measurements/tokio.cpu_wait/value");
+            data.or(m)?.as_f64()
+        })
+        .collect();
+    let cpu_wait = CpuWait {
+        measured_ns: (measured.iter().sum::<f64>() * 1e6) as u64,
+        measured: measured.len(),
+        shown_ns: shown_waiting_on_lanes(&chunks),
+        kernel_ns: calls
+            .iter()
+            .filter(|c| FUNCTIONS[c.function] != "phantom_query")
+            .map(|c| c.run_delay_ns)
+            .sum(),
+    };
+    Measured {
+        shown: score(&chunks, &calls, &lanes, tolerance_ns),
+        requests,
+        cpu_wait,
+    }
+}
+
+/// The time shown in `(waiting for a CPU)` on requests' lanes, weighted as
+/// Sentry weights samples.
+fn shown_waiting_on_lanes(chunks: &[ProfileChunk]) -> u64 {
+    let mut total = 0;
+    for (profiler, thread) in threads_of(chunks) {
+        if !is_lane_thread_id(&thread) {
+            continue;
+        }
+        let profile = what_sentry_shows(chunks, &profiler, &thread, 0, u64::MAX);
+        for sample in &profile.samples {
+            if profile
+                .stack(sample)
+                .any(|f| f.name() == WAITING_FOR_CPU_FUNCTION)
+            {
+                total += sample.weight_ns;
+            }
+        }
+    }
+    total
+}
+
+/// Every (profiler id, thread id) of `chunks`, once.
+fn threads_of(chunks: &[ProfileChunk]) -> Vec<(String, String)> {
+    let mut threads: Vec<(String, String)> = chunks
+        .iter()
+        .flat_map(|c| {
+            c.thread_ids()
+                .map(|t| (c.profiler_id.clone(), t.to_owned()))
+        })
+        .collect();
+    threads.sort();
+    threads.dedup();
+    threads
 }
 
 /// The calls of one function, for "did any run near this moment".
@@ -331,16 +452,7 @@ fn score(
             ..Shown::default()
         })
         .collect();
-    let mut threads: Vec<(String, String)> = chunks
-        .iter()
-        .flat_map(|c| {
-            c.thread_ids()
-                .map(|t| (c.profiler_id.clone(), t.to_owned()))
-        })
-        .collect();
-    threads.sort();
-    threads.dedup();
-    for (profiler, thread) in &threads {
+    for (profiler, thread) in &threads_of(chunks) {
         let lane = is_lane_thread_id(thread);
         let tid = thread.parse::<u64>().unwrap_or(0);
         let profile = what_sentry_shows(chunks, profiler, thread, 0, u64::MAX);

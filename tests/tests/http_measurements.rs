@@ -1,7 +1,7 @@
 //! A request's poll totals reach Sentry as measurements through the crate's
 //! HTTP delivery, as production sends them: the example service with a DSN
 //! (no transport of the application's own), to a fake Sentry endpoint on
-//! loopback. Every transaction carries the five `tokio.*` measurements,
+//! loopback. Every transaction carries the six `tokio.*` measurements,
 //! valid under Relay's measurement normalization and true to the request
 //! (a CPU-bound request's time polled, a sleeping one's time awaiting), is
 //! linked to the chunks sent beside it, and arrives exactly once. The

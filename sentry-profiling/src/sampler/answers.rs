@@ -118,6 +118,9 @@ pub(super) fn flush(
             context,
         } => {
             c.samples_idle.add(1);
+            if *stack == [super::WAITING_FOR_CPU_FRAME] && crate::lanes::is_lane(context) {
+                crate::cpu_waits::add(context, period_ns);
+            }
             let sample = Sample::new(timestamp_ns, tid, name.clone(), stack, context, true)
                 .with_thread_start(start);
             emit(tx, c, sample);
