@@ -285,12 +285,14 @@ mod tests {
 
     #[test]
     fn the_measured_totals_are_the_ones_recorded() {
+        // (`CPU_WAIT` is set by the transport, for a profiled request.)
         let recorded = [
             hooks::POLLS,
             hooks::POLLED,
             hooks::QUEUED,
             hooks::AWAITING,
             hooks::LONGEST_POLL,
+            hooks::CPU_WAIT,
         ];
         for (name, _) in hooks::TOKIO_MEASUREMENTS {
             assert!(recorded.contains(&name), "{name}");
