@@ -549,6 +549,13 @@ impl Ledger {
             .clamp(-MAX_OWED_PERIODS * period, most);
     }
 
+    /// The kernel's counts are read for the first time now: the samples
+    /// of running code queued so far are not part of what the next count
+    /// covers.
+    pub(super) fn counting_from_now(&mut self) {
+        self.running_since_read = 0;
+    }
+
     /// The stack a fill shows once the kernel's counts are settled (see
     /// [`Ledger::kernel_counted`]): `stack`, which shows running code if
     /// `ran`, or a synthetic frame in its place.

@@ -122,12 +122,14 @@ impl Tracked {
         let Some((cpu, delay)) = self.schedstat_file.read_schedstat(self.info.tid) else {
             return;
         };
-        if let Some((cpu_seen, delay_seen)) = self.schedstat_seen.replace((cpu, delay)) {
-            self.ledger.kernel_counted(
+        match self.schedstat_seen.replace((cpu, delay)) {
+            Some((cpu_seen, delay_seen)) => self.ledger.kernel_counted(
                 cpu.saturating_sub(cpu_seen),
                 delay.saturating_sub(delay_seen),
                 period_ns,
-            );
+            ),
+            // The first reading: the samples queued so far ran before it.
+            None => self.ledger.counting_from_now(),
         }
     }
 
