@@ -289,6 +289,13 @@ pub(super) struct Ledger {
     /// Samples of running code queued since the kernel's counts were last
     /// read.
     running_since_read: u32,
+    /// The request (lane) the thread stood in at the latest reading of the
+    /// kernel's counts, or 0.
+    lane_at_read: u64,
+    /// The request the thread stood in when the run delay not shown yet
+    /// began to be counted (the reading before the one that counted it),
+    /// or 0. See [`Ledger::kernel_counted`].
+    wait_lane: u64,
 }
 
 impl Ledger {
@@ -528,8 +535,27 @@ impl Ledger {
     /// Where both are owed, the larger goes first. Neither is owed for
     /// more than the fills held now (and one) can show, so a time shows in
     /// the periods it was counted for, not in later ones.
-    pub(super) fn kernel_counted(&mut self, cpu_ns: u64, run_delay_ns: u64, period_ns: u64) {
+    ///
+    /// `lane_now` is the request the thread stands in now (0 for none). A
+    /// run delay is counted when the thread runs again, after the wait: a
+    /// thread that waited for a CPU at the end of a request's poll and then
+    /// left it (and parked) has its wait counted at a tick that finds it
+    /// outside the request. Such a wait belongs to the request the thread
+    /// stood in at the reading before (see [`Ledger::drain`]).
+    pub(super) fn kernel_counted(
+        &mut self,
+        cpu_ns: u64,
+        run_delay_ns: u64,
+        period_ns: u64,
+        lane_now: u64,
+    ) {
         let period = period_ns.max(1) as i64;
+        if run_delay_ns > 0 {
+            self.wait_lane = self.lane_at_read;
+        } else if self.cpu_wait_ns < period / 2 {
+            self.wait_lane = 0;
+        }
+        self.lane_at_read = lane_now;
         let held = self
             .pending
             .iter()
@@ -552,8 +578,9 @@ impl Ledger {
     /// The kernel's counts are read for the first time now: the samples
     /// of running code queued so far are not part of what the next count
     /// covers.
-    pub(super) fn counting_from_now(&mut self) {
+    pub(super) fn counting_from_now(&mut self, lane_now: u64) {
         self.running_since_read = 0;
+        self.lane_at_read = lane_now;
     }
 
     /// The stack a fill shows once the kernel's counts are settled (see
@@ -696,7 +723,21 @@ impl Ledger {
             let Some((stack, context, ran)) = shown else {
                 continue;
             };
+            let waiting_before = stack.len() == 1 && stack[0] == super::WAITING_FOR_CPU_FRAME;
             let stack = self.settle(stack, ran, view.period_ns);
+            // A wait the kernel counted, shown in a period the thread spent
+            // partly outside any request: filed under the request it waited
+            // in (see `kernel_counted`), never shown as the stack of a
+            // thread parked after it.
+            let context = if context == 0
+                && !waiting_before
+                && stack.len() == 1
+                && stack[0] == super::WAITING_FOR_CPU_FRAME
+            {
+                self.wait_lane
+            } else {
+                context
+            };
             let timestamp_ns = timestamp_ns.max(self.emitted_ns + 1);
             self.emitted_ns = timestamp_ns;
             out(Out::Fill {
@@ -1289,7 +1330,7 @@ mod tests {
             l.push_fill(slot, None, AtTick::InRequest(5));
         }
         l.alive_ns = 500;
-        l.kernel_counted(0, 230, 100);
+        l.kernel_counted(0, 230, 100, 0);
         let got = drain(&mut l, &view(ran()));
         assert_eq!(got, [(100, WAITING, 5, true), (200, WAITING, 5, true)]);
         // (The others wait for a look, or a later capture.)
@@ -1303,13 +1344,13 @@ mod tests {
         // Outside any request too: not the place it last waited in.
         l.push_fill(600, None, AtTick::Outside);
         l.alive_ns = 700;
-        l.kernel_counted(0, 100, 100);
+        l.kernel_counted(0, 100, 100, 0);
         let got = drain(&mut l, &view(ran()));
         assert_eq!(got, [(600, WAITING, 0, true)]);
         // Never more than the fills held (and one) can show: a long wait
         // counted while captures showed the thread running does not leak
         // into later periods.
-        l.kernel_counted(0, 10_000, 100);
+        l.kernel_counted(0, 10_000, 100, 0);
         for slot in [800, 900, 1000] {
             l.push_fill(slot, None, AtTick::InRequest(6));
         }
@@ -1321,7 +1362,7 @@ mod tests {
         // CPU it was counted, then where it blocks.
         l.push_fill(1200, None, AtTick::Outside);
         l.push_fill(1300, None, AtTick::Outside);
-        l.kernel_counted(0, 100, 100);
+        l.kernel_counted(0, 100, 100, 0);
         l.alive_ns = 1400;
         let got = drain(&mut l, &view(known(9, 0)));
         assert_eq!(got, [(1200, WAITING, 0, true), (1300, 9, 0, true)]);
@@ -1336,9 +1377,30 @@ mod tests {
         assert_eq!(drain(&mut l, &view(known(WAITING, 5))).len(), 2);
         l.push_fill(300, None, AtTick::InRequest(5));
         l.push_sample(sample(350, 1, 5));
-        l.kernel_counted(0, 200, 100);
+        l.kernel_counted(0, 200, 100, 0);
         let got = drain(&mut l, &view(ran()));
         assert_eq!(got, [(300, unc, 5, true), (350, 1, 5, false)]);
+    }
+
+    /// A wait counted only after the thread left the request it waited in
+    /// (and parked) is shown under that request, not as the parked thread
+    /// waiting for a CPU.
+    #[test]
+    fn a_wait_counted_after_the_request_is_the_requests() {
+        let mut l = Ledger::default();
+        l.counting_from_now(5);
+        l.push_fill(100, None, AtTick::Outside);
+        l.alive_ns = 200;
+        l.kernel_counted(0, 80, 100, 0);
+        let got = drain(&mut l, &view(known(9, 0)));
+        assert_eq!(got, [(100, WAITING, 5, true)]);
+        // The next wait, counted from a reading outside any request, is the
+        // thread's own.
+        l.push_fill(300, None, AtTick::Outside);
+        l.alive_ns = 400;
+        l.kernel_counted(0, 80, 100, 0);
+        let got = drain(&mut l, &view(known(9, 0)));
+        assert_eq!(got, [(300, WAITING, 0, true)]);
     }
 
     #[test]
@@ -1354,7 +1416,7 @@ mod tests {
             l.push_fill(slot, None, AtTick::Outside);
         }
         l.alive_ns = 500;
-        l.kernel_counted(230, 0, 100);
+        l.kernel_counted(230, 0, 100, 0);
         let got = drain(&mut l, &view(known(9, 0)));
         assert_eq!(
             got,
@@ -1372,7 +1434,7 @@ mod tests {
         l.push_fill(100, None, AtTick::Ran(stack(1), 0));
         l.push_fill(200, None, AtTick::Outside);
         l.alive_ns = 300;
-        l.kernel_counted(100, 0, 100);
+        l.kernel_counted(100, 0, 100, 0);
         let got = drain(&mut l, &view(known(9, 0)));
         assert_eq!(got, [(100, 1, 0, true), (200, 9, 0, true)]);
         // Owed both, the larger goes first.
@@ -1381,7 +1443,7 @@ mod tests {
             l.push_fill(slot, None, AtTick::Outside);
         }
         l.alive_ns = 400;
-        l.kernel_counted(100, 200, 100);
+        l.kernel_counted(100, 200, 100, 0);
         let got = drain(&mut l, &view(known(9, 0)));
         let frames: Vec<u64> = got.iter().map(|g| g.1).collect();
         assert_eq!(frames, [WAITING, WAITING, unc]);

@@ -122,14 +122,19 @@ impl Tracked {
         let Some((cpu, delay)) = self.schedstat_file.read_schedstat(self.info.tid) else {
             return;
         };
+        let word = self
+            .context_slot
+            .map_or(0, |s| crate::context::read_for(s, self.info.tid));
+        let lane_now = if crate::lanes::is_lane(word) { word } else { 0 };
         match self.schedstat_seen.replace((cpu, delay)) {
             Some((cpu_seen, delay_seen)) => self.ledger.kernel_counted(
                 cpu.saturating_sub(cpu_seen),
                 delay.saturating_sub(delay_seen),
                 period_ns,
+                lane_now,
             ),
             // The first reading: the samples queued so far ran before it.
-            None => self.ledger.counting_from_now(),
+            None => self.ledger.counting_from_now(lane_now),
         }
     }
 
