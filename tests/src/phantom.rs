@@ -83,23 +83,42 @@ pub fn own_run_delay_ns() -> u64 {
         .unwrap_or(0)
 }
 
-/// Runs `f`, noting it as a call of `FUNCTIONS[function]` for `request`.
+thread_local! {
+    /// The calling thread's latest call of a timed function, until
+    /// [`noted`] files it.
+    static LAST_CALL: std::cell::Cell<Option<Call>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` as a call of `FUNCTIONS[function]` for `request`. The call's
+/// interval covers all the time the timed function is on the stack (its
+/// own reads of the clock and of the run delay included): it is kept in a
+/// thread-local cell, and filed by [`noted`] after the function returned,
+/// so that a lock taken to file it is not shown inside the function.
 fn timed(function: usize, request: u64, f: impl FnOnce() -> u64) -> u64 {
-    let delay_before = own_run_delay_ns();
     let start_ns = now_ns();
+    let delay_before = own_run_delay_ns();
     let out = f();
-    let end_ns = now_ns();
     let run_delay_ns = own_run_delay_ns().saturating_sub(delay_before);
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() } as u64;
-    CALLS.lock().unwrap_or_else(|e| e.into_inner()).push(Call {
+    let end_ns = now_ns();
+    LAST_CALL.set(Some(Call {
         function,
         request,
         tid,
         start_ns,
         end_ns,
         run_delay_ns,
-    });
+    }));
+    out
+}
+
+/// Files the calling thread's latest timed call (see [`timed`]); returns
+/// `out`, the value the call returned.
+fn noted<T>(out: T) -> T {
+    if let Some(call) = LAST_CALL.take() {
+        CALLS.lock().unwrap_or_else(|e| e.into_inner()).push(call);
+    }
     out
 }
 
@@ -132,16 +151,17 @@ pub const CPU_MS: u64 = 15;
 
 async fn handler(Path((k, n)): Path<(u64, u64)>) -> String {
     let request = request_key(k, n);
-    let a = phantom_first(request, CPU_MS);
+    let a = noted(phantom_first(request, CPU_MS));
     tokio::task::yield_now().await;
-    format!("{:x}\n", a ^ phantom_second(request, CPU_MS))
+    format!("{:x}\n", a ^ noted(phantom_second(request, CPU_MS)))
 }
 
 async fn blocking(Path((k, n)): Path<(u64, u64)>) -> String {
     let request = request_key(k, n);
-    let x =
-        sentry_profiling_tracing::spawn_blocking_in_span(move || phantom_blocking(request, CPU_MS))
-            .await;
+    let x = sentry_profiling_tracing::spawn_blocking_in_span(move || {
+        noted(phantom_blocking(request, CPU_MS))
+    })
+    .await;
     format!("{:x}\n", x.unwrap_or(0))
 }
 
@@ -155,7 +175,7 @@ fn database() -> mpsc::Sender<Query> {
         .name("phantom-db".into())
         .spawn(move || {
             for (request, reply) in rx {
-                let _ = reply.send(phantom_query(request, CPU_MS));
+                let _ = reply.send(noted(phantom_query(request, CPU_MS)));
             }
         })
         .expect("database thread");
