@@ -16,24 +16,34 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
 
-use super::table::Lane;
-
 /// Empty places the ring may hold beyond twice its lanes before its oldest
 /// lanes move to the hash table.
 const SPARE: usize = 1024;
 
-#[derive(Debug, Default)]
-pub(super) struct LaneMap {
+/// `T` is the lane table's lane; the map only stores it.
+#[derive(Debug)]
+pub(super) struct LaneMap<T> {
     /// The id of the ring's first place.
     base: u64,
-    ring: VecDeque<Option<Box<Lane>>>,
+    ring: VecDeque<Option<Box<T>>>,
     /// Lanes in the ring.
     in_ring: usize,
     /// Lanes outside it.
-    far: HashMap<u64, Lane>,
+    far: HashMap<u64, T>,
 }
 
-impl LaneMap {
+impl<T> Default for LaneMap<T> {
+    fn default() -> Self {
+        Self {
+            base: 0,
+            ring: VecDeque::new(),
+            in_ring: 0,
+            far: HashMap::default(),
+        }
+    }
+}
+
+impl<T> LaneMap<T> {
     pub(super) fn len(&self) -> usize {
         self.in_ring + self.far.len()
     }
@@ -44,14 +54,14 @@ impl LaneMap {
         (i < self.ring.len()).then_some(i)
     }
 
-    pub(super) fn get(&self, id: &u64) -> Option<&Lane> {
+    pub(super) fn get(&self, id: &u64) -> Option<&T> {
         match self.place(*id) {
             Some(i) => self.ring[i].as_deref(),
             None => self.far.get(id),
         }
     }
 
-    pub(super) fn get_mut(&mut self, id: &u64) -> Option<&mut Lane> {
+    pub(super) fn get_mut(&mut self, id: &u64) -> Option<&mut T> {
         match self.place(*id) {
             Some(i) => self.ring[i].as_deref_mut(),
             None => self.far.get_mut(id),
@@ -63,7 +73,7 @@ impl LaneMap {
     }
 
     /// Adds (or replaces) the lane of `id`.
-    pub(super) fn insert(&mut self, id: u64, lane: Lane) {
+    pub(super) fn insert(&mut self, id: u64, lane: T) {
         if let Some(i) = self.place(id) {
             let slot = &mut self.ring[i];
             self.in_ring += usize::from(slot.is_none());
@@ -99,7 +109,7 @@ impl LaneMap {
     }
 
     /// Removes the lane of `id`, returning it.
-    pub(super) fn remove(&mut self, id: u64) -> Option<Lane> {
+    pub(super) fn remove(&mut self, id: u64) -> Option<T> {
         let Some(i) = self.place(id) else {
             return self.far.remove(&id);
         };
@@ -133,7 +143,7 @@ impl LaneMap {
     }
 
     /// Every lane with its id (the ring's in id order, then the others).
-    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &Lane)> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &T)> {
         let base = self.base;
         self.ring
             .iter()
@@ -142,11 +152,11 @@ impl LaneMap {
             .chain(self.far.iter().map(|(&id, l)| (id, l)))
     }
 
-    pub(super) fn values(&self) -> impl Iterator<Item = &Lane> {
+    pub(super) fn values(&self) -> impl Iterator<Item = &T> {
         self.iter().map(|(_, l)| l)
     }
 
-    pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut Lane> {
+    pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.ring
             .iter_mut()
             .filter_map(|l| l.as_deref_mut())
@@ -154,7 +164,7 @@ impl LaneMap {
     }
 
     /// Keeps the lanes for which `keep` is true.
-    pub(super) fn retain(&mut self, mut keep: impl FnMut(u64, &mut Lane) -> bool) {
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(u64, &mut T) -> bool) {
         for (i, slot) in self.ring.iter_mut().enumerate() {
             if let Some(lane) = slot
                 && !keep(self.base + i as u64, lane)
@@ -168,10 +178,10 @@ impl LaneMap {
     }
 }
 
-impl std::ops::Index<&u64> for LaneMap {
-    type Output = Lane;
+impl<T> std::ops::Index<&u64> for LaneMap<T> {
+    type Output = T;
 
-    fn index(&self, id: &u64) -> &Lane {
+    fn index(&self, id: &u64) -> &T {
         self.get(id).expect("no lane of that id")
     }
 }
@@ -179,13 +189,22 @@ impl std::ops::Index<&u64> for LaneMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-
-    fn lane(start_ns: u64) -> Lane {
-        Lane::started(Arc::default(), start_ns)
+    /// What the map is tried with: the fields of a lane the tests look at.
+    #[derive(Debug, Default)]
+    struct Lane {
+        start_ns: u64,
+        end_ns: Option<u64>,
+        polls_known: bool,
     }
 
-    fn ids(map: &LaneMap) -> Vec<u64> {
+    fn lane(start_ns: u64) -> Lane {
+        Lane {
+            start_ns,
+            ..Lane::default()
+        }
+    }
+
+    fn ids(map: &LaneMap<Lane>) -> Vec<u64> {
         let mut ids: Vec<u64> = map.iter().map(|(id, _)| id).collect();
         ids.sort_unstable();
         ids
@@ -193,7 +212,7 @@ mod tests {
 
     #[test]
     fn a_removed_lane_leaves_the_others_in_place() {
-        let mut map = LaneMap::default();
+        let mut map = LaneMap::<Lane>::default();
         for id in 100..110 {
             map.insert(id, lane(id));
         }
@@ -217,7 +236,7 @@ mod tests {
         // A kept lane (linked, waiting for its chunk), then short ones
         // forgotten as they end: the ring keeps its places, so a lane costs
         // the same however far back the kept one is.
-        let mut map = LaneMap::default();
+        let mut map = LaneMap::<Lane>::default();
         map.insert(10, lane(10));
         for id in 11..500 {
             map.insert(id, lane(id));
@@ -241,7 +260,7 @@ mod tests {
 
     #[test]
     fn lanes_are_found_by_id_in_and_out_of_order() {
-        let mut map = LaneMap::default();
+        let mut map = LaneMap::<Lane>::default();
         for id in [100, 101, 103, 102, 99, 150] {
             map.insert(id, lane(id * 10));
         }
@@ -261,7 +280,7 @@ mod tests {
 
     #[test]
     fn retain_forgets_lanes_and_the_ring_moves_on() {
-        let mut map = LaneMap::default();
+        let mut map = LaneMap::<Lane>::default();
         for id in 1_000..1_100 {
             map.insert(id, lane(id));
         }
@@ -282,7 +301,7 @@ mod tests {
 
     #[test]
     fn a_lane_left_open_while_ids_run_on_does_not_stretch_the_ring() {
-        let mut map = LaneMap::default();
+        let mut map = LaneMap::<Lane>::default();
         // One request stays open while 100,000 others come and go, the
         // finished ones forgotten every 4,096.
         map.insert(1, lane(0));
@@ -300,7 +319,7 @@ mod tests {
         );
         // Ids far apart (most root spans unsampled): still found, the ring
         // bounded.
-        let mut sparse = LaneMap::default();
+        let mut sparse = LaneMap::<Lane>::default();
         for k in 0..10_000u64 {
             sparse.insert(k * 1_000, lane(k));
         }

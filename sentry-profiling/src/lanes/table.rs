@@ -162,7 +162,7 @@ impl Held {
 /// The lanes the profiler thread knows about.
 #[derive(Debug, Default)]
 pub(crate) struct Lanes {
-    pub(super) lanes: super::lane_map::LaneMap,
+    pub(super) lanes: super::lane_map::LaneMap<Lane>,
     /// The poll each thread is in: its lane, and since when.
     pub(super) open: HashMap<u32, (u64, u64)>,
     /// Lanes whose end is known (still kept until the chunk holding their
