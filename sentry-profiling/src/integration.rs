@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use sentry_core::{ClientOptions, Integration};
 
-use crate::chunk::MAX_CHUNK_DURATION;
 use crate::export::{ExportTarget, FileRetention};
 use crate::lanes::ThreadAttribution;
+use crate::options::MAX_CHUNK_DURATION;
 use crate::options::{
     DEFAULT_CHUNK_DURATION, DEFAULT_HTTP_TIMEOUT, DEFAULT_PROFILE_SESSION_SAMPLE_RATE,
     ProfileLifecycle, SamplerConfig,

@@ -146,9 +146,9 @@ mod transport;
 mod unwind;
 
 pub use attribution::ThreadAttribution;
-pub use chunk::MAX_CHUNK_DURATION;
 pub use error::Error;
 pub use integration::ProfilingIntegration;
+pub use options::MAX_CHUNK_DURATION;
 pub use options::{
     DEFAULT_CHUNK_DURATION, DEFAULT_FREQUENCY_HZ, DEFAULT_HTTP_TIMEOUT,
     DEFAULT_LONG_POLL_THRESHOLD, DEFAULT_PROFILE_SESSION_SAMPLE_RATE, DEFAULT_QUEUE_CAPACITY,

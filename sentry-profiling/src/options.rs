@@ -158,8 +158,11 @@ fn cannot_be_caught(sig: i32) -> bool {
 /// Default share of processes (profiling sessions) that profile: 0, as
 /// Sentry's spec asks; set it to enable profiling.
 pub const DEFAULT_PROFILE_SESSION_SAMPLE_RATE: f64 = 0.0;
+/// The longest span of sample timestamps in one chunk. Sentry's ingestion
+/// rejects chunks spanning more than 66 s.
+pub const MAX_CHUNK_DURATION: std::time::Duration = std::time::Duration::from_secs(60);
 /// Default longest chunk: 60 s.
-pub const DEFAULT_CHUNK_DURATION: std::time::Duration = crate::chunk::MAX_CHUNK_DURATION;
+pub const DEFAULT_CHUNK_DURATION: std::time::Duration = MAX_CHUNK_DURATION;
 
 /// Default shortest poll counted as a long poll (see
 /// `ProfilingIntegration::long_poll_threshold`): 10 ms.

@@ -1,22 +1,20 @@
 //! Collecting samples into a chunk: stacks are interned as they arrive, so a
 //! chunk holds each distinct stack once however many samples repeat it.
 //!
-//! A chunk covers at most [`MAX_CHUNK_DURATION`] of sample time; the
+//! A chunk covers at most [`crate::options::MAX_CHUNK_DURATION`] of sample time; the
 //! profiler thread closes it then, on stop, flush and shutdown.
 
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(test)]
+use crate::options::MAX_CHUNK_DURATION;
 use crate::sampler::Sample;
 
 pub(crate) mod measurements;
 use measurements::Measurement;
 pub(crate) use measurements::ProcessMeter;
-
-/// The longest span of sample timestamps in one chunk. Sentry's ingestion
-/// rejects chunks spanning more than 66 s.
-pub const MAX_CHUNK_DURATION: Duration = Duration::from_secs(60);
 
 /// One sample as a chunk stores it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
