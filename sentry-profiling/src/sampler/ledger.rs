@@ -595,12 +595,12 @@ impl Ledger {
         let (stack, waited, ran) = if waiting {
             (stack, true, false)
         } else if self.cpu_wait_ns >= half && self.cpu_wait_ns >= self.ran_ns {
-            let waiting = super::state::synthetic(super::WAITING_FOR_CPU_FRAME);
+            let waiting = super::periods::synthetic(super::WAITING_FOR_CPU_FRAME);
             (waiting, true, false)
         } else if running {
             (stack, false, true)
         } else if self.ran_ns >= half {
-            let uncaptured = super::state::synthetic(crate::attribution::UNCAPTURED_FRAME);
+            let uncaptured = super::periods::synthetic(crate::attribution::UNCAPTURED_FRAME);
             (uncaptured, false, true)
         } else {
             (stack, false, false)
@@ -706,7 +706,7 @@ impl Ledger {
                     place.stack.clone().map(|s| (s, context, false))
                 }
                 AtTick::InRequest(context) => Some((
-                    super::state::synthetic(crate::attribution::UNCAPTURED_FRAME),
+                    super::periods::synthetic(crate::attribution::UNCAPTURED_FRAME),
                     context,
                     false,
                 )),

@@ -64,10 +64,7 @@ pub(super) fn standing(word: Option<Option<u64>>, known: &Known<'_>) -> AtTick {
         }
     }
     if known.preempted == Some(context) {
-        return AtTick::In(
-            super::state::synthetic(super::WAITING_FOR_CPU_FRAME),
-            context,
-        );
+        return AtTick::In(synthetic(super::WAITING_FOR_CPU_FRAME), context);
     }
     AtTick::InRequest(context)
 }
@@ -86,6 +83,20 @@ pub(super) fn standing_running(word: Option<Option<u64>>, ran: (&Arc<[u64]>, u64
         Some(Some(context)) if context == captured_in => AtTick::Ran(stack.clone(), context),
         Some(Some(context)) => AtTick::InRequest(context),
     }
+}
+
+/// A stack of the one synthetic frame `frame`: `(waiting for a CPU)` or
+/// `(running: no stack captured in time)`, made once and shared (fills
+/// take it at every tick), or any other frame, made anew.
+pub(super) fn synthetic(frame: u64) -> Arc<[u64]> {
+    static MADE: std::sync::OnceLock<[Arc<[u64]>; 2]> = std::sync::OnceLock::new();
+    let made = MADE.get_or_init(|| {
+        [super::WAITING_FOR_CPU_FRAME, crate::lanes::UNCAPTURED_FRAME].map(|f| Arc::from(&[f][..]))
+    });
+    made.iter()
+        .find(|s| s[0] == frame)
+        .cloned()
+        .unwrap_or_else(|| Arc::from(&[frame][..]))
 }
 
 #[cfg(test)]

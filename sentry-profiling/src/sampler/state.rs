@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::periods::Known;
+use super::periods::{Known, synthetic};
 
 /// Where the thread was last found waiting, and the context word it
 /// published then.
@@ -160,20 +160,6 @@ impl Whereabouts {
             },
         }
     }
-}
-
-/// A stack of the one synthetic frame `frame`: `(waiting for a CPU)` or
-/// `(running: no stack captured in time)`, made once and shared (fills
-/// take it at every tick), or any other frame, made anew.
-pub(super) fn synthetic(frame: u64) -> Arc<[u64]> {
-    static MADE: std::sync::OnceLock<[Arc<[u64]>; 2]> = std::sync::OnceLock::new();
-    let made = MADE.get_or_init(|| {
-        [super::WAITING_FOR_CPU_FRAME, crate::lanes::UNCAPTURED_FRAME].map(|f| Arc::from(&[f][..]))
-    });
-    made.iter()
-        .find(|s| s[0] == frame)
-        .cloned()
-        .unwrap_or_else(|| Arc::from(&[frame][..]))
 }
 
 /// A signal the sampler sent to a thread, not yet answered.
