@@ -40,6 +40,7 @@ mod flame;
 mod model;
 mod names;
 mod polls;
+mod totals;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -51,8 +52,9 @@ pub use envelope::{EnvelopeItem, ParsedEnvelope, envelope_bytes, parse_envelope}
 
 use flame::Flame;
 use model::Run;
-use polls::{MAX_LONGEST_POLLS, NameTotals, PollTotals};
+use polls::{MAX_LONGEST_POLLS, NameTotals};
 use sentry_profiling::sentry_view::is_lane_thread_id;
+use totals::PollTotals;
 
 /// The page's file name in the envelope directory.
 pub const PAGE_FILE: &str = "profile.html";

@@ -12,7 +12,7 @@ use sentry_profiling::sentry_view::{
 use serde_json::Value;
 
 use crate::envelope::{envelope_files, parse_envelope};
-use crate::polls::PollTotals;
+use crate::totals::PollTotals;
 
 /// A transaction as the page lists it.
 #[derive(Debug, Clone)]
