@@ -36,11 +36,14 @@ const MIN_SHOWN: f64 = 0.5;
 
 /// How far the time requests are shown waiting for a CPU may lie from the
 /// kernel's count of it (the run delay of their threads in the timed
-/// calls), as a ratio: 0.81 to 0.87 measured on an idle machine, 0.94 to
-/// 0.95 beside four CPU hogs. A thread's waits are shown a period per fill
-/// of a period it did not run through, so waits of a few milliseconds
-/// between runs (the scheduler's slices on an idle machine, here four
-/// busy threads on two cores) lose more to rounding than long ones.
+/// calls), as a ratio: 0.82 to 0.83 measured on an idle machine, 0.95 to
+/// 0.97 beside four CPU hogs. A thread's waits are shown a period per fill
+/// of a period it did not run through (counted in fills, 0.97 of the
+/// kernel's count on an idle machine); Sentry weights each sample by the
+/// time to the next one, and waits of a few milliseconds between runs (the
+/// scheduler's slices on an idle machine, here four busy threads on two
+/// cores) are counted at the tick after them, in fills nearer a poll's end
+/// than its start, which get less than a period each.
 const CPU_WAIT_RATIO: (f64, f64) = (0.7, 1.2);
 
 /// The least share of the time shown waiting for a CPU that requests'
