@@ -87,6 +87,14 @@ fn one_cycle(
             } else {
                 c.arg("--error-exitcode=99");
             }
+            if tool == "memcheck" {
+                // The one report that is Memcheck's and not the
+                // process's: see the file.
+                c.arg(format!(
+                    "--suppressions={}/valgrind/nested-signal-frame.supp",
+                    env!("CARGO_MANIFEST_DIR")
+                ));
+            }
             c.arg(format!(
                 "--log-file={}",
                 keep.join(format!("valgrind-{cycle}.log")).display()
