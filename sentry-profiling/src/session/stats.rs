@@ -118,8 +118,8 @@ pub struct ProfilerStats {
 }
 
 /// Why chunks were not delivered (see [`ProfilerStats::chunks_dropped`]).
-/// The first drop of each kind, and every hundredth, is also logged to
-/// stderr, and the drops are reported to Sentry as `profile_chunk` client
+/// The first drop of each kind, and ever more sparingly the later ones
+/// (the 10th, 100th, … then every 100,000th), is also logged to stderr, and the drops are reported to Sentry as `profile_chunk` client
 /// reports once the endpoint accepts a chunk again.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]

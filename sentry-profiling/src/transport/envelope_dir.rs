@@ -39,8 +39,8 @@ use crate::error::log_throttled;
 /// [`send_envelope`](Transport::send_envelope) never waits for the disk: it
 /// queues the envelope, or drops it when
 /// [`queue_capacity`](Self::queue_capacity) envelopes are already waiting
-/// (counted in [`dropped`](Self::dropped), reported on stderr for the first
-/// and every hundredth). A failed write is counted in
+/// (counted in [`dropped`](Self::dropped), reported on stderr for the first,
+/// the 10th, 100th, … then every 100,000th). A failed write is counted in
 /// [`failed`](Self::failed) and reported the same way, never a panic.
 /// [`flush`](Transport::flush) waits until what was queued before it has
 /// been written, and [`shutdown`](Transport::shutdown) until everything
