@@ -99,7 +99,16 @@ impl Worker {
             self.refused(Capability::Timers, "timer_settime", errno, c);
             return;
         }
-        match request(self.threads.get_mut(idx), true, now, c) {
+        // Looked at once more right before the signal: a thread that
+        // entered a wait since the look (the timer calls above take
+        // microseconds) would have that wait interrupted, and a timed wait
+        // fails with `EINTR` even with `SA_RESTART`. One read of a kept
+        // file; the window left is the signal's own system call.
+        let t = self.threads.get_mut(idx);
+        if t.syscall_file.read_syscall(t.info.tid) != Some(sys::SyscallState::Running) {
+            return;
+        }
+        match request(t, true, now, c) {
             Some(errno) => self.refused(Capability::Signals, "rt_tgsigqueueinfo", errno, c),
             None => c.timers_stalled.add(1),
         }
