@@ -584,9 +584,18 @@ impl Ledger {
     }
 
     /// The stack a fill shows once the kernel's counts are settled (see
-    /// [`Ledger::kernel_counted`]): `stack`, which shows running code if
-    /// `ran`, or a synthetic frame in its place.
-    fn settle(&mut self, stack: Arc<[u64]>, ran: bool, period_ns: u64) -> Arc<[u64]> {
+    /// [`Ledger::kernel_counted`]), and its context: `stack`, which shows
+    /// running code if `ran`, or a synthetic frame in its place. A wait the
+    /// kernel counted, shown in a fill outside any request (`context` 0),
+    /// is filed under the request the thread waited in: never shown as the
+    /// stack of a thread parked after it.
+    fn settle(
+        &mut self,
+        stack: Arc<[u64]>,
+        mut context: u64,
+        ran: bool,
+        period_ns: u64,
+    ) -> (Arc<[u64]>, u64) {
         let (period, half) = (period_ns.max(1) as i64, (period_ns / 2) as i64);
         let floor = -MAX_OWED_PERIODS * period;
         let frame = (stack.len() == 1).then(|| stack[0]);
@@ -596,6 +605,9 @@ impl Ledger {
             (stack, true, false)
         } else if self.cpu_wait_ns >= half && self.cpu_wait_ns >= self.ran_ns {
             let waiting = super::periods::synthetic(super::WAITING_FOR_CPU_FRAME);
+            if context == 0 {
+                context = self.wait_lane;
+            }
             (waiting, true, false)
         } else if running {
             (stack, false, true)
@@ -611,7 +623,7 @@ impl Ledger {
         if ran {
             self.ran_ns = (self.ran_ns - period).max(floor);
         }
-        stack
+        (stack, context)
     }
 
     fn insert(&mut self, item: Pending) {
@@ -723,21 +735,7 @@ impl Ledger {
             let Some((stack, context, ran)) = shown else {
                 continue;
             };
-            let waiting_before = stack.len() == 1 && stack[0] == super::WAITING_FOR_CPU_FRAME;
-            let stack = self.settle(stack, ran, view.period_ns);
-            // A wait the kernel counted, shown in a period the thread spent
-            // partly outside any request: filed under the request it waited
-            // in (see `kernel_counted`), never shown as the stack of a
-            // thread parked after it.
-            let context = if context == 0
-                && !waiting_before
-                && stack.len() == 1
-                && stack[0] == super::WAITING_FOR_CPU_FRAME
-            {
-                self.wait_lane
-            } else {
-                context
-            };
+            let (stack, context) = self.settle(stack, context, ran, view.period_ns);
             let timestamp_ns = timestamp_ns.max(self.emitted_ns + 1);
             self.emitted_ns = timestamp_ns;
             out(Out::Fill {
