@@ -8,10 +8,9 @@ use sentry_core::{ClientOptions, Integration};
 
 use crate::export::{ExportTarget, FileRetention};
 use crate::lanes::ThreadAttribution;
-use crate::options::MAX_CHUNK_DURATION;
 use crate::options::{
     DEFAULT_CHUNK_DURATION, DEFAULT_HTTP_TIMEOUT, DEFAULT_PROFILE_SESSION_SAMPLE_RATE,
-    ProfileLifecycle, SamplerConfig,
+    MAX_CHUNK_DURATION, ProfileLifecycle, SamplerConfig,
 };
 use crate::session::{Session, SessionConfig};
 use crate::transaction_profile::{ProfilesSampler, V1Config};

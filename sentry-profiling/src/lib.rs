@@ -148,12 +148,11 @@ mod unwind;
 pub use attribution::ThreadAttribution;
 pub use error::Error;
 pub use integration::ProfilingIntegration;
-pub use options::MAX_CHUNK_DURATION;
 pub use options::{
     DEFAULT_CHUNK_DURATION, DEFAULT_FREQUENCY_HZ, DEFAULT_HTTP_TIMEOUT,
     DEFAULT_LONG_POLL_THRESHOLD, DEFAULT_PROFILE_SESSION_SAMPLE_RATE, DEFAULT_QUEUE_CAPACITY,
-    DEFAULT_STACK_COPY_BYTES, MAX_FREQUENCY_HZ, MAX_STACK_COPY_BYTES, ProfileLifecycle,
-    SamplerConfig,
+    DEFAULT_STACK_COPY_BYTES, MAX_CHUNK_DURATION, MAX_FREQUENCY_HZ, MAX_STACK_COPY_BYTES,
+    ProfileLifecycle, SamplerConfig,
 };
 pub use sampler::{Sample, Sampler, SamplerControl, SamplerStats};
 pub use session::v1::TransactionProfileDrops;

@@ -1,8 +1,8 @@
 //! Collecting samples into a chunk: stacks are interned as they arrive, so a
 //! chunk holds each distinct stack once however many samples repeat it.
 //!
-//! A chunk covers at most [`crate::options::MAX_CHUNK_DURATION`] of sample time; the
-//! profiler thread closes it then, on stop, flush and shutdown.
+//! A chunk covers at most [`crate::options::MAX_CHUNK_DURATION`] of sample
+//! time; the profiler thread closes it then, on stop, flush and shutdown.
 
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
