@@ -33,8 +33,9 @@ use crate::error::log_throttled;
 /// The directory keeps at most [`max_files`](Self::max_files) envelope
 /// files and [`max_bytes`](Self::max_bytes) bytes of them, those of earlier
 /// runs included: after each write the writer thread removes the oldest
-/// past either bound (counted in [`removed`](Self::removed)). Other files
-/// in the directory are left alone.
+/// past either bound (counted in [`removed`](Self::removed)), transactions
+/// and other envelopes before profile chunks, which keep up to half of
+/// each bound. Other files in the directory are left alone.
 ///
 /// [`send_envelope`](Transport::send_envelope) never waits for the disk: it
 /// queues the envelope, or drops it when
@@ -356,10 +357,11 @@ fn run(shared: &Shared, jobs: &Receiver<Job>) {
                     shared.drop_one("not written before the shutdown timeout");
                 } else {
                     let retention = retention.get_or_insert_with(|| Retention::scan(&shared.dir));
-                    if let Some((name, size)) = shared.write(&envelope) {
+                    if let Some((name, size, chunk)) = shared.write(&envelope) {
                         retention.admit(
                             name,
                             size,
+                            chunk,
                             shared.max_files.load(Ordering::Relaxed),
                             shared.max_bytes.load(Ordering::Relaxed),
                             &mut remove,
@@ -417,8 +419,9 @@ impl Shared {
     }
 
     /// Serialises `envelope` and writes it to the next file, counting the
-    /// outcome; returns the file's name and size when written.
-    fn write(&self, envelope: &Envelope) -> Option<(Box<str>, u64)> {
+    /// outcome; returns the file's name and size, and whether it holds a
+    /// profile chunk, when written.
+    fn write(&self, envelope: &Envelope) -> Option<(Box<str>, u64, bool)> {
         let delay = self.write_delay_ns.load(Ordering::Relaxed);
         if delay > 0 {
             std::thread::sleep(Duration::from_nanos(delay));
@@ -430,12 +433,15 @@ impl Shared {
             .unwrap_or_default();
         let name = format!("{seq:06}-{millis}.envelope");
         let path = self.dir.join(&name);
-        let result = crate::transaction_tags::envelope_bytes(envelope, None, None, None)
-            .and_then(|bytes| std::fs::write(&path, &bytes).map(|()| bytes.len()));
+        let result =
+            crate::transaction_tags::envelope_bytes(envelope, None, None, None).and_then(|bytes| {
+                let chunk = super::retention::holds_chunk(&bytes[..bytes.len().min(512)]);
+                std::fs::write(&path, &bytes).map(|()| (bytes.len(), chunk))
+            });
         match result {
-            Ok(size) => {
+            Ok((size, chunk)) => {
                 self.written.fetch_add(1, Ordering::Relaxed);
-                Some((name.into_boxed_str(), size as u64))
+                Some((name.into_boxed_str(), size as u64, chunk))
             }
             Err(e) => {
                 let n = self.failed.fetch_add(1, Ordering::Relaxed) + 1;
@@ -726,6 +732,26 @@ mod tests {
             .filter(|p| p.extension().is_some_and(|e| e == "envelope"))
             .collect();
         assert_eq!(left.len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_profile_chunk_outlives_the_transactions_written_after_it() {
+        let dir = temp_dir("retention-chunk");
+        let t = EnvelopeDirTransport::new(&dir).unwrap().max_files(4);
+        let chunk = b"{\"event_id\":\"9a\"}\n{\"type\":\"profile_chunk\",\"platform\":\"rust\",\"length\":2}\n{}\n";
+        t.send_envelope(Envelope::from_bytes_raw(chunk.to_vec()).unwrap());
+        for i in 0..10 {
+            t.send_envelope(envelope(i));
+        }
+        assert!(t.shutdown(Duration::from_secs(30)));
+        assert_eq!((t.written(), t.removed()), (11, 7));
+        let texts: Vec<String> = files(&dir)
+            .iter()
+            .map(|p| String::from_utf8(std::fs::read(p).unwrap()).unwrap())
+            .collect();
+        assert!(texts[0].contains("profile_chunk"), "{texts:?}");
+        assert!(texts[3].contains("\"envelope 9\""), "{texts:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
