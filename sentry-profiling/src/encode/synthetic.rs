@@ -2,7 +2,8 @@
 //! Tokio worker)` and `(awaiting)` (or the undivided `(suspended: awaiting
 //! or queued)` for a request whose wakes are not known), a worker's
 //! `(running a request)`, request time whose stack was not captured in
-//! time, and the end of a stack not unwound further (`unwind::blocked`).
+//! time, the end of a stack not unwound further (`unwind::blocked`), and
+//! a signal frame (`unwind::signal_frame`).
 //!
 //! Sentry symbolicates native chunks by sending every frame to Symbolicator,
 //! whose frame schema requires an `instruction_addr` (a frame without one
@@ -24,7 +25,10 @@ use crate::lanes::{
     SUSPENDED_FUNCTION, UNCAPTURED_FRAME, UNCAPTURED_FUNCTION, WAITING_FOR_CPU_FRAME,
     WAITING_FOR_CPU_FUNCTION,
 };
-use crate::unwind::{UNWOUND_NO_FURTHER_FRAME, UNWOUND_NO_FURTHER_FUNCTION};
+use crate::unwind::{
+    SIGNAL_HANDLER_FRAME, SIGNAL_HANDLER_FUNCTION, UNWOUND_NO_FURTHER_FRAME,
+    UNWOUND_NO_FURTHER_FUNCTION,
+};
 
 /// Marker (inside a chunk) of the frame standing for a worker's OS thread
 /// polling a request's lane.
@@ -59,6 +63,10 @@ pub const UNWOUND_NO_FURTHER_ADDRESS: u64 = 0x6;
 /// runnable but not given a CPU.
 pub const WAITING_FOR_CPU_ADDRESS: u64 = 0x7;
 
+/// The `instruction_addr` written for the frame between a signal handler
+/// and the code the signal interrupted.
+pub const SIGNAL_HANDLER_ADDRESS: u64 = 0x8;
+
 /// The address written for, and the function name of, a synthetic frame;
 /// `None` for a real code address.
 pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
@@ -70,6 +78,7 @@ pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
         AWAITING_FRAME => Some((AWAITING_ADDRESS, AWAITING_FUNCTION)),
         UNWOUND_NO_FURTHER_FRAME => Some((UNWOUND_NO_FURTHER_ADDRESS, UNWOUND_NO_FURTHER_FUNCTION)),
         WAITING_FOR_CPU_FRAME => Some((WAITING_FOR_CPU_ADDRESS, WAITING_FOR_CPU_FUNCTION)),
+        SIGNAL_HANDLER_FRAME => Some((SIGNAL_HANDLER_ADDRESS, SIGNAL_HANDLER_FUNCTION)),
         _ => None,
     }
 }
@@ -135,6 +144,7 @@ mod tests {
             AWAITING_FRAME,
             UNWOUND_NO_FURTHER_FRAME,
             WAITING_FOR_CPU_FRAME,
+            SIGNAL_HANDLER_FRAME,
         ] {
             let (addr, name) = synthetic_frame(marker).unwrap();
             assert!(addr < 4096, "{name} at {addr:#x}");

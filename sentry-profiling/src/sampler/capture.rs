@@ -67,8 +67,8 @@ impl Worker {
     }
 
     /// Takes the capture the timer of thread `idx` owes: found running
-    /// (not blocked in a system call, so the signal cannot interrupt one)
-    /// and overdue ([`Worker::timer_overdue`]), its timer expired and not
+    /// and overdue ([`Worker::timer_overdue`]) at two ticks in a row
+    /// without waiting in the kernel in between, its timer expired and not
     /// fired. The kernel checks a thread's CPU timers only at its ticks,
     /// and a busy scheduler that switches threads between ticks (slices
     /// shorter than a tick) can keep a thread off the CPU at every tick for
@@ -82,6 +82,22 @@ impl Worker {
         }
         let period = self.period;
         let t = self.threads.get_mut(idx);
+        // The signal must never reach a thread as it enters a wait: a timed
+        // wait it interrupts fails with `EINTR` even with `SA_RESTART`, and
+        // the kernel says a thread is running until it sleeps, system call
+        // entry included. So only a thread that computed without waiting in
+        // the kernel (no voluntary context switch) for a whole tick is
+        // signalled: the first overdue look notes its count, a later one
+        // that finds the same count signals. A thread that waits between
+        // bursts (a loop of timed waits, a worker that parks) keeps its
+        // count moving and is never caught up; its waits are read from
+        // here instead.
+        let Some(waits) = t.status_file.read_voluntary_switches(t.info.tid) else {
+            return;
+        };
+        if t.waits_when_overdue.replace(waits) != Some(waits) {
+            return;
+        }
         t.ran_uncaptured_from = None;
         let Some(timer) = t.timer.as_ref() else {
             return;
@@ -101,9 +117,7 @@ impl Worker {
         }
         // Looked at once more right before the signal: a thread that
         // entered a wait since the look (the timer calls above take
-        // microseconds) would have that wait interrupted, and a timed wait
-        // fails with `EINTR` even with `SA_RESTART`. One read of a kept
-        // file; the window left is the signal's own system call.
+        // microseconds) is left alone. One read of a kept file.
         let t = self.threads.get_mut(idx);
         if t.syscall_file.read_syscall(t.info.tid) != Some(sys::SyscallState::Running) {
             return;
@@ -301,6 +315,7 @@ impl Worker {
         );
         c.unwind_ns.add(start.elapsed().as_nanos() as u64);
         c.waits_read.add(1);
+        self.threads.get_mut(idx).blocked_at = Some((sp, pc));
         Look::Waiting(Arc::from(&self.frames[..]), context)
     }
 

@@ -40,7 +40,9 @@ pub(super) enum Standing {
 /// What the sampler knows of where a thread is when it does not run.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Whereabouts {
-    /// Where it last waited (kept after it ran since, as a guess).
+    /// Where it last waited (kept after it ran since, as a guess the
+    /// kernel's counts correct, and to tell a later answer that is the
+    /// same).
     pub(super) wait: Option<Wait>,
     pub(super) now: Standing,
 }
@@ -132,8 +134,11 @@ impl Whereabouts {
     /// Where its fills stand when they leave: waiting for a CPU where it is
     /// preempted; where it waits (filed under the request it waited in only
     /// while that is current and verified); where it last waited, not known
-    /// to be there now; never found waiting, ran without a stack captured
-    /// (no earlier capture stands in: its code may have moved on).
+    /// to be there now (the kernel's counts then show what it ran and
+    /// waited for a CPU in them, see `Ledger::settle`: what is left is
+    /// time it was blocked, most often where it was found blocked before);
+    /// never found waiting, ran without a stack captured (no earlier
+    /// capture stands in: its code may have moved on).
     pub(super) fn fill_place(&self) -> super::ledger::FillPlace {
         use super::ledger::FillPlace;
         match (&self.now, &self.wait) {
@@ -421,7 +426,7 @@ mod tests {
             (Some(&[crate::lanes::UNCAPTURED_FRAME][..]), 0, false)
         );
         // Seen waiting once: its place is not known now, its last wait
-        // the guess.
+        // the guess (which the kernel's counts correct).
         w.found_waiting(stack(1), 0, true);
         w.ran_uncaptured();
         assert!(!w.is_current());

@@ -63,11 +63,20 @@ pub(super) struct Tracked {
     /// Its CPU clock, and the tick's time, when it was first seen running
     /// after its latest capture or wait (see `Worker::catch_stalled_timer`).
     pub(super) ran_uncaptured_from: Option<(u64, u64)>,
+    /// Its stack pointer and program counter when it was last read blocked
+    /// in the kernel (see `Worker::look_blocked`).
+    pub(super) blocked_at: Option<(u64, u64)>,
+    /// How many times it had waited in the kernel (voluntary context
+    /// switches) when last found overdue (see `Worker::catch_stalled_timer`).
+    pub(super) waits_when_overdue: Option<u64>,
     pub(super) gone: bool,
     /// Its `/proc/self/task/<tid>/syscall` and `schedstat`, kept open
     /// (see `sys::TaskFile`).
     pub(super) syscall_file: sys::TaskFile,
     pub(super) schedstat_file: sys::TaskFile,
+    /// Its `/proc/self/task/<tid>/status`, read only when its timer is
+    /// overdue.
+    pub(super) status_file: sys::TaskFile,
     /// Its CPU time and run delay (time runnable but waiting for a CPU)
     /// at the last reading of its `schedstat`, ns.
     pub(super) schedstat_seen: Option<(u64, u64)>,
@@ -95,9 +104,12 @@ impl Tracked {
             timer: None,
             timer_armed: false,
             ran_uncaptured_from: None,
+            blocked_at: None,
+            waits_when_overdue: None,
             gone: false,
             syscall_file: sys::TaskFile::syscall(),
             schedstat_file: sys::TaskFile::schedstat(),
+            status_file: sys::TaskFile::status(),
             schedstat_seen: None,
             retried: false,
             first_seen: Instant::now(),

@@ -581,8 +581,15 @@ impl Worker {
                     && !t.schedule.ask_due(tick_no)
                 {
                     // It waited in the same place the last times it was
-                    // asked: take it to be there again.
-                    t.place.assume_waiting();
+                    // asked: taken to be there again if the kernel shows it
+                    // blocked at the same stack pointer and instruction
+                    // (one read of a kept file, no stack copied). Runnable
+                    // but not given a core, or blocked elsewhere, it is
+                    // looked at below.
+                    let at = t.syscall_file.read_syscall(t.info.tid);
+                    if blocked_at(at).is_some_and(|at| Some(at) == t.blocked_at) {
+                        t.place.assume_waiting();
+                    }
                 }
                 if !t.place.is_current() && !unresponsive {
                     // Off the CPU for a whole tick since it last ran: waiting
@@ -611,5 +618,14 @@ impl Worker {
         let t = self.threads.get_mut(idx);
         flush(&self.tx, c, t, false, period_ns);
         t.schedule.next_check = tick_no + t.schedule.check_every;
+    }
+}
+
+/// The stack pointer and program counter of a thread the kernel shows
+/// blocked in a system call.
+pub(super) fn blocked_at(state: Option<sys::SyscallState>) -> Option<(u64, u64)> {
+    match state? {
+        sys::SyscallState::Blocked { sp, pc, .. } => Some((sp, pc)),
+        sys::SyscallState::Running => None,
     }
 }

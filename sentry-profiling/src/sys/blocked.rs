@@ -59,6 +59,11 @@ impl TaskFile {
         Self::named("schedstat")
     }
 
+    /// A thread's status (see [`TaskFile::read_voluntary_switches`]).
+    pub(crate) fn status() -> Self {
+        Self::named("status")
+    }
+
     fn named(name: &'static str) -> Self {
         Self { name, file: None }
     }
@@ -76,10 +81,18 @@ impl TaskFile {
         self.read(tid, parse_schedstat)
     }
 
+    /// How many times thread `tid` gave up its CPU of its own accord (to
+    /// wait in the kernel) since it started (a [`TaskFile::status`]).
+    pub(crate) fn read_voluntary_switches(&mut self, tid: i32) -> Option<u64> {
+        self.read(tid, parse_voluntary_switches)
+    }
+
     /// The file's text for thread `tid`, parsed; `None` if it exited or the
     /// file cannot be read.
     fn read<T>(&mut self, tid: i32, parse: fn(&str) -> Option<T>) -> Option<T> {
-        let mut line = [0u8; 512];
+        // A thread's `status` is about 1.5 KB; `syscall` and `schedstat`
+        // are one line.
+        let mut line = [0u8; 4096];
         let n = match self.read_kept(&mut line) {
             Some(n) => n,
             // None kept, or its read failed (the thread exited, or the id
@@ -152,6 +165,15 @@ impl Drop for TaskFile {
 fn parse_schedstat(line: &str) -> Option<(u64, u64)> {
     let mut fields = line.split_whitespace().map(|f| f.parse().ok());
     Some((fields.next()??, fields.next()??))
+}
+
+/// Parses `status`'s `voluntary_ctxt_switches:` line.
+fn parse_voluntary_switches(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Parses the file's one line: `running`, `-1 <sp> <pc>`, or
@@ -357,6 +379,41 @@ mod tests {
         h.join().unwrap();
         assert_eq!(file.read_syscall(tid), None, "its thread exited");
         assert!(file.file.is_none(), "a failed read closes the file");
+    }
+
+    #[test]
+    fn a_thread_that_waits_gives_up_its_cpu_of_its_own_accord() {
+        assert_eq!(
+            parse_voluntary_switches(
+                "Name:\tx\nvoluntary_ctxt_switches:\t17\nnonvoluntary_ctxt_switches:\t3\n"
+            ),
+            Some(17)
+        );
+        assert_eq!(parse_voluntary_switches("Name:\tx\n"), None);
+        let mut file = TaskFile::status();
+        let me = crate::sys::current_tid();
+        let before = file
+            .read_voluntary_switches(me)
+            .expect("status is readable");
+        // Computing gives nothing up; each sleep does.
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(20);
+        while std::time::Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        let computed = file
+            .read_voluntary_switches(me)
+            .expect("status is readable");
+        for _ in 0..5 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let slept = file
+            .read_voluntary_switches(me)
+            .expect("status is readable");
+        assert_eq!(computed, before, "no wait while computing");
+        assert!(
+            slept >= before + 5,
+            "{before} then {slept} after five sleeps"
+        );
     }
 
     #[test]

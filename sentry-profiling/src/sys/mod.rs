@@ -33,7 +33,7 @@ pub(crate) use maps::{StackMappings, stack_mappings};
 pub(crate) use signal::{
     CpuTimer, FLAG_OFF_STACK, FLAG_TIMER, Regs, SendError, Slot, SlotState, completion_seq,
     install_handler, probe_cpu_timer, probe_signal, probe_vm_read, send_sample_signal,
-    set_thread_context, thread_context, wait_completion, wake_completion_waiters,
+    set_thread_context, signal_restorers, thread_context, wait_completion, wake_completion_waiters,
 };
 #[cfg(profiling_supported)]
 pub(crate) use thread::{

@@ -29,7 +29,10 @@
 
 use framehop::{FrameAddress, Unwinder as _};
 
-use super::{MAX_FRAMES, StackUnwinder, UNWOUND_NO_FURTHER_FRAME};
+use super::{
+    Caller, MAX_FRAMES, SIGNAL_HANDLER_FRAME, StackUnwinder, UNWOUND_NO_FURTHER_FRAME,
+    UnwindRegs as Regs, interrupted_frame,
+};
 
 /// The frame-pointer value the unwinder is given while the real one is not
 /// known: not zero (framehop ends a walk at a zero frame pointer, as at a
@@ -43,11 +46,6 @@ const MAX_CANDIDATES: usize = 48;
 /// A frame record's link points at most this far above the copy (the
 /// copy may be cut short of the stack's top).
 const LINK_SLACK: u64 = 1 << 20;
-
-#[cfg(target_arch = "x86_64")]
-type Regs = framehop::x86_64::UnwindRegsX86_64;
-#[cfg(target_arch = "aarch64")]
-type Regs = framehop::aarch64::UnwindRegsAarch64;
 
 /// How a walk ended.
 enum End {
@@ -217,14 +215,24 @@ impl StackUnwinder {
             };
             #[cfg(target_arch = "aarch64")]
             let ret = mask.strip_ptr_auth(ret);
-            let Some(next) = FrameAddress::from_return_address(ret) else {
-                return End::Stuck(address, before);
+            address = match self.caller(ret, &mut regs, &mut read_stack) {
+                Caller::Called(next) => {
+                    if !self.calls.confirms(address.address_for_lookup(), ret) {
+                        return End::Refuted;
+                    }
+                    frames.push(next.address_for_lookup());
+                    next
+                }
+                // The handler returns there because the kernel put the
+                // address there, not a call: nothing to confirm.
+                Caller::Interrupted(pc) => {
+                    frames.extend([SIGNAL_HANDLER_FRAME, interrupted_frame(pc)]);
+                    FrameAddress::from_instruction_pointer(pc)
+                }
+                Caller::Unreadable if past_end.get() && !copy.complete => return End::OutOfCopy,
+                Caller::Unreadable => return End::Refuted,
+                Caller::None => return End::Stuck(address, before),
             };
-            if !self.calls.confirms(address.address_for_lookup(), ret) {
-                return End::Refuted;
-            }
-            frames.push(next.address_for_lookup());
-            address = next;
         }
     }
 

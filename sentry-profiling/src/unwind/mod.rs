@@ -10,7 +10,7 @@ use std::sync::Arc;
 #[cfg(profiling_supported)]
 use arc_swap::ArcSwap;
 #[cfg(profiling_supported)]
-use framehop::{ExplicitModuleSectionInfo, MayAllocateDuringUnwind, Unwinder as _};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, MayAllocateDuringUnwind, Unwinder as _};
 
 #[cfg(profiling_supported)]
 use crate::sys::{self, LoadedImage, Regs};
@@ -20,6 +20,8 @@ mod blocked;
 #[cfg(profiling_supported)]
 mod calls;
 mod debug_id;
+#[cfg(profiling_supported)]
+mod signal_frame;
 
 pub(crate) use debug_id::debug_id_from_build_id;
 
@@ -34,6 +36,14 @@ pub(crate) const UNWOUND_NO_FURTHER_FRAME: u64 = u64::MAX - 5;
 
 /// The function name shown for [`UNWOUND_NO_FURTHER_FRAME`].
 pub(crate) const UNWOUND_NO_FURTHER_FUNCTION: &str = "(rest of the stack not unwound)";
+
+/// The marker of the frame between a signal handler's frames and the code
+/// the signal interrupted (see `signal_frame`): the kernel's signal frame,
+/// which no call made.
+pub(crate) const SIGNAL_HANDLER_FRAME: u64 = u64::MAX - 7;
+
+/// The function name shown for [`SIGNAL_HANDLER_FRAME`].
+pub(crate) const SIGNAL_HANDLER_FUNCTION: &str = "(signal handler called)";
 
 #[cfg(profiling_supported)]
 //
@@ -173,6 +183,8 @@ pub(crate) struct StackUnwinder {
     loaded: Vec<u64>,
     /// Checks callers against the machine code (see `blocked`).
     calls: calls::CallChecker,
+    /// Where signal handlers return to (see `signal_frame`).
+    restorers: Vec<u64>,
     retired: Vec<(Arc<ModuleInfo>, std::time::Instant)>,
     published: SharedModules,
 }
@@ -197,6 +209,7 @@ impl StackUnwinder {
             checked: false,
             loaded: Vec::new(),
             calls: calls::CallChecker::default(),
+            restorers: Vec::new(),
             retired: Vec::new(),
             published,
         };
@@ -214,6 +227,7 @@ impl StackUnwinder {
         }
         self.generation = Some(generation);
         let images = sys::loaded_images();
+        self.restorers = sys::signal_restorers();
         for start in self.loaded.drain(..) {
             self.unwinder.remove_module(start);
         }
@@ -263,7 +277,8 @@ impl StackUnwinder {
 
     /// Unwinds a copied stack into `frames` (leaf first). The first entry is
     /// the interrupted PC; the others are return addresses minus one, so that
-    /// each points into its call instruction.
+    /// each points into its call instruction, or stand for a signal frame
+    /// (see `signal_frame`).
     pub(crate) fn unwind(&mut self, regs: &Regs, stack: &[u8], frames: &mut Vec<u64>) {
         self.check_modules();
         frames.clear();
@@ -274,35 +289,93 @@ impl StackUnwinder {
             Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
         };
         #[cfg(target_arch = "x86_64")]
-        let unwind_regs = framehop::x86_64::UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp);
+        let mut unwind_regs = UnwindRegs::new(regs.pc, regs.sp, regs.fp);
         #[cfg(target_arch = "aarch64")]
         let mask = framehop::aarch64::PtrAuthMask::from_max_known_address(
             self.unwinder.max_known_code_address(),
         );
         #[cfg(target_arch = "aarch64")]
-        let unwind_regs = framehop::aarch64::UnwindRegsAarch64::new_with_ptr_auth_mask(
-            mask, regs.lr, regs.sp, regs.fp,
-        );
-        let mut iter =
-            self.unwinder
-                .iter_frames(regs.pc, unwind_regs, &mut self.cache, &mut read_stack);
+        let mut unwind_regs = UnwindRegs::new_with_ptr_auth_mask(mask, regs.lr, regs.sp, regs.fp);
+        let mut address = FrameAddress::from_instruction_pointer(regs.pc);
+        frames.push(regs.pc);
         while frames.len() < MAX_FRAMES {
-            match iter.next() {
-                Ok(Some(frame)) => {
-                    #[cfg(target_arch = "aarch64")]
-                    let addr = mask.strip_ptr_auth(frame.address_for_lookup());
-                    #[cfg(not(target_arch = "aarch64"))]
-                    let addr = frame.address_for_lookup();
-                    frames.push(addr);
+            let step = self.unwinder.unwind_frame(
+                address,
+                &mut unwind_regs,
+                &mut self.cache,
+                &mut read_stack,
+            );
+            let Ok(Some(ret)) = step else {
+                break;
+            };
+            #[cfg(target_arch = "aarch64")]
+            let ret = mask.strip_ptr_auth(ret);
+            match self.caller(ret, &mut unwind_regs, &mut read_stack) {
+                Caller::Called(next) => {
+                    frames.push(next.address_for_lookup());
+                    address = next;
                 }
-                Ok(None) | Err(_) => break,
+                Caller::Interrupted(pc) => {
+                    frames.extend([SIGNAL_HANDLER_FRAME, interrupted_frame(pc)]);
+                    address = FrameAddress::from_instruction_pointer(pc);
+                }
+                Caller::Unreadable | Caller::None => break,
             }
         }
-        if frames.is_empty() {
-            frames.push(regs.pc);
+    }
+
+    /// What a frame's return address `ret` leads to, `regs` the frame's
+    /// caller's registers as unwound: a call site, or (`ret` a signal
+    /// restorer) the code a signal interrupted, `regs` then set to its
+    /// registers from the signal frame (see `signal_frame`).
+    fn caller(
+        &self,
+        ret: u64,
+        regs: &mut UnwindRegs,
+        read_stack: &mut impl FnMut(u64) -> Result<u64, ()>,
+    ) -> Caller {
+        if self.restorers.contains(&ret) {
+            return match signal_frame::interrupted(regs, read_stack) {
+                Some((pc, interrupted)) => {
+                    *regs = interrupted;
+                    Caller::Interrupted(pc)
+                }
+                None => Caller::Unreadable,
+            };
         }
+        FrameAddress::from_return_address(ret).map_or(Caller::None, Caller::Called)
     }
 }
+
+/// The entry that stands for an instruction a signal interrupted, where it
+/// is not the leaf: one byte past its first, inside it, as a return
+/// address minus one is inside its call. Sentry's symbolication takes one
+/// byte off every frame's address but the leaf's; the instruction's own
+/// address would then name the function before it when the signal came at
+/// a function's first instruction.
+#[cfg(profiling_supported)]
+fn interrupted_frame(pc: u64) -> u64 {
+    pc.saturating_add(1)
+}
+
+/// The caller of a frame (see [`StackUnwinder::caller`]).
+#[cfg(profiling_supported)]
+enum Caller {
+    /// A call site.
+    Called(FrameAddress),
+    /// The instruction a signal interrupted: its handler's frame returned
+    /// to a restorer.
+    Interrupted(u64),
+    /// A signal frame whose saved registers cannot be read or lead down.
+    Unreadable,
+    /// None that can be shown.
+    None,
+}
+
+#[cfg(all(profiling_supported, target_arch = "x86_64"))]
+type UnwindRegs = framehop::x86_64::UnwindRegsX86_64;
+#[cfg(all(profiling_supported, target_arch = "aarch64"))]
+type UnwindRegs = framehop::aarch64::UnwindRegsAarch64;
 
 #[cfg(profiling_supported)]
 fn to_framehop(image: LoadedImage) -> framehop::Module<sys::ImageBytes> {

@@ -90,6 +90,32 @@ pub(crate) fn install_handler(preferred: Option<i32>) -> Result<SignalSetup, Str
     })
 }
 
+/// The addresses signal handlers return to (`sa_restorer`: libc's
+/// `__restore_rt`, which makes the `rt_sigreturn` system call), over every
+/// signal that has a handler now. A frame whose return address is one of
+/// them is a signal handler's: the interrupted code's registers are in the
+/// kernel's signal frame above it (see `unwind::signal_frame`). Empty
+/// where the C library leaves the return to the kernel (aarch64's glibc:
+/// the vDSO's trampoline).
+pub(crate) fn signal_restorers() -> Vec<u64> {
+    let mut restorers = Vec::new();
+    for sig in 1..=libc::SIGRTMAX() {
+        let Some(action) = current_action(sig) else {
+            continue;
+        };
+        if action.sa_sigaction == libc::SIG_DFL || action.sa_sigaction == libc::SIG_IGN {
+            continue;
+        }
+        if let Some(restorer) = action.sa_restorer {
+            let addr = restorer as usize as u64;
+            if !restorers.contains(&addr) {
+                restorers.push(addr);
+            }
+        }
+    }
+    restorers
+}
+
 pub(super) fn current_action(sig: i32) -> Option<libc::sigaction> {
     // SAFETY: querying with a null new action only writes `old`.
     unsafe {

@@ -66,7 +66,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize
 #[cfg(test)]
 use handler::copy_own_memory;
 use handler::handler;
-pub(crate) use install::install_handler;
+pub(crate) use install::{install_handler, signal_restorers};
 pub(crate) use probe::{probe_cpu_timer, probe_signal, probe_vm_read};
 pub(crate) use send::{SendError, send_sample_signal};
 use slot::notify_completion;
