@@ -456,13 +456,7 @@ impl Ledger {
         };
         let ts = sample.timestamp_ns();
         self.alive_ns = self.alive_ns.max(ts);
-        // A stand-in (a capture's stack repeated for the periods its timer
-        // overran) sits a microsecond after the capture: weighted by the
-        // time to the next sample, as Sentry weights, it shows no period of
-        // the CPU time it stands for. The fills of those periods show it.
-        if !sample.is_repeated() {
-            self.running_since_read = self.running_since_read.saturating_add(1);
-        }
+        self.running_since_read = self.running_since_read.saturating_add(1);
         self.insert(Pending::Sample(sample));
         ts
     }
@@ -530,9 +524,9 @@ impl Ledger {
     /// `cpu_ns` of CPU time and `run_delay_ns` runnable but waiting for a
     /// CPU. The fills then show those times, at one period per fill:
     ///
-    /// - the CPU time its captures (one period each, queued since the
-    ///   previous reading; not their stand-ins) and fills showing its
-    ///   running code do not show, as `(running: no stack captured in time)` in fills that
+    /// - the CPU time its samples of running code (one period each, queued
+    ///   since the previous reading) and fills showing its running code do
+    ///   not show, as `(running: no stack captured in time)` in fills that
     ///   would show where it waits (a thread that ran in bursts its timer
     ///   did not fire in, and was found waiting at every look);
     /// - the run delay, as `(waiting for a CPU)`, in any fill but one
