@@ -27,7 +27,7 @@ use serde_json::Value;
 pub use crate::encode::synthetic::{
     AWAITING_ADDRESS, QUEUED_ADDRESS, RUNNING_REQUEST_ADDRESS, RUNNING_REQUEST_FUNCTION,
     SIGNAL_HANDLER_ADDRESS, SUSPENDED_ADDRESS, UNCAPTURED_ADDRESS, UNWOUND_NO_FURTHER_ADDRESS,
-    WAITING_FOR_CPU_ADDRESS,
+    WAITING_FOR_CPU_ADDRESS, WAITING_UNREAD_ADDRESS,
 };
 pub use crate::lanes::LANE_BASE;
 
@@ -51,6 +51,10 @@ pub const AWAITING_FUNCTION: &str = crate::lanes::AWAITING_FUNCTION;
 /// stack where its callers could not be unwound through frames proven to be
 /// on it.
 pub const UNWOUND_NO_FURTHER_FUNCTION: &str = crate::unwind::UNWOUND_NO_FURTHER_FUNCTION;
+
+/// The function name of the synthetic frame of a period a thread was
+/// blocked in the kernel where the sampler did not read.
+pub const WAITING_UNREAD_FUNCTION: &str = crate::lanes::WAITING_UNREAD_FUNCTION;
 
 /// The function name of the synthetic frame between a signal handler's
 /// frames and the code the signal interrupted.

@@ -140,7 +140,10 @@ fn run(
         {
             unknown += 1;
             ran_uncaptured += 1;
-        } else if names.iter().any(|n| n == "(waiting for a CPU)") {
+        } else if names
+            .iter()
+            .any(|n| n == "(waiting for a CPU)" || n == "(waiting: where not read in time)")
+        {
             unknown += 1;
         }
     }

@@ -389,6 +389,7 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                     let name = f.function.as_deref();
                     name == Some(sentry_profiling::sentry_view::WAITING_FOR_CPU_FUNCTION)
                         || name == Some(sentry_profiling::sentry_view::UNCAPTURED_FUNCTION)
+                        || name == Some(sentry_profiling::sentry_view::WAITING_UNREAD_FUNCTION)
                 });
                 if is_burn {
                     burn_out += smp.weight_ns - inside;

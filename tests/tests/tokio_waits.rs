@@ -455,7 +455,9 @@ fn seen(
                 .weight_where(|f| f.instruction_addr == Some(AWAITING_ADDRESS)),
             shown_block_worker_ns: block_ns,
             shown_not_known_ns: profile.weight_where(|f| {
-                f.function.as_deref() == Some(sentry_profiling::sentry_view::UNCAPTURED_FUNCTION)
+                let name = f.function.as_deref();
+                name == Some(sentry_profiling::sentry_view::UNCAPTURED_FUNCTION)
+                    || name == Some(sentry_profiling::sentry_view::WAITING_UNREAD_FUNCTION)
             }),
         });
     }
@@ -651,8 +653,9 @@ fn queued_and_awaiting_time_match_the_truth() {
     // dozed before): most of the block shows where it blocked, and the
     // rest claims no function. The periods before the first look that
     // finds it blocked, and after the block until the next look, show
-    // `(running: no stack captured in time)`: the thread ran in them, and
-    // when in them it blocked is not known (measured: 47 to 52 ms of
+    // `(running: no stack captured in time)` where the kernel counted the
+    // thread running, `(waiting: where not read in time)` where it did not
+    // (when in them it blocked is not known) (measured: 47 to 52 ms of
     // `block_worker` with 24 to 32 ms not known on either side, in 2 of 16
     // runs beside hogs and 1 CI run; 60 ms or more of `block_worker` in
     // the others).

@@ -23,7 +23,7 @@ use crate::chunk::Chunk;
 use crate::lanes::{
     AWAITING_FRAME, AWAITING_FUNCTION, QUEUED_FRAME, QUEUED_FUNCTION, SUSPENDED_FRAME,
     SUSPENDED_FUNCTION, UNCAPTURED_FRAME, UNCAPTURED_FUNCTION, WAITING_FOR_CPU_FRAME,
-    WAITING_FOR_CPU_FUNCTION,
+    WAITING_FOR_CPU_FUNCTION, WAITING_UNREAD_FRAME, WAITING_UNREAD_FUNCTION,
 };
 use crate::unwind::{
     SIGNAL_HANDLER_FRAME, SIGNAL_HANDLER_FUNCTION, UNWOUND_NO_FURTHER_FRAME,
@@ -67,6 +67,10 @@ pub const WAITING_FOR_CPU_ADDRESS: u64 = 0x7;
 /// and the code the signal interrupted.
 pub const SIGNAL_HANDLER_ADDRESS: u64 = 0x8;
 
+/// The `instruction_addr` written for the frame of a period its thread
+/// was blocked where the sampler did not read.
+pub const WAITING_UNREAD_ADDRESS: u64 = 0x9;
+
 /// The address written for, and the function name of, a synthetic frame;
 /// `None` for a real code address.
 pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
@@ -79,6 +83,7 @@ pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
         UNWOUND_NO_FURTHER_FRAME => Some((UNWOUND_NO_FURTHER_ADDRESS, UNWOUND_NO_FURTHER_FUNCTION)),
         WAITING_FOR_CPU_FRAME => Some((WAITING_FOR_CPU_ADDRESS, WAITING_FOR_CPU_FUNCTION)),
         SIGNAL_HANDLER_FRAME => Some((SIGNAL_HANDLER_ADDRESS, SIGNAL_HANDLER_FUNCTION)),
+        WAITING_UNREAD_FRAME => Some((WAITING_UNREAD_ADDRESS, WAITING_UNREAD_FUNCTION)),
         _ => None,
     }
 }
@@ -145,6 +150,7 @@ mod tests {
             UNWOUND_NO_FURTHER_FRAME,
             WAITING_FOR_CPU_FRAME,
             SIGNAL_HANDLER_FRAME,
+            WAITING_UNREAD_FRAME,
         ] {
             let (addr, name) = synthetic_frame(marker).unwrap();
             assert!(addr < 4096, "{name} at {addr:#x}");

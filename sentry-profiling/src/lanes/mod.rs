@@ -87,6 +87,15 @@ pub(crate) const WAITING_FOR_CPU_FRAME: u64 = u64::MAX - 6;
 /// The function name shown for [`WAITING_FOR_CPU_FRAME`].
 pub(crate) const WAITING_FOR_CPU_FUNCTION: &str = "(waiting for a CPU)";
 
+/// The code address standing, in a sample, for a period its thread spent
+/// off the CPU and not runnable (blocked in the kernel, by the kernel's
+/// counts) where the sampler did not read where it waited: no function is
+/// shown, and the period is not shown as running.
+pub(crate) const WAITING_UNREAD_FRAME: u64 = u64::MAX - 8;
+
+/// The function name shown for [`WAITING_UNREAD_FRAME`].
+pub(crate) const WAITING_UNREAD_FUNCTION: &str = "(waiting: where not read in time)";
+
 /// The code address standing, in a fill-in sample, for time an
 /// instrumented request was woken but not yet polled: its task waited for
 /// a Tokio worker (the runtime was saturated, or a worker was blocked by

@@ -292,6 +292,10 @@ pub(super) struct Ledger {
     /// The request (lane) the thread stood in at the latest reading of the
     /// kernel's counts, or 0.
     lane_at_read: u64,
+    /// Whether the kernel's counts are read for the thread (see
+    /// [`Ledger::kernel_counted`]): a fill of an unknown place shows
+    /// running only where they say it ran.
+    counted: bool,
     /// The request the thread stood in when the run delay not shown yet
     /// began to be counted (the reading before the one that counted it),
     /// or 0. See [`Ledger::kernel_counted`].
@@ -550,6 +554,7 @@ impl Ledger {
         lane_now: u64,
     ) {
         let period = period_ns.max(1) as i64;
+        self.counted = true;
         if run_delay_ns > 0 {
             self.wait_lane = self.lane_at_read;
         } else if self.cpu_wait_ns < period / 2 {
@@ -609,6 +614,12 @@ impl Ledger {
                 context = self.wait_lane;
             }
             (waiting, true, false)
+        } else if running && !ran && self.counted && frame.is_some() && self.ran_ns < half {
+            // A period its place was not known for (it ran since it was
+            // last found), which the kernel's counts do not show running:
+            // the thread was blocked, somewhere not read.
+            let unread = super::periods::synthetic(crate::lanes::WAITING_UNREAD_FRAME);
+            (unread, false, false)
         } else if running {
             (stack, false, true)
         } else if self.ran_ns >= half {
@@ -1319,10 +1330,11 @@ mod tests {
 
     #[test]
     fn fills_show_the_waits_for_a_cpu_the_kernel_counted_and_no_more() {
-        // Period 100. A thread in request 5 ran without captures through
+        // Period 100. A thread in request 5 not found anywhere through
         // four periods, and the kernel counts 230 of them waiting for a
-        // CPU: two fills show that wait (the rest rounds off under half a
-        // period), the others that no stack was captured.
+        // CPU and none running: two fills show that wait (the rest rounds
+        // off under half a period), the others that it waited where the
+        // sampler did not read (not that it ran).
         let mut l = Ledger::default();
         for slot in [100, 200, 300, 400] {
             l.push_fill(slot, None, AtTick::InRequest(5));
@@ -1334,10 +1346,14 @@ mod tests {
         // (The others wait for a look, or a later capture.)
         l.push_sample(sample(450, 1, 5));
         let got = drain(&mut l, &view(ran()));
-        let unc = crate::attribution::UNCAPTURED_FRAME;
+        let unread = crate::lanes::WAITING_UNREAD_FRAME;
         assert_eq!(
             got,
-            [(300, unc, 5, true), (400, unc, 5, true), (450, 1, 5, false)]
+            [
+                (300, unread, 5, true),
+                (400, unread, 5, true),
+                (450, 1, 5, false)
+            ]
         );
         // Outside any request too: not the place it last waited in.
         l.push_fill(600, None, AtTick::Outside);
@@ -1373,11 +1389,13 @@ mod tests {
         }
         l.alive_ns = 300;
         assert_eq!(drain(&mut l, &view(known(WAITING, 5))).len(), 2);
+        // (The kernel counted the capture's period running and no more:
+        // the fill is not shown running either.)
         l.push_fill(300, None, AtTick::InRequest(5));
         l.push_sample(sample(350, 1, 5));
-        l.kernel_counted(0, 200, 100, 0);
+        l.kernel_counted(100, 200, 100, 0);
         let got = drain(&mut l, &view(ran()));
-        assert_eq!(got, [(300, unc, 5, true), (350, 1, 5, false)]);
+        assert_eq!(got, [(300, unread, 5, true), (350, 1, 5, false)]);
     }
 
     /// A wait counted only after the thread left the request it waited in

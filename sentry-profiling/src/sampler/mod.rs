@@ -41,8 +41,9 @@
 //!   moment: a thread found runnable but not running (preempted) shows
 //!   `(waiting for a CPU)`; one that ran without a capture shows the
 //!   capture next to it if one lies within a period and a half (it ran
-//!   through), or else `(running: no stack captured in time)`; one that
-//!   waits shows where it was read waiting;
+//!   through), or else `(running: no stack captured in time)` where the
+//!   kernel counted it running (else `(waiting: where not read in time)`);
+//!   one that waits shows where it was read waiting;
 //! - a fill is filed under the request (context word) the thread published
 //!   at the fill's moment (`crate::context` keeps a short history, so a late
 //!   sampler still knows); a thread in no request, or whose word at that
