@@ -15,25 +15,16 @@ const HZ: u32 = 101;
 const SPIN: Duration = Duration::from_secs(2);
 const NAME: &str = "alloc-probe";
 
+#[path = "support/clock.rs"]
+mod clock;
 #[path = "support/counting_alloc.rs"]
 mod counting_alloc;
 
+use clock::thread_cpu_ns;
 use counting_alloc::{Counting, tracked};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-/// The calling thread's CPU time in nanoseconds (a system call or vDSO
-/// read: no allocation).
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes to a local timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// Pure arithmetic for `cpu` of this thread's CPU time: no allocation.
 #[inline(never)]

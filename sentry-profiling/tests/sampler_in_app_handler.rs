@@ -10,6 +10,11 @@ use std::time::{Duration, Instant};
 
 use sentry_profiling::{Sampler, SamplerConfig, Symbolizer};
 
+#[path = "support/clock.rs"]
+mod clock;
+
+use clock::realtime_ns;
+
 /// How long the application's handler burns CPU.
 const IN_HANDLER: Duration = Duration::from_millis(300);
 
@@ -26,16 +31,6 @@ static ON_ALT_STACK: AtomicBool = AtomicBool::new(false);
 static ALT_LO: AtomicU64 = AtomicU64::new(0);
 static ALT_HI: AtomicU64 = AtomicU64::new(0);
 static TID: AtomicI32 = AtomicI32::new(0);
-
-fn realtime_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime is async-signal-safe and writes only `ts`.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// The CPU loop inside the application's handler: clock reads and
 /// arithmetic only, which are async-signal-safe.

@@ -22,10 +22,13 @@ use sentry_profiling::{Sampler, SamplerConfig, Symbolizer};
 
 #[path = "support/callchain.rs"]
 mod callchain;
+#[path = "support/clock.rs"]
+mod clock;
 #[path = "support/names.rs"]
 mod names;
 
 use callchain::{CallChainCheck, Verdict};
+use clock::realtime_ns;
 
 /// How many times the handler ran to its end.
 static HANDLED: AtomicU32 = AtomicU32::new(0);
@@ -58,17 +61,6 @@ fn sleep_in_signal_handler() {
 /// (`CLOCK_REALTIME`, the samples' clock), ns.
 static SLEPT: [[AtomicU64; 2]; 40] = [const { [const { AtomicU64::new(0) }; 2] }; 40];
 static SLEEPS: AtomicU32 = AtomicU32::new(0);
-
-fn realtime_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the kernel to write;
-    // `clock_gettime` is async-signal-safe.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 extern "C" fn on_sigusr2(_: libc::c_int) {
     if SLEEPER.with(Cell::get) {

@@ -25,6 +25,14 @@ pub(crate) enum SyscallState {
     Blocked { nr: Option<i64>, sp: u64, pc: u64 },
 }
 
+/// Bytes read of `syscall` and `schedstat`, one line each (read at every
+/// look at a thread).
+const LINE: usize = 512;
+
+/// Bytes read of `status`, about 1.5 KB (read only for a thread whose
+/// timer is overdue).
+const STATUS: usize = 4096;
+
 /// Most files under `/proc/self/task/<tid>/` kept open at once,
 /// process-wide (see [`TaskFile`]): each is a file descriptor of the
 /// application's, and a process with thousands of threads must not run out
@@ -71,28 +79,26 @@ impl TaskFile {
     /// The system-call state of thread `tid` (a [`TaskFile::syscall`]);
     /// `None` if it exited or the file cannot be read.
     pub(crate) fn read_syscall(&mut self, tid: i32) -> Option<SyscallState> {
-        self.read(tid, parse_syscall)
+        self.read::<LINE, _>(tid, parse_syscall)
     }
 
     /// The nanoseconds thread `tid` spent on a CPU, and runnable but
     /// waiting for one (its run delay), since it started (a
     /// [`TaskFile::schedstat`]).
     pub(crate) fn read_schedstat(&mut self, tid: i32) -> Option<(u64, u64)> {
-        self.read(tid, parse_schedstat)
+        self.read::<LINE, _>(tid, parse_schedstat)
     }
 
     /// How many times thread `tid` gave up its CPU of its own accord (to
     /// wait in the kernel) since it started (a [`TaskFile::status`]).
     pub(crate) fn read_voluntary_switches(&mut self, tid: i32) -> Option<u64> {
-        self.read(tid, parse_voluntary_switches)
+        self.read::<STATUS, _>(tid, parse_voluntary_switches)
     }
 
-    /// The file's text for thread `tid`, parsed; `None` if it exited or the
-    /// file cannot be read.
-    fn read<T>(&mut self, tid: i32, parse: fn(&str) -> Option<T>) -> Option<T> {
-        // A thread's `status` is about 1.5 KB; `syscall` and `schedstat`
-        // are one line.
-        let mut line = [0u8; 4096];
+    /// The file's text for thread `tid` (at most `N` bytes), parsed;
+    /// `None` if it exited or the file cannot be read.
+    fn read<const N: usize, T>(&mut self, tid: i32, parse: fn(&str) -> Option<T>) -> Option<T> {
+        let mut line = [0u8; N];
         let n = match self.read_kept(&mut line) {
             Some(n) => n,
             // None kept, or its read failed (the thread exited, or the id
