@@ -224,20 +224,35 @@ fn threads_inside_their_own_signal_handler_are_unwound_through_it() {
         eprintln!("wrong: {w}");
     }
     assert_eq!(handled, 80, "every SIGUSR2 ran its handler to the end");
+    // Enough stacks through the signal frame to check. The burner spends
+    // 800 ms in its handler; beside four CPU hogs it gets about a third of
+    // a core, and its timer fires at the kernel's scheduler tick (every
+    // 4 ms of CPU time at 250 Hz): 70 to 90 captures then, the periods
+    // between them shown from the kernel's counts (running without a stack
+    // of its own, waiting for a CPU), not repeating a capture.
     for thread in ["in-handler", "sleep-handler"] {
         let n = in_handler.get(thread).copied().unwrap_or(0);
         assert!(
-            n >= 100,
+            n >= 50,
             "only {n} samples of {thread} show its handler's code"
         );
     }
-    // Not asserted: how many samples show the sleeper's handler more than
-    // 2 ms after it returned (printed above). A thread that leaves its wait
-    // and then computes starved of CPU has the periods between its captures
-    // shown where it last waited unless the kernel's counts of its CPU time
-    // and run delay reach them first: 26 to 29 % of these samples on an
-    // idle machine, an open defect (BENCHMARKS §7, "Through a signal
-    // frame").
+    // The sleeper's handler shown more than 2 ms before its sleep began or
+    // after it returned: a frame that was not on the stack then. After its
+    // wait the thread computes beside the burner, and the periods between
+    // its captures are shown from the kernel's counts, its wait first when
+    // it was found waiting at the reading before. What is left is time the
+    // counts cannot order (a wait and a run between two readings that did
+    // not find it waiting, or a wake-up followed by a wait for a CPU that
+    // a look in between took for the same wait): 6.5 to 9 % of these
+    // samples idle, 9 to 21 % beside four CPU hogs (26 to 29 % idle before
+    // the counts were ordered). At most a quarter.
+    let shown = in_handler.get("sleep-handler").copied().unwrap_or(0);
+    assert!(
+        phantom.len() * 4 <= shown,
+        "{} of the {shown} samples showing the sleeper's handler are more than 2 ms outside its sleeps",
+        phantom.len()
+    );
     assert!(
         wrong.is_empty(),
         "{} of the samples in a handler are not unwound through the signal frame to the root",

@@ -93,20 +93,37 @@ impl Harvested {
     }
 }
 
-/// Lets `t`'s held samples leave while they may (see `Ledger::drain`);
-/// with `force` (the sampler pauses or stops), fills also leave while where
-/// the thread stands is not known. `period_ns` is the sampling period.
+/// Why a thread's held samples are let go (see [`flush`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Flush {
+    /// A tick looked at the thread and did not find it running.
+    Looked,
+    /// A tick found that it ran (a capture, or its CPU clock moved), and
+    /// read the kernel's counts of it then.
+    Ran,
+    /// It leaves the ledger's hands (it exited, or the sampler pauses or
+    /// stops): fills also leave while where it stands is not known.
+    Leaving,
+}
+
+/// Lets `t`'s held samples leave while they may (see `Ledger::drain`).
+/// `period_ns` is the sampling period.
 pub(super) fn flush(
     tx: &SyncSender<Sample>,
     c: &Counters,
     t: &mut Tracked,
-    force: bool,
+    why: Flush,
     period_ns: u64,
 ) {
+    let place = t.place.fill_place();
+    if t.ledger.wants_counts(&place) {
+        t.read_schedstat(period_ns);
+    }
     let view = ledger::DrainView {
-        place: t.place.fill_place(),
+        place,
         asking: t.asking.asks_where(),
-        force,
+        force: why == Flush::Leaving,
+        ran_last: why == Flush::Ran,
         period_ns,
     };
     let (tid, name, start) = (t.info.tid, &t.name, t.info.start_time);

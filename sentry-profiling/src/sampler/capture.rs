@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::answers::{
-    Harvested, IDLE_CPU_SLACK_NS, Look, MAX_ASK_EVERY, NUDGE_AFTER, STALLED_TIMER_MIN_SHARE,
+    Flush, Harvested, IDLE_CPU_SLACK_NS, Look, MAX_ASK_EVERY, NUDGE_AFTER, STALLED_TIMER_MIN_SHARE,
     STALLED_TIMER_SLACK_NS, awaited, emit_for, flush, request, sample_of,
 };
 use super::denied::{Capability, Refusal, is_denial};
@@ -542,7 +542,13 @@ impl Worker {
             if alive {
                 t.ledger.alive_ns = u64::MAX;
             }
-            flush(&self.tx, c, t, true, self.period.as_nanos() as u64);
+            flush(
+                &self.tx,
+                c,
+                t,
+                Flush::Leaving,
+                self.period.as_nanos() as u64,
+            );
             // Fills after the thread was last seen alive are dropped.
             t.ledger.clear();
             if alive {

@@ -9,7 +9,8 @@
 //! gets at least one sample:
 //!
 //! - a sample of running code (a timer capture, or a stand-in for a period
-//!   the kernel counted without a capture) takes the free slot nearest to
+//!   the kernel counted without a capture, where its counts of the
+//!   thread's CPU time cannot be read) takes the free slot nearest to
 //!   it within half a period, a held fill's slot included (that fill is
 //!   then cancelled); one that finds none is an extra sample, kept;
 //! - every slot left free gets a fill.
@@ -255,6 +256,10 @@ pub(super) struct DrainView {
     /// The thread is leaving the ledger's hands (the sampler pauses or
     /// stops): fills leave with what is known.
     pub(super) force: bool,
+    /// The thread was found running now, and the kernel's counts were read
+    /// then: it ran at the end of the time they cover (see
+    /// [`Ledger::blocked_first`]).
+    pub(super) ran_last: bool,
     /// The sampling period, ns: the time one fill stands for.
     pub(super) period_ns: u64,
 }
@@ -300,9 +305,30 @@ pub(super) struct Ledger {
     /// began to be counted (the reading before the one that counted it),
     /// or 0. See [`Ledger::kernel_counted`].
     wait_lane: u64,
+    /// When the kernel's counts were last read (`CLOCK_REALTIME`, ns): they
+    /// cover the fills up to then.
+    pub(super) counted_to_ns: u64,
+    /// Whether the thread was last found waiting (blocked in the kernel)
+    /// when the kernel's counts were last read: the time they cover began
+    /// with that wait (see [`Ledger::blocked_first`]).
+    pub(super) began_waiting: bool,
 }
 
 impl Ledger {
+    /// Whether the kernel's counts must be read before the held fills
+    /// leave to `place`: it is a guess (the thread ran since it was last
+    /// found anywhere), and a fill that may leave now (the thread is known
+    /// alive at its time) is later than the latest reading. Read then, the
+    /// counts show what the thread ran and waited for a CPU in that fill's
+    /// period, and the guess is left only for time it was blocked.
+    pub(super) fn wants_counts(&self, place: &FillPlace) -> bool {
+        place.ran
+            && self.pending.iter().any(|p| {
+                matches!(p, Pending::Fill { timestamp_ns, .. }
+                    if *timestamp_ns > self.counted_to_ns && *timestamp_ns <= self.alive_ns)
+            })
+    }
+
     /// The slots of the fills held, oldest first.
     pub(super) fn held_fills(&self) -> Vec<u64> {
         self.pending
@@ -480,7 +506,9 @@ impl Ledger {
     /// A capture at `ts` of `stack` in the request of `context` (call in
     /// time order, after the tick's fills are queued). Held fills between
     /// the thread's previous capture and this one, if the two are at most
-    /// `ran_within_ns` apart, stand for time it spent running without a
+    /// `ran_within_ns` apart (1.5 periods, and a period more for each
+    /// period the timer counted without a capture), stand for time it spent
+    /// running without a
     /// capture of its own (a CPU-time timer fires at the kernel's scheduler
     /// tick, so a busy thread's captures are 8 or 12 ms apart at 101 Hz,
     /// not 9.9, and some slot lies farther than half a period from both):
@@ -637,6 +665,31 @@ impl Ledger {
         (stack, context)
     }
 
+    /// How many of the fills leaving now filed under no request show where
+    /// the thread waits before the kernel's counts are settled on the
+    /// rest. When the time the counts cover began with the thread found
+    /// waiting, and it was found running at its end, it was blocked first,
+    /// then ran or waited for a CPU: what it ran and waited for a CPU goes
+    /// to the latest of those fills, and the earlier ones show where it
+    /// waited. Otherwise (it ran, then blocked) the earliest take it.
+    fn blocked_first(&self, view: &DrainView) -> usize {
+        if !self.began_waiting || !(view.place.ran || view.ran_last) || view.force {
+            return 0;
+        }
+        let covered_to = self.alive_ns.min(self.counted_to_ns);
+        let covered = self
+            .pending
+            .iter()
+            .filter(|p| {
+                matches!(p, Pending::Fill { timestamp_ns, at_tick: AtTick::Outside | AtTick::Unknown, .. }
+                    if *timestamp_ns <= covered_to)
+            })
+            .count() as i64;
+        let period = view.period_ns.max(1) as i64;
+        let owed = (self.ran_ns.max(0) + self.cpu_wait_ns.max(0) + period / 2) / period;
+        (covered - owed).max(0) as usize
+    }
+
     fn insert(&mut self, item: Pending) {
         let ts = item.timestamp_ns();
         let at = self
@@ -671,6 +724,7 @@ impl Ledger {
                 .filter(|p| matches!(p, Pending::Sample(_)))
                 .count()
         };
+        let mut blocked_first = self.blocked_first(view);
         while let Some(front) = self.pending.front() {
             let overfull = self.pending.len() > MAX_PENDING;
             if let Pending::Fill {
@@ -716,6 +770,7 @@ impl Ledger {
                     ..
                 } => (timestamp_ns, at_tick),
             };
+            let guessed = matches!(at_tick, AtTick::Outside | AtTick::Unknown);
             let shown = match at_tick {
                 AtTick::In(stack, context) => Some((stack, context, false)),
                 AtTick::Ran(stack, context) => Some((stack, context, true)),
@@ -746,7 +801,13 @@ impl Ledger {
             let Some((stack, context, ran)) = shown else {
                 continue;
             };
-            let (stack, context) = self.settle(stack, context, ran, view.period_ns);
+            let (stack, context) = if guessed && blocked_first > 0 {
+                // Blocked where it last waited, before it ran.
+                blocked_first -= 1;
+                (stack, context)
+            } else {
+                self.settle(stack, context, ran, view.period_ns)
+            };
             let timestamp_ns = timestamp_ns.max(self.emitted_ns + 1);
             self.emitted_ns = timestamp_ns;
             out(Out::Fill {
@@ -781,6 +842,7 @@ mod tests {
             place,
             asking: false,
             force: false,
+            ran_last: false,
             period_ns: 100,
         }
     }
@@ -1463,6 +1525,57 @@ mod tests {
         let got = drain(&mut l, &view(known(9, 0)));
         let frames: Vec<u64> = got.iter().map(|g| g.1).collect();
         assert_eq!(frames, [WAITING, WAITING, unc]);
+    }
+
+    #[test]
+    fn a_thread_woken_from_its_wait_shows_the_wait_then_what_it_ran() {
+        // Period 100. A thread found waiting in 9 at the reading before,
+        // found running at this one (it woke and ran 200 of CPU time, no
+        // capture): the four fills show the wait first, then that it ran.
+        let unc = crate::attribution::UNCAPTURED_FRAME;
+        let fills = |l: &mut Ledger| {
+            for slot in [100, 200, 300, 400] {
+                l.push_fill(slot, None, AtTick::Outside);
+            }
+            l.alive_ns = 500;
+            l.counted_to_ns = 500;
+            l.kernel_counted(200, 0, 100, 0);
+        };
+        let mut l = Ledger {
+            began_waiting: true,
+            ..Ledger::default()
+        };
+        fills(&mut l);
+        let woke = DrainView {
+            ran_last: true,
+            ..view(known(9, 0))
+        };
+        let got = drain(&mut l, &woke);
+        let frames: Vec<u64> = got.iter().map(|g| g.1).collect();
+        assert_eq!(frames, [9, 9, unc, unc]);
+        // Not found waiting at the reading before (it ran, then blocked
+        // where it is found now): what it ran comes first.
+        let mut l = Ledger::default();
+        fills(&mut l);
+        let got = drain(&mut l, &view(known(9, 0)));
+        let frames: Vec<u64> = got.iter().map(|g| g.1).collect();
+        assert_eq!(frames, [unc, unc, 9, 9]);
+    }
+
+    #[test]
+    fn a_guessed_place_waits_for_the_kernels_counts_of_its_moment() {
+        let mut l = Ledger::default();
+        l.push_fill(100, None, AtTick::Outside);
+        l.alive_ns = 50;
+        // Not known alive at the fill yet: nothing to read for.
+        assert!(!l.wants_counts(&ran()));
+        l.alive_ns = 150;
+        assert!(l.wants_counts(&ran()));
+        // Where it waits is current: no guess to correct.
+        assert!(!l.wants_counts(&known(9, 0)));
+        // Counts read after the fill cover it.
+        l.counted_to_ns = 120;
+        assert!(!l.wants_counts(&ran()));
     }
 
     #[test]

@@ -9,8 +9,10 @@
 //! sampler never interrupts a thread on another core to sample running
 //! code. A thread's timer captures are its samples of running code, one per
 //! period of CPU time it used (periods the kernel reports as overruns, or
-//! that found both slots full, are stand-ins repeating the capture's
-//! stack): the running share of its wall-clock samples. Its other periods
+//! that found both slots full, are shown by the fills before the capture
+//! from the kernel's counts of its CPU time, or where those cannot be read
+//! by stand-ins repeating the capture's stack): the running share of its
+//! wall-clock samples. Its other periods
 //! are "fills", samples that stand for time it was not running, recorded
 //! with the stack it waits in:
 //!

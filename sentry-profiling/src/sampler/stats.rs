@@ -64,8 +64,9 @@ counters! {
     /// Of those, captures raised by the thread's own CPU-time timer.
     samples_timer,
     /// Timer periods without a capture of their own (the thread's previous
-    /// capture was not read yet, or the kernel counted them as overruns);
-    /// the thread's latest stack was recorded for them.
+    /// capture was not read yet, or the kernel counted them as overruns):
+    /// the fills before the capture show them where the kernel's counts of
+    /// the thread's CPU time are read, its latest stack otherwise.
     samples_timer_missed,
     /// Threads for which no CPU-time timer could be created; they are
     /// signalled from the sampler thread instead.

@@ -131,9 +131,15 @@ impl Tracked {
     /// previous reading goes to its ledger, for its fills to show (see
     /// `Ledger::kernel_counted`).
     pub(super) fn read_schedstat(&mut self, period_ns: u64) {
+        // Taken before the read: the counts cover every moment up to it.
+        let now = sys::realtime_ns();
         let Some((cpu, delay)) = self.schedstat_file.read_schedstat(self.info.tid) else {
             return;
         };
+        self.ledger.counted_to_ns = now;
+        // Found waiting at the look before: the time these counts cover
+        // began blocked there.
+        self.ledger.began_waiting = self.place.known().waiting.is_some();
         let word = self
             .context_slot
             .map_or(0, |s| crate::context::read_for(s, self.info.tid));

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant};
 
-use super::answers::{IDLE_CPU_SLACK_NS, Look, awaited, flush, learned_waiting, sample_of};
+use super::answers::{Flush, IDLE_CPU_SLACK_NS, Look, awaited, flush, learned_waiting, sample_of};
 use super::denied::Denials;
 use super::requests::CapturedRequests;
 use super::state::{self, Awaited, Clock};
@@ -403,7 +403,7 @@ impl Worker {
         // that request's last periods, those it spent blocked included.
         let tx = &self.tx;
         let period_ns = self.period.as_nanos() as u64;
-        let leaving = |t: &mut super::threads::Tracked| flush(tx, c, t, true, period_ns);
+        let leaving = |t: &mut super::threads::Tracked| flush(tx, c, t, Flush::Leaving, period_ns);
         if self
             .threads
             .refresh_due(self.idle_ticks >= IDLE_TICKS_BEFORE_DOZING)
@@ -437,7 +437,7 @@ impl Worker {
             }
             // Whatever was held when the thread lost its timer goes first.
             t.ledger.alive_ns = u64::MAX;
-            flush(&self.tx, c, t, false, period_ns);
+            flush(&self.tx, c, t, Flush::Looked, period_ns);
             self.untimed(idx, tick.ts, tick.now, c);
             return;
         }
@@ -466,13 +466,18 @@ impl Worker {
             running.push(ts);
         }
         // The timer fired again before the slot was read, or more periods
-        // passed than the kernel signalled (overruns): the thread ran
-        // through, and its latest stack stands in for those periods, right
-        // after the capture, a microsecond apart: no request may get a
-        // moment the thread was not running in it.
+        // passed than the kernel signalled (overruns): the thread ran that
+        // much CPU time since its previous capture. Where the kernel's
+        // counts are read, the fills between the two captures show it
+        // (see `Ledger::kernel_counted`): it was spent before this capture,
+        // in code no capture saw. Otherwise its latest stack stands in for
+        // those periods, right after the capture, a microsecond apart: no
+        // request may get a moment the thread was not running in it.
+        c.samples_timer_missed.add(u64::from(missed));
+        let counted = t.schedstat_seen.is_some();
         let stand_ins = ledger::stand_in_times(
             running.last().copied(),
-            missed,
+            if counted { 0 } else { missed },
             tick.periods,
             t.last_stack.is_some(),
         );
@@ -483,7 +488,6 @@ impl Worker {
                 let sample = sample_of(t, *ts, stack.clone(), context, true);
                 running.push(t.ledger.push_sample(sample));
             }
-            c.samples_timer_missed.add(stand_ins.len() as u64);
         }
         let placed = t
             .ledger
@@ -497,7 +501,11 @@ impl Worker {
             let at_tick = periods::standing(word, &t.place.known());
             t.ledger.push_fill(slot, word, at_tick);
         }
-        let ran_within_ns = period_ns * 3 / 2;
+        // Two captures at most this far apart have the thread running
+        // through the time between them (the timer counted that much CPU
+        // time in it, to half a period): the fills between show the nearer
+        // capture (see `Ledger::captured`).
+        let ran_within_ns = period_ns * 3 / 2 + u64::from(missed) * period_ns;
         for (ts, stack, context) in &captures {
             t.ledger.captured(*ts, stack, *context, ran_within_ns);
         }
@@ -508,7 +516,7 @@ impl Worker {
             // what was known until then, and what the kernel counted since
             // the previous reading.
             t.read_schedstat(period_ns);
-            flush(&self.tx, c, t, false, period_ns);
+            flush(&self.tx, c, t, Flush::Ran, period_ns);
             t.place.ran();
             t.schedule.ran(tick_no);
             return;
@@ -516,7 +524,7 @@ impl Worker {
         match awaited(t, tick.now, c) {
             Awaited::Pending => return,
             // Given up: record the held periods with what is known.
-            Awaited::GaveUp => flush(&self.tx, c, t, false, period_ns),
+            Awaited::GaveUp => flush(&self.tx, c, t, Flush::Looked, period_ns),
             Awaited::Nothing => {}
         }
         // A thread inside a request right now (its context word a lane) is
@@ -544,7 +552,7 @@ impl Worker {
             }
             Clock::Recycled => {
                 // The thread that had this id exited: what it held leaves.
-                flush(&self.tx, c, t, true, period_ns);
+                flush(&self.tx, c, t, Flush::Leaving, period_ns);
                 t.reset_identity();
                 c.threads_recycled.add(1);
                 return;
@@ -555,7 +563,7 @@ impl Worker {
                 // the older ones leave with what was known.
                 t.ledger.alive_ns = t.ledger.alive_ns.max(tick.slot_end.saturating_sub(1));
                 t.read_schedstat(period_ns);
-                flush(&self.tx, c, t, false, period_ns);
+                flush(&self.tx, c, t, Flush::Ran, period_ns);
                 t.place.ran_uncaptured();
                 t.schedule.ran(tick_no);
                 self.request_ran |= in_request;
@@ -616,7 +624,7 @@ impl Worker {
             }
         }
         let t = self.threads.get_mut(idx);
-        flush(&self.tx, c, t, false, period_ns);
+        flush(&self.tx, c, t, Flush::Looked, period_ns);
         t.schedule.next_check = tick_no + t.schedule.check_every;
     }
 }
