@@ -2,14 +2,34 @@
 //! request, across `.await` hops between Tokio workers (the default), or by
 //! OS threads as Sentry's spec describes. See [`ThreadAttribution`].
 //!
-//! The lane machinery itself lives in the crate's private `lanes` module;
-//! this module holds the choice applications make (re-exported at the crate
-//! root).
+//! A thread's context word (`crate::context`: what the signal handler
+//! copies into each sample) is 0 outside any request, or the request's
+//! lane id. The lane machinery itself lives in the crate's private `lanes`
+//! module; this module holds what every side of it shares: the choice
+//! applications make (re-exported at the crate root), and what a lane id
+//! is.
 
-pub use crate::lanes::ThreadAttribution;
+/// Lane ids start here: above Linux's largest possible thread id (2^22), so
+/// they can never be mistaken for one, and still small decimal numbers as
+/// parts of Sentry's pipeline expect thread ids to be.
+pub const LANE_BASE: u64 = 1_000_000_000;
 
-// The sampler's path to the synthetic frame it records for a request whose
-// stack was not captured in time (kept so that the lanes' move did not
-// touch the sampler).
-#[cfg(profiling_supported)]
-pub(crate) use crate::lanes::UNCAPTURED_FRAME;
+/// Whether a context word names a lane.
+pub fn is_lane(context: u64) -> bool {
+    context >= LANE_BASE
+}
+
+/// How samples and transactions are tied to threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ThreadAttribution {
+    /// Each sampled root span gets a lane of its own (see `crate::lanes`):
+    /// a transaction's profile is its own work, across `.await` hops.
+    #[default]
+    Lanes,
+    /// Samples and transactions use OS thread ids, as Sentry's spec
+    /// describes: a transaction shows the samples of the thread it started
+    /// on, including other requests' work there and missing its own
+    /// elsewhere.
+    OsThreads,
+}

@@ -63,7 +63,10 @@ mod tests {
 
     #[test]
     fn a_request_reads_what_was_added_under_its_word_and_no_other() {
-        let (a, b) = (crate::lanes::LANE_BASE + 7, crate::lanes::LANE_BASE + 8);
+        let (a, b) = (
+            crate::attribution::LANE_BASE + 7,
+            crate::attribution::LANE_BASE + 8,
+        );
         assert_eq!(of(a), 0);
         add(a, 10);
         add(a, 5);

@@ -8,8 +8,9 @@
 //! It sits above the session and the lanes: both are reached through it,
 //! neither calls back into it.
 
+pub use crate::attribution::is_lane;
 use crate::lanes::now_ns;
-pub use crate::lanes::{LaneLink, is_lane, new_lane};
+pub use crate::lanes::{LaneLink, new_lane};
 
 // What the workspace's other crates need that is not a hook: the tracing
 // layer's thread word and OS-thread keys; the benches' chunk encoder; the

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use sentry_core::{ClientOptions, Integration};
 
+use crate::attribution::ThreadAttribution;
 use crate::export::{ExportTarget, FileRetention};
-use crate::lanes::ThreadAttribution;
 use crate::options::{
     DEFAULT_CHUNK_DURATION, DEFAULT_HTTP_TIMEOUT, DEFAULT_PROFILE_SESSION_SAMPLE_RATE,
     MAX_CHUNK_DURATION, ProfileLifecycle, SamplerConfig,

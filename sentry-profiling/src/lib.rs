@@ -124,6 +124,7 @@ mod cpu_waits;
 mod encode;
 mod error;
 mod export;
+mod frames;
 #[doc(hidden)]
 pub mod hooks;
 mod integration;

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sentry_core::protocol::{Context, Envelope, EnvelopeHeaders, EnvelopeItem, Transaction, Value};
 
+use crate::attribution::ThreadAttribution;
 use crate::chunk::Chunk;
 use crate::encode::sentry_v1::{V1Meta, encode_v1};
-use crate::lanes::ThreadAttribution;
 use crate::symbolize::Symbolizer;
 
 pub(crate) use crate::session::v1::ProfilesSampler;

@@ -52,7 +52,7 @@ pub(crate) fn lane_window(
         u64::try_from(d.as_nanos()).ok()
     };
     let (start, end) = (ns(tx.start_timestamp)?, ns(tx.timestamp?)?);
-    (crate::lanes::is_lane(lane) && start <= end).then_some((lane, start, end))
+    (crate::attribution::is_lane(lane) && start <= end).then_some((lane, start, end))
 }
 
 /// Removes the OS-thread keys from `data`; when `short` (and the span's

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::synthetic::synthetic_frame;
 use crate::chunk::{Chunk, ChunkSample};
+use crate::frames::synthetic_frame;
 use crate::symbolize::Symbolizer;
 use crate::unwind::{ModuleInfo, ModuleSet};
 
@@ -678,8 +678,8 @@ mod tests {
         use super::super::{ChunkMeta, encode_chunk, new_id};
         use super::by_tid;
         use crate::chunk::Chunk;
-        use crate::encode::synthetic::SUSPENDED_ADDRESS;
-        use crate::lanes::{SUSPENDED_FRAME, SUSPENDED_FUNCTION};
+        use crate::frames::SUSPENDED_ADDRESS;
+        use crate::frames::{SUSPENDED_FRAME, SUSPENDED_FUNCTION};
         use crate::sampler::Sample;
         use crate::symbolize::Symbolizer;
         use crate::unwind::ModuleSet;

@@ -1,92 +1,11 @@
-//! Frames that no code address stands for: a waiting lane's `(queued for a
-//! Tokio worker)` and `(awaiting)` (or the undivided `(suspended: awaiting
-//! or queued)` for a request whose wakes are not known), a worker's
-//! `(running a request)`, request time whose stack was not captured in
-//! time, the end of a stack not unwound further (`unwind::blocked`), and
-//! a signal frame (`unwind::signal_frame`).
-//!
-//! Sentry symbolicates native chunks by sending every frame to Symbolicator,
-//! whose frame schema requires an `instruction_addr` (a frame without one
-//! makes the whole request fail to deserialize, and the chunk then stays
-//! unsymbolicated). So every synthetic frame is written with an address
-//! below the lowest page Linux ever maps (`vm.mmap_min_addr`, 4 KiB at
-//! least), which lies in no image: Symbolicator reports it as an unknown
-//! image and keeps the frame as sent, with its `function`. It is also
-//! marked `in_app: false`, so it never counts as application code.
-//!
-//! Inside a chunk, synthetic frames are marked by addresses at the top of
-//! the address space, where no user-space code runs on Linux.
+//! A worker's OS thread while it polls requests: the `(running a request)`
+//! samples it gets where its own samples were filed under a request's lane
+//! (the synthetic frames themselves are in `crate::frames`).
 
 use std::sync::Arc;
 
 use crate::chunk::Chunk;
-use crate::lanes::{
-    AWAITING_FRAME, AWAITING_FUNCTION, QUEUED_FRAME, QUEUED_FUNCTION, SUSPENDED_FRAME,
-    SUSPENDED_FUNCTION, UNCAPTURED_FRAME, UNCAPTURED_FUNCTION, WAITING_FOR_CPU_FRAME,
-    WAITING_FOR_CPU_FUNCTION, WAITING_UNREAD_FRAME, WAITING_UNREAD_FUNCTION,
-};
-use crate::unwind::{
-    SIGNAL_HANDLER_FRAME, SIGNAL_HANDLER_FUNCTION, UNWOUND_NO_FURTHER_FRAME,
-    UNWOUND_NO_FURTHER_FUNCTION,
-};
-
-/// Marker (inside a chunk) of the frame standing for a worker's OS thread
-/// polling a request's lane.
-pub(crate) const RUNNING_REQUEST_FRAME: u64 = u64::MAX - 1;
-
-/// The function name of the frame standing for a worker polling a
-/// request (a root frame, alone in its stack).
-pub const RUNNING_REQUEST_FUNCTION: &str = "(running a request)";
-
-/// The `instruction_addr` written for the suspended frame.
-pub const SUSPENDED_ADDRESS: u64 = 0x1;
-
-/// The `instruction_addr` written for the running-a-request frame.
-pub const RUNNING_REQUEST_ADDRESS: u64 = 0x2;
-
-/// The `instruction_addr` written for the frame of request time whose stack
-/// was not captured in time.
-pub const UNCAPTURED_ADDRESS: u64 = 0x3;
-
-/// The `instruction_addr` written for the frame of a request queued for a
-/// Tokio worker.
-pub const QUEUED_ADDRESS: u64 = 0x4;
-
-/// The `instruction_addr` written for the frame of a request awaiting.
-pub const AWAITING_ADDRESS: u64 = 0x5;
-
-/// The `instruction_addr` written for the frame that ends a stack not
-/// unwound further.
-pub const UNWOUND_NO_FURTHER_ADDRESS: u64 = 0x6;
-
-/// The `instruction_addr` written for the frame of a period its thread was
-/// runnable but not given a CPU.
-pub const WAITING_FOR_CPU_ADDRESS: u64 = 0x7;
-
-/// The `instruction_addr` written for the frame between a signal handler
-/// and the code the signal interrupted.
-pub const SIGNAL_HANDLER_ADDRESS: u64 = 0x8;
-
-/// The `instruction_addr` written for the frame of a period its thread
-/// was blocked where the sampler did not read.
-pub const WAITING_UNREAD_ADDRESS: u64 = 0x9;
-
-/// The address written for, and the function name of, a synthetic frame;
-/// `None` for a real code address.
-pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
-    match marker {
-        SUSPENDED_FRAME => Some((SUSPENDED_ADDRESS, SUSPENDED_FUNCTION)),
-        RUNNING_REQUEST_FRAME => Some((RUNNING_REQUEST_ADDRESS, RUNNING_REQUEST_FUNCTION)),
-        UNCAPTURED_FRAME => Some((UNCAPTURED_ADDRESS, UNCAPTURED_FUNCTION)),
-        QUEUED_FRAME => Some((QUEUED_ADDRESS, QUEUED_FUNCTION)),
-        AWAITING_FRAME => Some((AWAITING_ADDRESS, AWAITING_FUNCTION)),
-        UNWOUND_NO_FURTHER_FRAME => Some((UNWOUND_NO_FURTHER_ADDRESS, UNWOUND_NO_FURTHER_FUNCTION)),
-        WAITING_FOR_CPU_FRAME => Some((WAITING_FOR_CPU_ADDRESS, WAITING_FOR_CPU_FUNCTION)),
-        SIGNAL_HANDLER_FRAME => Some((SIGNAL_HANDLER_ADDRESS, SIGNAL_HANDLER_FUNCTION)),
-        WAITING_UNREAD_FRAME => Some((WAITING_UNREAD_ADDRESS, WAITING_UNREAD_FUNCTION)),
-        _ => None,
-    }
-}
+use crate::frames::RUNNING_REQUEST_FRAME;
 
 /// A sample's thread as the encoder files it (see
 /// [`crate::lanes::Lanes::thread_keys`]).
@@ -140,28 +59,9 @@ mod tests {
     use crate::sampler::Sample;
 
     #[test]
-    fn synthetic_addresses_lie_below_every_mapping() {
-        for marker in [
-            SUSPENDED_FRAME,
-            RUNNING_REQUEST_FRAME,
-            UNCAPTURED_FRAME,
-            QUEUED_FRAME,
-            AWAITING_FRAME,
-            UNWOUND_NO_FURTHER_FRAME,
-            WAITING_FOR_CPU_FRAME,
-            SIGNAL_HANDLER_FRAME,
-            WAITING_UNREAD_FRAME,
-        ] {
-            let (addr, name) = synthetic_frame(marker).unwrap();
-            assert!(addr < 4096, "{name} at {addr:#x}");
-        }
-        assert_eq!(synthetic_frame(0x5555_0000), None);
-    }
-
-    #[test]
     fn a_worker_polling_a_lane_gets_a_running_sample_per_lane_tick() {
         let mut chunk = Chunk::new();
-        let lane = crate::lanes::LANE_BASE + 7;
+        let lane = crate::attribution::LANE_BASE + 7;
         let push = |c: &mut Chunk, ts, ctx| {
             c.push(&Sample::new(
                 ts,

@@ -5,8 +5,8 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
-use super::synthetic::synthetic_frame;
 use crate::chunk::Chunk;
+use crate::frames::synthetic_frame;
 use crate::lanes::{LaneLink, Lanes};
 use crate::symbolize::Symbolizer;
 use crate::unwind::{ModuleInfo, ModuleSet};

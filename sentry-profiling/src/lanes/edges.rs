@@ -9,8 +9,8 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::table::{Held, Lanes, Poll, WaitingStacks};
-use super::{QUEUED_FRAME, UNCAPTURED_FRAME};
 use crate::chunk::Chunk;
+use crate::frames::{QUEUED_FRAME, UNCAPTURED_FRAME};
 
 impl Lanes {
     /// Adds samples at the edges of each poll of a lane that began at or

@@ -57,61 +57,7 @@ pub(crate) mod table;
 pub(crate) use registry::LaneRegistry;
 pub(crate) use table::Lanes;
 
-/// Lane ids start here: above Linux's largest possible thread id (2^22), so
-/// they can never be mistaken for one, and still small decimal numbers as
-/// parts of Sentry's pipeline expect thread ids to be.
-pub const LANE_BASE: u64 = 1_000_000_000;
-
-/// The code address standing for "suspended" in fill-in samples' stacks.
-pub(crate) const SUSPENDED_FRAME: u64 = u64::MAX;
-
-/// The function name shown for [`SUSPENDED_FRAME`].
-pub(crate) const SUSPENDED_FUNCTION: &str = "(suspended: awaiting or queued)";
-
-/// The code address standing, in a request's sample, for a period its
-/// thread spent running (or preempted) inside the request before any stack
-/// of the request was captured: the time is the request's, but no stack of
-/// it is known, and another request's would show that request's code here.
-pub(crate) const UNCAPTURED_FRAME: u64 = u64::MAX - 2;
-
-/// The function name shown for [`UNCAPTURED_FRAME`].
-pub(crate) const UNCAPTURED_FUNCTION: &str = "(running: no stack captured in time)";
-
-/// The code address standing, in a sample, for a period its thread was
-/// runnable but not running: preempted, or not yet given a core, because
-/// more threads were runnable than the machine has cores. Where in its code
-/// it stood is not known (it may have run on since its latest capture), so
-/// no function is shown for the period.
-pub(crate) const WAITING_FOR_CPU_FRAME: u64 = u64::MAX - 6;
-
-/// The function name shown for [`WAITING_FOR_CPU_FRAME`].
-pub(crate) const WAITING_FOR_CPU_FUNCTION: &str = "(waiting for a CPU)";
-
-/// The code address standing, in a sample, for a period its thread spent
-/// off the CPU and not runnable (blocked in the kernel, by the kernel's
-/// counts) where the sampler did not read where it waited: no function is
-/// shown, and the period is not shown as running.
-pub(crate) const WAITING_UNREAD_FRAME: u64 = u64::MAX - 8;
-
-/// The function name shown for [`WAITING_UNREAD_FRAME`].
-pub(crate) const WAITING_UNREAD_FUNCTION: &str = "(waiting: where not read in time)";
-
-/// The code address standing, in a fill-in sample, for time an
-/// instrumented request was woken but not yet polled: its task waited for
-/// a Tokio worker (the runtime was saturated, or a worker was blocked by
-/// someone else's long poll).
-pub(crate) const QUEUED_FRAME: u64 = u64::MAX - 3;
-
-/// The function name shown for [`QUEUED_FRAME`].
-pub(crate) const QUEUED_FUNCTION: &str = "(queued for a Tokio worker)";
-
-/// The code address standing, in a fill-in sample, for time an
-/// instrumented request was not ready: it awaited a database, a
-/// downstream call, a timer.
-pub(crate) const AWAITING_FRAME: u64 = u64::MAX - 4;
-
-/// The function name shown for [`AWAITING_FRAME`].
-pub(crate) const AWAITING_FUNCTION: &str = "(awaiting)";
+use crate::attribution::LANE_BASE;
 
 /// `Change::woken_ns` of a poll of an instrumented future that was not
 /// woken (its first poll): the request's wakes are known, this poll had
@@ -131,26 +77,6 @@ pub fn new_lane() -> u64 {
 thread_local! {
     /// The lane this thread last allocated, and when.
     pub(crate) static LANE_CREATED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
-}
-
-/// Whether a context word names a lane.
-pub fn is_lane(context: u64) -> bool {
-    context >= LANE_BASE
-}
-
-/// How samples and transactions are tied to threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum ThreadAttribution {
-    /// Each sampled root span gets a lane of its own (see the module docs):
-    /// a transaction's profile is its own work, across `.await` hops.
-    #[default]
-    Lanes,
-    /// Samples and transactions use OS thread ids, as Sentry's spec
-    /// describes: a transaction shows the samples of the thread it started
-    /// on, including other requests' work there and missing its own
-    /// elsewhere.
-    OsThreads,
 }
 
 /// A lane's life, as the tracing layer reports it.

@@ -7,11 +7,10 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
-use super::{
-    AWAITING_FRAME, Change, LaneEvent, LaneLink, NOT_WOKEN, QUEUED_FRAME, SUSPENDED_FRAME,
-    ThreadAttribution,
-};
+use super::{Change, LaneEvent, LaneLink, NOT_WOKEN};
+use crate::attribution::{ThreadAttribution, is_lane};
 use crate::chunk::{Chunk, ChunkSample};
+use crate::frames::{AWAITING_FRAME, QUEUED_FRAME, SUSPENDED_FRAME};
 
 #[derive(Debug, Clone)]
 pub(super) struct Lane {
@@ -366,7 +365,7 @@ impl Lanes {
                     kept = false;
                 }
             }
-        } else if super::is_lane(to) {
+        } else if is_lane(to) {
             // A lane whose start is not read yet: the tracing layer
             // publishes a root span's word on its first entry just before
             // it reports the lane's start, and the reader may take the
@@ -723,8 +722,8 @@ impl Lanes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lanes::UNCAPTURED_FRAME;
-    use crate::lanes::{is_lane, new_lane};
+    use crate::frames::UNCAPTURED_FRAME;
+    use crate::lanes::new_lane;
     use crate::sampler::Sample;
 
     fn sample(ts: u64, tid: i32, context: u64) -> Sample {

@@ -135,7 +135,9 @@ pub(super) fn flush(
             context,
         } => {
             c.samples_idle.add(1);
-            if *stack == [super::WAITING_FOR_CPU_FRAME] && crate::lanes::is_lane(context) {
+            if *stack == [crate::frames::WAITING_FOR_CPU_FRAME]
+                && crate::attribution::is_lane(context)
+            {
                 crate::cpu_waits::add(context, period_ns);
             }
             let sample = Sample::new(timestamp_ns, tid, name.clone(), stack, context, true)
@@ -221,7 +223,7 @@ pub(super) fn awaited(t: &mut Tracked, now: Instant, c: &Counters) -> Awaited {
 /// capture is a sample of its own rather than the thread's parked stack.
 /// Returns the `errno` of a send that failed other than for a thread gone.
 pub(super) fn request(t: &mut Tracked, as_sample: bool, now: Instant, c: &Counters) -> Option<i32> {
-    let slot = t.slot?;
+    let slot = t.capture_slot?;
     match sys::send_sample_signal(t.info.tid, slot) {
         Ok(()) => {
             c.signals_sent.add(1);

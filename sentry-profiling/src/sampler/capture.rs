@@ -32,7 +32,7 @@ impl Worker {
     pub(super) fn nudge(&mut self, idx: usize, c: &Counters) {
         let period = self.period;
         let t = self.threads.get_mut(idx);
-        let (Some(slot), Some(timer)) = (t.context_slot, &t.timer) else {
+        let (Some(slot), Some(timer)) = (t.word_slot, &t.timer) else {
             return;
         };
         // Once `timer_settime` is refused, it is not called again.
@@ -148,7 +148,7 @@ impl Worker {
             Some(stack)
                 if cpu - t.cpu_seen_ns <= IDLE_CPU_SLACK_NS || t.asking.is_unresponsive() =>
             {
-                let context = t.context_slot.map_or(0, crate::context::read);
+                let context = t.word_slot.map_or(0, crate::context::read);
                 c.samples_idle.add(1);
                 emit_for(&self.tx, c, t, tick_ts, stack, context, true);
             }
@@ -259,7 +259,7 @@ impl Worker {
         let cap = self.config.stack_copy_bytes;
         let t = self.threads.get_mut(idx);
         let tid = t.info.tid;
-        let context_slot = t.context_slot;
+        let word_slot = t.word_slot;
         let known_bounds = t.stack_bounds;
         let Some(cpu_before) = sys::thread_cpu_time_ns(tid) else {
             return Look::Gone;
@@ -294,7 +294,7 @@ impl Worker {
             self.refused(Capability::VmRead, "process_vm_readv", errno, c);
         }
         let copied = read.copied;
-        let context = context_slot.map_or(0, |s| crate::context::read_for(s, tid));
+        let context = word_slot.map_or(0, |s| crate::context::read_for(s, tid));
         if sys::thread_cpu_time_ns(tid) != Some(cpu_before) {
             // It woke up while its stack was read: the copy may mix two
             // moments.
@@ -328,7 +328,7 @@ impl Worker {
         let timers = self.config.cpu_timers && self.denied.timers.is_none();
         let mut refusal = None;
         let t = self.threads.get_mut(idx);
-        if t.slot.is_none() {
+        if t.capture_slot.is_none() {
             let Some(slot) = Slot::acquire(cap) else {
                 c.dropped_no_slot.add(1);
                 return false;
@@ -345,8 +345,8 @@ impl Worker {
                 }
                 return false;
             }
-            t.slot = Some(slot);
-            t.slot2 = second.filter(|s| s.bind(t.info.tid, lo, hi, None));
+            t.capture_slot = Some(slot);
+            t.capture_slot2 = second.filter(|s| s.bind(t.info.tid, lo, hi, None));
             t.cpu_seen_ns = sys::thread_cpu_time_ns(t.info.tid).unwrap_or(0);
             if timers {
                 match sys::CpuTimer::create(t.info.tid, slot) {
@@ -392,7 +392,7 @@ impl Worker {
     pub(super) fn harvest(&mut self, idx: usize, c: &Counters) -> Harvested {
         // The older capture first, when both slots are full.
         let t = self.threads.get_mut(idx);
-        let slots = [t.slot, t.slot2];
+        let slots = [t.capture_slot, t.capture_slot2];
         let filled = |s: Option<&'static Slot>| s.and_then(|s| s.filled_at());
         let order = match (filled(slots[0]), filled(slots[1])) {
             (Some(a), Some(b)) if b < a => [1, 0],
@@ -517,7 +517,7 @@ impl Worker {
             let waiting = (0..self.threads.len()).any(|i| {
                 let t = self.threads.get_mut(i);
                 t.asking.is_asked()
-                    && [t.slot, t.slot2]
+                    && [t.capture_slot, t.capture_slot2]
                         .into_iter()
                         .flatten()
                         .all(|s| s.state() != sys::SlotState::Done)
@@ -529,7 +529,7 @@ impl Worker {
             sys::wait_completion(seen, until - now);
         }
         for idx in 0..self.threads.len() {
-            if self.threads.get_mut(idx).gone || self.threads.get_mut(idx).slot.is_none() {
+            if self.threads.get_mut(idx).gone || self.threads.get_mut(idx).capture_slot.is_none() {
                 continue;
             }
             let harvested = self.harvest(idx, c);

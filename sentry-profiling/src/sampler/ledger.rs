@@ -632,12 +632,12 @@ impl Ledger {
         let (period, half) = (period_ns.max(1) as i64, (period_ns / 2) as i64);
         let floor = -MAX_OWED_PERIODS * period;
         let frame = (stack.len() == 1).then(|| stack[0]);
-        let waiting = frame == Some(super::WAITING_FOR_CPU_FRAME);
-        let running = ran || frame == Some(crate::attribution::UNCAPTURED_FRAME);
+        let waiting = frame == Some(crate::frames::WAITING_FOR_CPU_FRAME);
+        let running = ran || frame == Some(crate::frames::UNCAPTURED_FRAME);
         let (stack, waited, ran) = if waiting {
             (stack, true, false)
         } else if self.cpu_wait_ns >= half && self.cpu_wait_ns >= self.ran_ns {
-            let waiting = super::periods::synthetic(super::WAITING_FOR_CPU_FRAME);
+            let waiting = super::periods::synthetic(crate::frames::WAITING_FOR_CPU_FRAME);
             if context == 0 {
                 context = self.wait_lane;
             }
@@ -646,12 +646,12 @@ impl Ledger {
             // A period its place was not known for (it ran since it was
             // last found), which the kernel's counts do not show running:
             // the thread was blocked, somewhere not read.
-            let unread = super::periods::synthetic(crate::lanes::WAITING_UNREAD_FRAME);
+            let unread = super::periods::synthetic(crate::frames::WAITING_UNREAD_FRAME);
             (unread, false, false)
         } else if running {
             (stack, false, true)
         } else if self.ran_ns >= half {
-            let uncaptured = super::periods::synthetic(crate::attribution::UNCAPTURED_FRAME);
+            let uncaptured = super::periods::synthetic(crate::frames::UNCAPTURED_FRAME);
             (uncaptured, false, true)
         } else {
             (stack, false, false)
@@ -784,7 +784,7 @@ impl Ledger {
                     place.stack.clone().map(|s| (s, context, false))
                 }
                 AtTick::InRequest(context) => Some((
-                    super::periods::synthetic(crate::attribution::UNCAPTURED_FRAME),
+                    super::periods::synthetic(crate::frames::UNCAPTURED_FRAME),
                     context,
                     false,
                 )),
@@ -831,7 +831,7 @@ mod tests {
     }
 
     /// The waiting-for-a-CPU frame.
-    const WAITING: u64 = super::super::WAITING_FOR_CPU_FRAME;
+    const WAITING: u64 = crate::frames::WAITING_FOR_CPU_FRAME;
 
     fn sample(ts: u64, frame: u64, context: u64) -> Sample {
         Sample::new(ts, 7, Arc::from("t"), stack(frame), context, false)
@@ -860,7 +860,7 @@ mod tests {
     /// known (as `Whereabouts::fill_place` says).
     fn ran() -> FillPlace {
         FillPlace {
-            stack: Some(Arc::from(&[crate::attribution::UNCAPTURED_FRAME][..])),
+            stack: Some(Arc::from(&[crate::frames::UNCAPTURED_FRAME][..])),
             ran: true,
             ..FillPlace::default()
         }
@@ -1369,7 +1369,7 @@ mod tests {
         // request 5's, no stack of any other moment shown.
         l.push_fill(200, None, AtTick::InRequest(5));
         let got = drain(&mut l, &view(known(WAITING, 6)));
-        assert_eq!(got, [(200, crate::attribution::UNCAPTURED_FRAME, 5, true)]);
+        assert_eq!(got, [(200, crate::frames::UNCAPTURED_FRAME, 5, true)]);
         // Not known yet where it stands: the fill waits for the next look
         // (found blocked in request 5: there)...
         l.push_fill(300, None, AtTick::InRequest(5));
@@ -1384,7 +1384,7 @@ mod tests {
         assert_eq!(
             got,
             [
-                (400, crate::attribution::UNCAPTURED_FRAME, 5, true),
+                (400, crate::frames::UNCAPTURED_FRAME, 5, true),
                 (450, 1, 5, false)
             ]
         );
@@ -1408,7 +1408,7 @@ mod tests {
         // (The others wait for a look, or a later capture.)
         l.push_sample(sample(450, 1, 5));
         let got = drain(&mut l, &view(ran()));
-        let unread = crate::lanes::WAITING_UNREAD_FRAME;
+        let unread = crate::frames::WAITING_UNREAD_FRAME;
         assert_eq!(
             got,
             [
@@ -1487,7 +1487,7 @@ mod tests {
         // of CPU time in bursts no timer caught, and one capture shows 100
         // of it: one fill of four shows that it ran (the rest rounds off
         // under half a period), the others where it waits.
-        let unc = crate::attribution::UNCAPTURED_FRAME;
+        let unc = crate::frames::UNCAPTURED_FRAME;
         let mut l = Ledger::default();
         l.push_sample(sample(50, 1, 0));
         for slot in [100, 200, 300, 400] {
@@ -1532,7 +1532,7 @@ mod tests {
         // Period 100. A thread found waiting in 9 at the reading before,
         // found running at this one (it woke and ran 200 of CPU time, no
         // capture): the four fills show the wait first, then that it ran.
-        let unc = crate::attribution::UNCAPTURED_FRAME;
+        let unc = crate::frames::UNCAPTURED_FRAME;
         let fills = |l: &mut Ledger| {
             for slot in [100, 200, 300, 400] {
                 l.push_fill(slot, None, AtTick::Outside);

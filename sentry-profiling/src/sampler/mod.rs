@@ -28,7 +28,7 @@
 //!   pure transitions (see `state`); `Worker::tick_thread` performs the
 //!   system calls and feeds what they return to them;
 //! - a thread's stack bounds are learned before its first capture (see
-//!   `ThreadTable::refresh_context_slots` and [`Worker::look_blocked`]), and
+//!   `ThreadTable::refresh_word_slots` and [`Worker::look_blocked`]), and
 //!   a thread found in a request with no capture yet has its timer brought
 //!   forward ([`Worker::nudge`]);
 //! - where the thread waits is read without interrupting it (a signal would
@@ -65,8 +65,6 @@
 //! when the kernel refuses timers (a seccomp policy); which calls it
 //! refuses is probed at the start and noted when it changes, counted, and
 //! said once on stderr (see `denied`).
-
-pub(crate) use crate::lanes::WAITING_FOR_CPU_FRAME;
 
 mod answers;
 mod capture;

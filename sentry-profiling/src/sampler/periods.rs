@@ -64,7 +64,7 @@ pub(super) fn standing(word: Option<Option<u64>>, known: &Known<'_>) -> AtTick {
         }
     }
     if known.preempted == Some(context) {
-        return AtTick::In(synthetic(super::WAITING_FOR_CPU_FRAME), context);
+        return AtTick::In(synthetic(crate::frames::WAITING_FOR_CPU_FRAME), context);
     }
     AtTick::InRequest(context)
 }
@@ -91,7 +91,11 @@ pub(super) fn standing_running(word: Option<Option<u64>>, ran: (&Arc<[u64]>, u64
 pub(super) fn synthetic(frame: u64) -> Arc<[u64]> {
     static MADE: std::sync::OnceLock<[Arc<[u64]>; 2]> = std::sync::OnceLock::new();
     let made = MADE.get_or_init(|| {
-        [super::WAITING_FOR_CPU_FRAME, crate::lanes::UNCAPTURED_FRAME].map(|f| Arc::from(&[f][..]))
+        [
+            crate::frames::WAITING_FOR_CPU_FRAME,
+            crate::frames::UNCAPTURED_FRAME,
+        ]
+        .map(|f| Arc::from(&[f][..]))
     });
     made.iter()
         .find(|s| s[0] == frame)
@@ -164,7 +168,7 @@ mod tests {
         };
         assert!(is_in(
             &standing(Some(Some(8)), &preempted),
-            &[super::super::WAITING_FOR_CPU_FRAME],
+            &[crate::frames::WAITING_FOR_CPU_FRAME],
             8
         ));
         assert!(matches!(

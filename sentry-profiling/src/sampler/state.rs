@@ -143,7 +143,7 @@ impl Whereabouts {
         use super::ledger::FillPlace;
         match (&self.now, &self.wait) {
             (Standing::Preempted(context), _) => FillPlace {
-                stack: Some(synthetic(super::WAITING_FOR_CPU_FRAME)),
+                stack: Some(synthetic(crate::frames::WAITING_FOR_CPU_FRAME)),
                 context: *context,
                 known: true,
                 ran: false,
@@ -158,7 +158,7 @@ impl Whereabouts {
                 }
             }
             (_, None) => FillPlace {
-                stack: Some(synthetic(crate::lanes::UNCAPTURED_FRAME)),
+                stack: Some(synthetic(crate::frames::UNCAPTURED_FRAME)),
                 context: 0,
                 known: false,
                 ran: true,
@@ -401,7 +401,7 @@ mod tests {
         let p = w.fill_place();
         assert_eq!(
             (p.stack.as_deref(), p.context, p.known),
-            (Some(&[crate::sampler::WAITING_FOR_CPU_FRAME][..]), 5, true)
+            (Some(&[crate::frames::WAITING_FOR_CPU_FRAME][..]), 5, true)
         );
         assert!(w.known().waiting.is_none());
         assert_eq!(w.known().preempted, Some(5));
@@ -423,7 +423,7 @@ mod tests {
         let p = w.fill_place();
         assert_eq!(
             (p.stack.as_deref(), p.context, p.known),
-            (Some(&[crate::lanes::UNCAPTURED_FRAME][..]), 0, false)
+            (Some(&[crate::frames::UNCAPTURED_FRAME][..]), 0, false)
         );
         // Seen waiting once: its place is not known now, its last wait
         // the guess (which the kernel's counts correct).

@@ -48,15 +48,15 @@ pub(super) struct Tracked {
     /// Its period slots and the samples it holds.
     pub(super) ledger: Ledger,
     /// Where the thread publishes its context word (see `crate::context`).
-    pub(super) context_slot: Option<u32>,
+    pub(super) word_slot: Option<u32>,
     /// How many words it had published at the last tick (see
     /// `crate::context::word_and_changes`).
     pub(super) changes_seen: u64,
     pub(super) stack_bounds: Option<(usize, usize)>,
     /// The capture slots bound to the thread (the second is filled while
     /// the first waits to be read), and its CPU-time timer.
-    pub(super) slot: Option<&'static Slot>,
-    pub(super) slot2: Option<&'static Slot>,
+    pub(super) capture_slot: Option<&'static Slot>,
+    pub(super) capture_slot2: Option<&'static Slot>,
     pub(super) timer: Option<sys::CpuTimer>,
     /// Whether the timer is armed (the sampler is not paused).
     pub(super) timer_armed: bool,
@@ -96,11 +96,11 @@ impl Tracked {
             asking: Asking::default(),
             schedule: Schedule::default(),
             ledger: Ledger::default(),
-            context_slot: None,
+            word_slot: None,
             changes_seen: 0,
             stack_bounds: None,
-            slot: None,
-            slot2: None,
+            capture_slot: None,
+            capture_slot2: None,
             timer: None,
             timer_armed: false,
             ran_uncaptured_from: None,
@@ -120,7 +120,10 @@ impl Tracked {
     fn release(&mut self) {
         self.timer = None;
         self.timer_armed = false;
-        for slot in [self.slot.take(), self.slot2.take()].into_iter().flatten() {
+        for slot in [self.capture_slot.take(), self.capture_slot2.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = Slot::release(slot);
         }
     }
@@ -141,9 +144,13 @@ impl Tracked {
         // began blocked there.
         self.ledger.began_waiting = self.place.known().waiting.is_some();
         let word = self
-            .context_slot
+            .word_slot
             .map_or(0, |s| crate::context::read_for(s, self.info.tid));
-        let lane_now = if crate::lanes::is_lane(word) { word } else { 0 };
+        let lane_now = if crate::attribution::is_lane(word) {
+            word
+        } else {
+            0
+        };
         match self.schedstat_seen.replace((cpu, delay)) {
             Some((cpu_seen, delay_seen)) => self.ledger.kernel_counted(
                 cpu.saturating_sub(cpu_seen),
@@ -163,9 +170,9 @@ impl Tracked {
         }
         self.release();
         let fresh = Tracked::new(self.info.clone());
-        let context_slot = self.context_slot;
+        let word_slot = self.word_slot;
         *self = fresh;
-        self.context_slot = context_slot;
+        self.word_slot = word_slot;
     }
 }
 
@@ -178,7 +185,7 @@ pub(super) struct ThreadTable {
     last_names: Option<Instant>,
     maps: StackMappings,
     maps_read: Option<Instant>,
-    /// `crate::context::claims()` when context slots were last looked up.
+    /// `crate::context::claims()` when word slots (where threads publish their context words) were last looked up.
     claims_seen: u64,
     /// Where the thread list is read from, and the last list read.
     tasks: sys::TaskList,
@@ -234,7 +241,7 @@ impl ThreadTable {
                 t.gone = true;
                 continue;
             }
-            t.context_slot = slots.get(&(t.info.tid as u32)).copied();
+            t.word_slot = slots.get(&(t.info.tid as u32)).copied();
             if !all_names && t.first_seen.elapsed() >= YOUNG {
                 continue;
             }
@@ -263,21 +270,21 @@ impl ThreadTable {
                 counters.threads_seen.add(1);
                 self.by_tid.insert(tid, self.entries.len());
                 let mut t = Tracked::new(info);
-                t.context_slot = slots.get(&(tid as u32)).copied();
+                t.word_slot = slots.get(&(tid as u32)).copied();
                 self.entries.push(t);
             }
         }
         self.tids = tids;
     }
 
-    /// Looks up the threads' context slots again if a thread claimed one
+    /// Looks up the threads' word slots again if a thread claimed one
     /// since the last look. A thread that claimed one is entering its first
     /// profiled request: if the table does not know it yet (it was created
     /// since the last listing), it is added now rather than at the next
     /// listing, and every thread that publishes a context word gets its
     /// stack bounds from the address it left with its slot, so its first
     /// timer capture already holds its stack.
-    pub(super) fn refresh_context_slots(&mut self, counters: &Counters) {
+    pub(super) fn refresh_word_slots(&mut self, counters: &Counters) {
         let claims = crate::context::claims();
         if claims == self.claims_seen {
             return;
@@ -286,7 +293,7 @@ impl ThreadTable {
         let own = super::own_threads();
         let slots = crate::context::slots_by_tid();
         for t in &mut self.entries {
-            t.context_slot = slots.get(&(t.info.tid as u32)).copied();
+            t.word_slot = slots.get(&(t.info.tid as u32)).copied();
         }
         for (&tid, &slot) in &slots {
             let tid = tid as i32;
@@ -298,7 +305,7 @@ impl ThreadTable {
                 counters.threads_added_early.add(1);
                 self.by_tid.insert(tid, self.entries.len());
                 let mut t = Tracked::new(info);
-                t.context_slot = Some(slot);
+                t.word_slot = Some(slot);
                 self.entries.push(t);
             }
         }
@@ -308,7 +315,7 @@ impl ThreadTable {
                 continue;
             }
             let Some(hint) = t
-                .context_slot
+                .word_slot
                 .and_then(|slot| crate::context::stack_hint(slot, t.info.tid))
             else {
                 continue;
@@ -333,7 +340,7 @@ impl ThreadTable {
             // armed for it (it gets the bounds when re-armed).
             return;
         }
-        for slot in [t.slot, t.slot2].into_iter().flatten() {
+        for slot in [t.capture_slot, t.capture_slot2].into_iter().flatten() {
             slot.set_bounds(bounds.0, bounds.1);
         }
     }

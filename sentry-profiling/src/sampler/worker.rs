@@ -342,7 +342,7 @@ impl Worker {
             if t.timer.is_none() {
                 doze = 0;
             }
-            let Some(slot) = t.context_slot else {
+            let Some(slot) = t.word_slot else {
                 continue;
             };
             let Some((word, changes)) = crate::context::word_and_changes(slot, t.info.tid) else {
@@ -351,7 +351,7 @@ impl Worker {
             // Changes per period since the tick before, rounded up.
             let rate = changes.saturating_sub(t.changes_seen).div_ceil(periods);
             t.changes_seen = changes;
-            if crate::lanes::is_lane(word) {
+            if crate::attribution::is_lane(word) {
                 doze = 0;
             } else if let Some(most) = LIGHT_DOZE_MAX_CHANGES.checked_div(rate) {
                 // (No change at all allows the longest doze.)
@@ -389,7 +389,7 @@ impl Worker {
         // The module list is read again before this tick's first unwind,
         // if it has one (most ticks of a lightly loaded service do not).
         self.unwinder.new_tick();
-        self.threads.refresh_context_slots(c);
+        self.threads.refresh_word_slots(c);
         for idx in 0..self.threads.len() {
             self.tick_thread(idx, &tick, c);
         }
@@ -443,7 +443,7 @@ impl Worker {
         }
         self.nudge(idx, c);
         let t = self.threads.get_mut(idx);
-        let missed = t.slot.map_or(0, |s| s.take_missed());
+        let missed = t.capture_slot.map_or(0, |s| s.take_missed());
         let slots = ledger::thread_slots(
             tick.periods,
             tick.slot_end,
@@ -496,7 +496,7 @@ impl Worker {
             // What the thread's published context word was at the slot (the
             // sampler may run late).
             let word = t
-                .context_slot
+                .word_slot
                 .map(|s| crate::context::word_at(s, t.info.tid, slot));
             let at_tick = periods::standing(word, &t.place.known());
             t.ledger.push_fill(slot, word, at_tick);
@@ -533,8 +533,8 @@ impl Worker {
         // a system call, which no timer capture reveals) must be found
         // blocked there, not assumed to wait where it used to.
         let in_request = t
-            .context_slot
-            .is_some_and(|s| crate::lanes::is_lane(crate::context::read_for(s, t.info.tid)));
+            .word_slot
+            .is_some_and(|s| crate::attribution::is_lane(crate::context::read_for(s, t.info.tid)));
         if !in_request && !t.schedule.check_due(tick_no) {
             return;
         }
@@ -611,7 +611,7 @@ impl Worker {
                         Look::Running => {
                             let t = self.threads.get_mut(idx);
                             let context_now = t
-                                .context_slot
+                                .word_slot
                                 .map_or(0, |s| crate::context::read_for(s, t.info.tid));
                             t.place.found_preempted(context_now);
                         }

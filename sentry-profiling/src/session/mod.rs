@@ -39,8 +39,9 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 
+use crate::attribution::ThreadAttribution;
 use crate::export::{ExportTarget, FileRetention};
-use crate::lanes::{LaneLink, LaneRegistry, ThreadAttribution};
+use crate::lanes::{LaneLink, LaneRegistry};
 use crate::options::{ProfileLifecycle, SamplerConfig};
 use crate::sampler::{SamplerControl, SamplerStats};
 use profiler_thread::Request;

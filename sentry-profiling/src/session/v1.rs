@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use sentry_core::protocol::Envelope;
 
+use crate::attribution::ThreadAttribution;
 use crate::chunk::Chunk;
-use crate::lanes::{Lanes, ThreadAttribution};
+use crate::lanes::Lanes;
 use crate::symbolize::Symbolizer;
 use crate::unwind::ModuleSet;
 

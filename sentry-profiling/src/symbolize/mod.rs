@@ -107,7 +107,7 @@ impl Symbolizer {
     /// for a CPU, or ran with no stack captured, or the end of a stack not
     /// unwound further), its name, such as `(waiting for a CPU)`.
     pub fn function(&mut self, modules: &ModuleSet, addr: u64) -> Option<Arc<str>> {
-        if let Some((_, name)) = crate::encode::synthetic::synthetic_frame(addr) {
+        if let Some((_, name)) = crate::frames::synthetic_frame(addr) {
             return Some(Arc::from(name));
         }
         self.follow(modules);

@@ -29,10 +29,8 @@
 
 use framehop::{FrameAddress, Unwinder as _};
 
-use super::{
-    Caller, MAX_FRAMES, SIGNAL_HANDLER_FRAME, StackUnwinder, UNWOUND_NO_FURTHER_FRAME,
-    UnwindRegs as Regs, interrupted_frame,
-};
+use super::{Caller, MAX_FRAMES, StackUnwinder, UnwindRegs as Regs, interrupted_frame};
+use crate::frames::{SIGNAL_HANDLER_FRAME, UNWOUND_NO_FURTHER_FRAME};
 
 /// The frame-pointer value the unwinder is given while the real one is not
 /// known: not zero (framehop ends a walk at a zero frame pointer, as at a

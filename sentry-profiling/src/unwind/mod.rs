@@ -29,22 +29,6 @@ pub(crate) use debug_id::debug_id_from_build_id;
 #[cfg(profiling_supported)]
 pub(crate) const MAX_FRAMES: usize = 512;
 
-/// The marker (a code address no user-space code has on Linux) that ends
-/// a stack whose callers beyond its last frame could not be unwound
-/// through frames proven to be on it (see `blocked`).
-pub(crate) const UNWOUND_NO_FURTHER_FRAME: u64 = u64::MAX - 5;
-
-/// The function name shown for [`UNWOUND_NO_FURTHER_FRAME`].
-pub(crate) const UNWOUND_NO_FURTHER_FUNCTION: &str = "(rest of the stack not unwound)";
-
-/// The marker of the frame between a signal handler's frames and the code
-/// the signal interrupted (see `signal_frame`): the kernel's signal frame,
-/// which no call made.
-pub(crate) const SIGNAL_HANDLER_FRAME: u64 = u64::MAX - 7;
-
-/// The function name shown for [`SIGNAL_HANDLER_FRAME`].
-pub(crate) const SIGNAL_HANDLER_FUNCTION: &str = "(signal handler called)";
-
 #[cfg(profiling_supported)]
 //
 // The sampler thread is no signal handler: it may allocate, so DWARF
@@ -316,7 +300,7 @@ impl StackUnwinder {
                     address = next;
                 }
                 Caller::Interrupted(pc) => {
-                    frames.extend([SIGNAL_HANDLER_FRAME, interrupted_frame(pc)]);
+                    frames.extend([crate::frames::SIGNAL_HANDLER_FRAME, interrupted_frame(pc)]);
                     address = FrameAddress::from_instruction_pointer(pc);
                 }
                 Caller::Unreadable | Caller::None => break,
