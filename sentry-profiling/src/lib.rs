@@ -213,7 +213,9 @@ mod thread_word {
 
     /// Sets the calling thread's context word, which the signal handler copies
     /// into every sample of this thread; returns the previous value. The
-    /// tracing layer stores the entered span here. A plain thread-local store.
+    /// tracing layer stores the entered request's lane here. It is kept in a
+    /// thread-local, and mirrored into the thread's word slot, which the
+    /// sampler reads without interrupting the thread (see `context`).
     #[inline]
     pub fn set_thread_context(value: u64) -> u64 {
         #[cfg(profiling_supported)]

@@ -25,8 +25,8 @@ impl Lanes {
     /// thread. With samples only on the sampling grid, a request's last
     /// stack of a poll was charged up to a period of the time it then
     /// waited, and a `(suspended)` sample before a poll up to a period of
-    /// the time it ran (measured: a /work request's `burn_cpu` time off by
-    /// 20 to 44 % on a busy machine). Called after the export view is
+    /// the time it ran (BENCHMARKS §4, "What Sentry shows: poll edges").
+    /// Called after the export view is
     /// built: the edges shape Sentry's durations and are not samples of a
     /// period (pprof and OTLP count those).
     pub(crate) fn add_poll_edges(

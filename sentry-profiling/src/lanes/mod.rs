@@ -96,8 +96,8 @@ pub(crate) enum LaneEvent {
     /// The transaction the lane stands for spans `start_ns..=end_ns`. It
     /// can begin before the lane, and end before or after the root span
     /// closes (its thread was preempted between the tracing layers'
-    /// callbacks, or between the transaction's end and the span's close:
-    /// 12 ms was seen on a busy machine). The lane begins no later than the
+    /// callbacks, or between the transaction's end and the span's close,
+    /// for milliseconds on a busy machine). The lane begins no later than the
     /// transaction and ends with it: it covers the whole transaction Sentry
     /// shows it under, and gets no fill-in after it, where Sentry shows
     /// none of the lane's samples.

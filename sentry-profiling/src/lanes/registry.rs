@@ -22,10 +22,9 @@
 //! reader that takes the queue between the two, and the words after both,
 //! sees the word of a lane it does not know yet: the lane table opens that
 //! poll anyway ([`super::Lanes::apply_change`]), and files it under the
-//! lane when the thread leaves it. (It used to drop it: with the thread
-//! preempted between the two on a busy machine, the window lasted
-//! milliseconds, and `tokio_waits`' blocking request lost its long poll.)
-//! Starts stay in the queue: through the threads' rings they cost the
+//! lane when the thread leaves it: a thread preempted between the two on a
+//! busy machine keeps that window open for milliseconds, and the poll is
+//! the request's. Starts stay in the queue: through the threads' rings they cost the
 //! workers no less under `perf` (see BENCHMARKS.md).
 //!
 //! The profiler thread reads the queue every sampling period while the

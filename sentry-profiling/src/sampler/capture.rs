@@ -72,10 +72,9 @@ impl Worker {
     /// fired. The kernel checks a thread's CPU timers only at its ticks,
     /// and a busy scheduler that switches threads between ticks (slices
     /// shorter than a tick) can keep a thread off the CPU at every tick for
-    /// hundreds of milliseconds of its CPU time: measured beside four CPU
-    /// hogs on two cores, a thread burning 2 s of CPU got 42 of its 1,000
-    /// timer signals. The sampler then signals it, as it signals a thread
-    /// without a timer, and the timer starts a new period.
+    /// hundreds of milliseconds of its CPU time (BENCHMARKS §4, "CPU-time
+    /// timers the kernel does not fire"). The sampler then signals it, as it
+    /// signals a thread without a timer, and the timer starts a new period.
     pub(super) fn catch_stalled_timer(&mut self, idx: usize, now: Instant, c: &Counters) {
         if self.denied.signals.is_some() || self.denied.timers.is_some() {
             return;

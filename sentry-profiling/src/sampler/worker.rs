@@ -38,17 +38,17 @@ const IDLE_TICKS_BEFORE_DOZING: u32 = 3;
 /// Any capture (a thread that ran a period of CPU time fires its timer)
 /// ends it at once; the next tick then stands for the periods slept
 /// through, as a late tick does, so every period of every thread still gets
-/// its sample. Waking up costs more than the samples of a tick: with
-/// requests in flight that all wait, 16-period dozes cost the sampler
-/// thread 1.1 ms of CPU a second, 48-period ones 0.3.
+/// its sample. A wake-up costs more than the samples of a tick, so the
+/// longer the doze, the less an idle process pays (figures: BENCHMARKS §1,
+/// "The profiler thread's wake-ups").
 const DOZE_PERIODS: u32 = 48;
 /// How many periods a light doze lasts at most (see
 /// [`Worker::light_doze_periods`]): while the application runs now and then
 /// (requests come at a few hundred a second or fewer) but no thread is in a
 /// request at the tick, the sampler sleeps up to this many periods, and any
-/// capture wakes it at once. Each wake-up costs the sampler thread 30 to
-/// 60 µs of CPU in the VM this is developed on (a timed `futex` wait, measured
-/// alone), more than the work of most ticks.
+/// capture wakes it at once. A wake-up (a timed `futex` wait) costs the
+/// sampler thread more than the work of most ticks (figures: BENCHMARKS
+/// §1, "The sampler's light doze").
 const LIGHT_DOZE_PERIODS: u32 = 4;
 /// Most context-word changes a thread may make during a light doze, at the
 /// rate it changed its word since the tick before: the periods slept

@@ -5,8 +5,8 @@
 //! go (issue #14), so the table is read every period. The sampler thread
 //! wakes every period anyway: it reads the table at the end of each tick
 //! (see [`crate::sampler::Sampler::set_tick_hook`]), and the profiler thread
-//! then wakes only at its own tick, not every period as well. In this VM a
-//! timed wake-up costs a thread 30–40 µs of CPU, so that halves the
+//! then wakes only at its own tick, not every period as well: a timed
+//! wake-up costs more than reading the table, so this halves the
 //! profiler's wake-ups while requests are in flight. While the sampler does
 //! not tick (paused, or dozing while the application idles), the profiler
 //! thread reads the table itself, every period, as before.

@@ -1,10 +1,13 @@
-//! Every piece of `unsafe` code in the crate: signals, the thread list, stack
-//! mappings, clocks and the loaded-image list.
+//! The crate's system calls, and the `unsafe` code they need: signals, the
+//! thread list, stack mappings, clocks and the loaded-image list. (Two
+//! other places hold `unsafe` code, each for its own data structure:
+//! `lanes/ring.rs`, a single-writer ring's slots, and `symbolize`, an ELF
+//! file mapped to read its symbols.)
 //!
 //! The rest of the crate talks to the operating system only through the safe
 //! functions exported here. Only Linux on x86_64 and aarch64 is supported
 //! (`build.rs` sets `cfg(profiling_supported)` there); elsewhere this module is
-//! empty and [`crate::Profiler::start`] reports the platform as unsupported.
+//! empty and [`crate::Sampler::start`] returns [`crate::Error::Unsupported`].
 
 #[cfg(profiling_supported)]
 mod arch;
