@@ -345,8 +345,11 @@ struct Seen {
     shown_queued_ns: u64,
     shown_awaiting_ns: u64,
     shown_block_worker_ns: u64,
-    /// Time shown as `(running: no stack captured in time)`.
+    /// Time shown as `(running: no stack captured in time)` or
+    /// `(waiting: where not read in time)`.
     shown_not_known_ns: u64,
+    /// Time shown as `(waiting for a CPU)`.
+    shown_cpu_wait_ns: u64,
 }
 
 /// Runs `drive` against a service on `workers` workers, then reads what
@@ -458,6 +461,10 @@ fn seen(
                 let name = f.function.as_deref();
                 name == Some(sentry_profiling::sentry_view::UNCAPTURED_FUNCTION)
                     || name == Some(sentry_profiling::sentry_view::WAITING_UNREAD_FUNCTION)
+            }),
+            shown_cpu_wait_ns: profile.weight_where(|f| {
+                f.function.as_deref()
+                    == Some(sentry_profiling::sentry_view::WAITING_FOR_CPU_FUNCTION)
             }),
         });
     }
@@ -658,14 +665,23 @@ fn queued_and_awaiting_time_match_the_truth() {
     // (when in them it blocked is not known) (measured: 47 to 52 ms of
     // `block_worker` with 24 to 32 ms not known on either side, in 2 of 16
     // runs beside hogs and 1 CI run; 60 ms or more of `block_worker` in
-    // the others).
+    // the others). Beside CPU hogs the worker, woken from its block, may
+    // wait for a core before it runs on: the kernel counts that wait, and
+    // the periods after the block show it as `(waiting for a CPU)`, the
+    // request's time too (10 to 20 ms in 4 of 10 runs beside four hogs;
+    // before the kernel's counts were ordered, those periods showed
+    // `block_worker`, where the worker no longer was).
     assert!(
         blocker.shown_block_worker_ns >= 40_000_000
-            && blocker.shown_block_worker_ns + blocker.shown_not_known_ns >= 80_000_000,
-        "Sentry shows the long poll with `block_worker` on its stack for {:.1} ms, and {:.1} ms \
-         with no function known",
+            && blocker.shown_block_worker_ns
+                + blocker.shown_not_known_ns
+                + blocker.shown_cpu_wait_ns
+                >= 80_000_000,
+        "Sentry shows the long poll with `block_worker` on its stack for {:.1} ms, {:.1} ms \
+         with no function known and {:.1} ms waiting for a CPU",
         ms(blocker.shown_block_worker_ns),
-        ms(blocker.shown_not_known_ns)
+        ms(blocker.shown_not_known_ns),
+        ms(blocker.shown_cpu_wait_ns)
     );
     assert_eq!(assert_agrees("blocked", &blocked, "GET /gate"), 3);
     for s in blocked.iter().filter(|s| s.name == "GET /gate") {
