@@ -85,15 +85,17 @@ pub(super) fn standing_running(word: Option<Option<u64>>, ran: (&Arc<[u64]>, u64
     }
 }
 
-/// A stack of the one synthetic frame `frame`: `(waiting for a CPU)` or
-/// `(running: no stack captured in time)`, made once and shared (fills
-/// take it at every tick), or any other frame, made anew.
+/// A stack of the one synthetic frame `frame`: `(waiting for a CPU)`,
+/// `(running: no stack captured in time)` or `(waiting: where not read in
+/// time)`, made once and shared (fills take them at every tick), or any
+/// other frame, made anew.
 pub(super) fn synthetic(frame: u64) -> Arc<[u64]> {
-    static MADE: std::sync::OnceLock<[Arc<[u64]>; 2]> = std::sync::OnceLock::new();
+    static MADE: std::sync::OnceLock<[Arc<[u64]>; 3]> = std::sync::OnceLock::new();
     let made = MADE.get_or_init(|| {
         [
             crate::frames::WAITING_FOR_CPU_FRAME,
             crate::frames::UNCAPTURED_FRAME,
+            crate::frames::WAITING_UNREAD_FRAME,
         ]
         .map(|f| Arc::from(&[f][..]))
     });
