@@ -128,8 +128,6 @@ impl Tracked {
         }
     }
 
-    /// Forgets everything learned about the thread that had this id; the
-    /// new one gets its own timer and slot at the next tick.
     /// Reads its CPU time and run delay: what the kernel counted since the
     /// previous reading goes to its ledger, for its fills to show (see
     /// `Ledger::kernel_counted`).
@@ -163,6 +161,8 @@ impl Tracked {
         }
     }
 
+    /// Forgets everything learned about the thread that had this id; the
+    /// new one gets its own timer and slot at the next tick.
     pub(super) fn reset_identity(&mut self) {
         if let Some(info) = sys::read_thread_identity(self.info.tid) {
             self.name = Arc::from(info.name.as_str());

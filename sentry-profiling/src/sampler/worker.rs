@@ -416,19 +416,25 @@ impl Worker {
 
     /// One thread's part of a tick that stands for `periods` sampling
     /// periods (more than one when the sampler thread could not run on
-    /// time), the latest of whose slots is `slot_end`.
+    /// time), the latest of whose slots is `slot_end`. In order:
     ///
-    /// The thread's samples of running code (this tick's captures, and
-    /// stand-ins for periods the kernel counted without one) take their
-    /// period slots in its ledger, and every slot left free gets a fill
-    /// (see `ledger`). Then, if it did not run, its CPU clock and scheduler
-    /// state tell where it stands, which its fills show (see `state`).
+    /// 1. its captures are harvested (a thread without a CPU-time timer is
+    ///    signalled instead, see `Worker::untimed`);
+    /// 2. its samples of running code take their period slots in its
+    ///    ledger, and every slot left free gets a fill
+    ///    ([`Worker::record_periods`]); a thread that ran a timer period
+    ///    is done;
+    /// 3. otherwise, once no signal's answer is awaited, its CPU clock
+    ///    tells whether it ran less than a period
+    ///    ([`Worker::ran_uncaptured`]) or stayed off the CPU
+    ///    ([`Worker::stayed_off_cpu`]), and where it stands, which its
+    ///    fills show (see `state`);
+    /// 4. its held samples leave as far as what is known allows (`flush`).
     fn tick_thread(&mut self, idx: usize, tick: &Tick, c: &Counters) {
         if self.threads.get_mut(idx).gone || !self.bind(idx, c) {
             return;
         }
         let harvested = self.harvest(idx, c);
-        let tick_no = self.tick_no;
         let period_ns = self.period.as_nanos() as u64;
         let t = self.threads.get_mut(idx);
         if t.timer.is_none() {
@@ -442,6 +448,70 @@ impl Worker {
             return;
         }
         self.nudge(idx, c);
+        if self.record_periods(idx, harvested, tick, c) {
+            return;
+        }
+        let tick_no = self.tick_no;
+        let t = self.threads.get_mut(idx);
+        match awaited(t, tick.now, c) {
+            Awaited::Pending => return,
+            // Given up: record the held periods with what is known.
+            Awaited::GaveUp => flush(&self.tx, c, t, Flush::Looked, period_ns),
+            Awaited::Nothing => {}
+        }
+        // A thread inside a request right now (its context word a lane) is
+        // looked at every tick, however long it waited before: a worker idle
+        // for seconds that takes a request and blocks in it (a long poll in
+        // a system call, which no timer capture reveals) must be found
+        // blocked there, not assumed to wait where it used to.
+        let in_request = t
+            .word_slot
+            .is_some_and(|s| crate::attribution::is_lane(crate::context::read_for(s, t.info.tid)));
+        if !in_request && !t.schedule.check_due(tick_no) {
+            return;
+        }
+        let cpu = sys::thread_cpu_time_ns(t.info.tid);
+        let clock = state::clock(t.cpu_seen_ns, cpu, IDLE_CPU_SLACK_NS);
+        if let (Clock::Ran | Clock::Stayed, Some(cpu)) = (clock, cpu) {
+            t.cpu_seen_ns = cpu;
+        }
+        match clock {
+            Clock::Gone => {
+                // Its held samples leave at the end of the tick (see
+                // `tick`).
+                t.gone = true;
+                return;
+            }
+            Clock::Recycled => {
+                // The thread that had this id exited: what it held leaves.
+                flush(&self.tx, c, t, Flush::Leaving, period_ns);
+                t.reset_identity();
+                c.threads_recycled.add(1);
+                return;
+            }
+            Clock::Ran => self.ran_uncaptured(idx, cpu, in_request, tick, c),
+            Clock::Stayed => self.stayed_off_cpu(idx, in_request, tick, c),
+        }
+        let t = self.threads.get_mut(idx);
+        flush(&self.tx, c, t, Flush::Looked, period_ns);
+        t.schedule.next_check = tick_no + t.schedule.check_every;
+    }
+
+    /// Step 2 of [`Worker::tick_thread`]: the thread's samples of running
+    /// code (this tick's captures, and stand-ins for periods the kernel
+    /// counted without one where its counts are not read) take their
+    /// period slots in its ledger, and every slot left free gets a fill
+    /// (see `ledger`). Returns whether it ran a timer period: then what it
+    /// held until its capture leaves, and it is done for this tick.
+    fn record_periods(
+        &mut self,
+        idx: usize,
+        harvested: super::answers::Harvested,
+        tick: &Tick,
+        c: &Counters,
+    ) -> bool {
+        let tick_no = self.tick_no;
+        let period_ns = self.period.as_nanos() as u64;
         let t = self.threads.get_mut(idx);
         let missed = t.capture_slot.map_or(0, |s| s.take_missed());
         let slots = ledger::thread_slots(
@@ -509,123 +579,101 @@ impl Worker {
         for (ts, stack, context) in &captures {
             t.ledger.captured(*ts, stack, *context, ran_within_ns);
         }
-        if !running.is_empty() {
-            self.captured = true;
-            t.ran_uncaptured_from = None;
-            // Alive and running: what was held until the capture leaves with
-            // what was known until then, and what the kernel counted since
-            // the previous reading.
-            t.read_schedstat(period_ns);
-            flush(&self.tx, c, t, Flush::Ran, period_ns);
-            t.place.ran();
-            t.schedule.ran(tick_no);
-            return;
+        if running.is_empty() {
+            return false;
         }
-        match awaited(t, tick.now, c) {
-            Awaited::Pending => return,
-            // Given up: record the held periods with what is known.
-            Awaited::GaveUp => flush(&self.tx, c, t, Flush::Looked, period_ns),
-            Awaited::Nothing => {}
-        }
-        // A thread inside a request right now (its context word a lane) is
-        // looked at every tick, however long it waited before: a worker idle
-        // for seconds that takes a request and blocks in it (a long poll in
-        // a system call, which no timer capture reveals) must be found
-        // blocked there, not assumed to wait where it used to.
-        let in_request = t
-            .word_slot
-            .is_some_and(|s| crate::attribution::is_lane(crate::context::read_for(s, t.info.tid)));
-        if !in_request && !t.schedule.check_due(tick_no) {
-            return;
-        }
-        let cpu = sys::thread_cpu_time_ns(t.info.tid);
-        let clock = state::clock(t.cpu_seen_ns, cpu, IDLE_CPU_SLACK_NS);
-        if let (Clock::Ran | Clock::Stayed, Some(cpu)) = (clock, cpu) {
-            t.cpu_seen_ns = cpu;
-        }
-        match clock {
-            Clock::Gone => {
-                // Its held samples leave at the end of the tick (see
-                // `tick`).
-                t.gone = true;
-                return;
-            }
-            Clock::Recycled => {
-                // The thread that had this id exited: what it held leaves.
-                flush(&self.tx, c, t, Flush::Leaving, period_ns);
-                t.reset_identity();
-                c.threads_recycled.add(1);
-                return;
-            }
-            Clock::Ran => {
-                // It ran without filling a timer period. This tick's fill
-                // waits one tick (the thread may be parking somewhere new);
-                // the older ones leave with what was known.
-                t.ledger.alive_ns = t.ledger.alive_ns.max(tick.slot_end.saturating_sub(1));
-                t.read_schedstat(period_ns);
-                flush(&self.tx, c, t, Flush::Ran, period_ns);
-                t.place.ran_uncaptured();
-                t.schedule.ran(tick_no);
-                self.request_ran |= in_request;
-                let responsive = !t.asking.is_unresponsive();
-                let probe = responsive && t.schedule.probe(tick_no, PROBE_EVERY);
-                let overdue = cpu.is_some_and(|cpu| self.timer_overdue(idx, cpu, tick.ts));
-                if responsive && (probe || in_request || overdue) {
-                    match self.look_blocked(idx, c) {
-                        Look::Waiting(stack, context) => {
-                            learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
-                        }
-                        Look::Running if overdue => self.catch_stalled_timer(idx, tick.now, c),
-                        _ => {}
-                    }
-                }
-            }
-            Clock::Stayed => {
-                t.ledger.alive_ns = t.ledger.alive_ns.max(tick.ts);
-                let unresponsive = t.asking.is_unresponsive();
-                if !t.place.is_current()
-                    && !unresponsive
-                    && !in_request
-                    && !t.schedule.ask_due(tick_no)
-                {
-                    // It waited in the same place the last times it was
-                    // asked: taken to be there again if the kernel shows it
-                    // blocked at the same stack pointer and instruction
-                    // (one read of a kept file, no stack copied). Runnable
-                    // but not given a core, or blocked elsewhere, it is
-                    // looked at below.
-                    let at = t.syscall_file.read_syscall(t.info.tid);
-                    if blocked_at(at).is_some_and(|at| Some(at) == t.blocked_at) {
-                        t.place.assume_waiting();
-                    }
-                }
-                if !t.place.is_current() && !unresponsive {
-                    // Off the CPU for a whole tick since it last ran: waiting
-                    // in the kernel, or runnable but not given a core (more
-                    // runnable threads than cores). Learn which, and where it
-                    // waits, without interrupting it.
-                    match self.look_blocked(idx, c) {
-                        Look::Waiting(stack, context) => {
-                            learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
-                        }
-                        Look::Running => {
-                            let t = self.threads.get_mut(idx);
-                            let context_now = t
-                                .word_slot
-                                .map_or(0, |s| crate::context::read_for(s, t.info.tid));
-                            t.place.found_preempted(context_now);
-                        }
-                        Look::Gone => self.threads.get_mut(idx).gone = true,
-                    }
-                } else {
-                    t.place.stayed_off();
-                    t.schedule.stayed_off(MAX_CHECK_EVERY);
-                }
-            }
-        }
+        self.captured = true;
+        t.ran_uncaptured_from = None;
+        // Alive and running: what was held until the capture leaves with
+        // what was known until then, and what the kernel counted since
+        // the previous reading.
+        t.read_schedstat(period_ns);
+        flush(&self.tx, c, t, Flush::Ran, period_ns);
+        t.place.ran();
+        t.schedule.ran(tick_no);
+        true
+    }
+
+    /// Step 3 of [`Worker::tick_thread`], for a thread whose CPU clock
+    /// (`cpu`) moved by less than a period since it was last read: it ran
+    /// without filling a timer period. This tick's fill waits one tick (the
+    /// thread may be parking somewhere new); the older ones leave with
+    /// what was known and what the kernel counted. Now and then (and at
+    /// every tick while it is `in_request`), the kernel is asked where it
+    /// is now, and a timer the kernel keeps from firing is caught.
+    fn ran_uncaptured(
+        &mut self,
+        idx: usize,
+        cpu: Option<u64>,
+        in_request: bool,
+        tick: &Tick,
+        c: &Counters,
+    ) {
+        let tick_no = self.tick_no;
+        let period_ns = self.period.as_nanos() as u64;
         let t = self.threads.get_mut(idx);
-        flush(&self.tx, c, t, Flush::Looked, period_ns);
-        t.schedule.next_check = tick_no + t.schedule.check_every;
+        t.ledger.alive_ns = t.ledger.alive_ns.max(tick.slot_end.saturating_sub(1));
+        t.read_schedstat(period_ns);
+        flush(&self.tx, c, t, Flush::Ran, period_ns);
+        t.place.ran_uncaptured();
+        t.schedule.ran(tick_no);
+        self.request_ran |= in_request;
+        let responsive = !t.asking.is_unresponsive();
+        let probe = responsive && t.schedule.probe(tick_no, PROBE_EVERY);
+        let overdue = cpu.is_some_and(|cpu| self.timer_overdue(idx, cpu, tick.ts));
+        if responsive && (probe || in_request || overdue) {
+            match self.look_blocked(idx, c) {
+                Look::Waiting(stack, context) => {
+                    learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
+                }
+                Look::Running if overdue => self.catch_stalled_timer(idx, tick.now, c),
+                _ => {}
+            }
+        }
+    }
+
+    /// Step 3 of [`Worker::tick_thread`], for a thread whose CPU clock did
+    /// not move since it was last read: a place it was found waiting in
+    /// is confirmed; otherwise the kernel is asked where it is (blocked,
+    /// and where, or runnable but not given a core), without
+    /// interrupting it.
+    fn stayed_off_cpu(&mut self, idx: usize, in_request: bool, tick: &Tick, c: &Counters) {
+        let tick_no = self.tick_no;
+        let t = self.threads.get_mut(idx);
+        t.ledger.alive_ns = t.ledger.alive_ns.max(tick.ts);
+        let unresponsive = t.asking.is_unresponsive();
+        if !t.place.is_current() && !unresponsive && !in_request && !t.schedule.ask_due(tick_no) {
+            // It waited in the same place the last times it was asked:
+            // taken to be there again if the kernel shows it blocked at
+            // the same stack pointer and instruction (one read of a kept
+            // file, no stack copied). Runnable but not given a core, or
+            // blocked elsewhere, it is looked at below.
+            let at = t.syscall_file.read_syscall(t.info.tid);
+            if blocked_at(at).is_some_and(|at| Some(at) == t.blocked_at) {
+                t.place.assume_waiting();
+            }
+        }
+        if t.place.is_current() || unresponsive {
+            t.place.stayed_off();
+            t.schedule.stayed_off(MAX_CHECK_EVERY);
+            return;
+        }
+        // Off the CPU for a whole tick since it last ran: waiting in the
+        // kernel, or runnable but not given a core (more runnable threads
+        // than cores). Learn which, and where it waits.
+        match self.look_blocked(idx, c) {
+            Look::Waiting(stack, context) => {
+                learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
+            }
+            Look::Running => {
+                let t = self.threads.get_mut(idx);
+                let context_now = t
+                    .word_slot
+                    .map_or(0, |s| crate::context::read_for(s, t.info.tid));
+                t.place.found_preempted(context_now);
+            }
+            Look::Gone => self.threads.get_mut(idx).gone = true,
+        }
     }
 }
 
