@@ -167,21 +167,7 @@ impl Worker {
         let mut deadline = Instant::now();
         while !self.shared.stop.load(Ordering::Acquire) {
             if !self.shared.active.load(Ordering::Acquire) {
-                // Paused: stop the timers, finish what is in flight, then
-                // sleep until resumed.
-                self.settle();
-                self.owed = 0;
-                self.cpu_mark = None;
-                // The tick hook stops with the ticks: its work is the
-                // reader's again.
-                self.wake_reader();
-                while !self.shared.active.load(Ordering::Acquire)
-                    && !self.shared.stop.load(Ordering::Acquire)
-                {
-                    // `resume` and `stop` unpark this thread: the timeout
-                    // only bounds an idle process's wake-ups.
-                    std::thread::park_timeout(Duration::from_secs(2));
-                }
+                self.pause();
                 deadline = Instant::now();
                 continue;
             }
@@ -204,72 +190,99 @@ impl Worker {
             c.tick_cpu_ns.add(cpu_after.saturating_sub(cpu_before));
             deadline += self.period * (1 + passed);
             let idle = self.note_idle(periods, cpu_after);
-            if idle || self.light_doze > 1 {
-                // Nothing of the application ran for a few ticks (every
-                // thread waits), or nothing that needs a look every period
-                // (see `light_doze_periods`): sleep until a thread runs a
-                // period of CPU time (its timer's capture wakes this
-                // thread) or the doze ends. The tick after it stands for
-                // every period slept through, so no thread loses a sample;
-                // it only costs fewer wake-ups.
-                let doze = if idle { DOZE_PERIODS } else { self.light_doze };
-                let until = deadline + self.period * (doze - 1);
-                let now = Instant::now();
-                if until > now && !self.shared.stop.load(Ordering::Acquire) {
-                    if idle {
-                        // Long enough for the reader to read the lanes
-                        // itself meanwhile.
-                        self.shared.dozing.store(true, Ordering::Release);
-                        self.wake_reader();
-                    } else {
-                        self.shared.counters.light_dozes.add(1);
-                    }
-                    sys::wait_completion(seen, until - now);
-                    if idle {
-                        self.shared.dozing.store(false, Ordering::Release);
-                        if Instant::now() < until {
-                            // A thread ran: the reader goes back to its pace.
-                            if let Some(reader) = self.shared.reader.get() {
-                                reader.unpark();
-                            }
-                        }
-                    }
-                }
-                let now = Instant::now();
-                // Periods past the doze's end are late, as for a tick that
-                // overran: the thread was not given a core in time.
-                let late =
-                    now.saturating_duration_since(until).as_nanos() / self.period.as_nanos().max(1);
-                self.shared.counters.ticks_skipped.add(late as u64);
-                if now >= deadline {
-                    let passed = (now.duration_since(deadline).as_nanos()
-                        / self.period.as_nanos().max(1)) as u32;
-                    deadline += self.period * passed;
-                    self.owed = (self.owed + passed).min(MAX_CATCH_UP);
-                    continue;
-                }
+            if (idle || self.light_doze > 1) && self.doze(idle, seen, &mut deadline) {
+                continue;
             }
-            let now = Instant::now();
-            if deadline <= now {
-                // The tick overran, or the thread was not given a core in
-                // time: skip the missed ticks instead of bursting to catch
-                // up, count them, and let the next tick record their samples.
-                let behind = now.duration_since(deadline);
-                let missed = (behind.as_nanos() / self.period.as_nanos().max(1)) as u64 + 1;
-                self.shared.counters.ticks_skipped.add(missed);
-                deadline += self.period * missed as u32;
-                self.owed = (self.owed + missed as u32).min(MAX_CATCH_UP);
-            }
-            while !self.shared.stop.load(Ordering::Acquire) {
-                let now = Instant::now();
-                if now >= deadline {
-                    break;
-                }
-                std::thread::park_timeout(deadline - now);
-            }
+            self.wait_until(&mut deadline);
         }
         self.settle();
         self.threads.release_all();
+    }
+
+    /// Paused: stops the timers, finishes what is in flight, then sleeps
+    /// until resumed (or stopped).
+    fn pause(&mut self) {
+        self.settle();
+        self.owed = 0;
+        self.cpu_mark = None;
+        // The tick hook stops with the ticks: its work is the reader's again.
+        self.wake_reader();
+        while !self.shared.active.load(Ordering::Acquire)
+            && !self.shared.stop.load(Ordering::Acquire)
+        {
+            // `resume` and `stop` unpark this thread: the timeout only
+            // bounds an idle process's wake-ups.
+            std::thread::park_timeout(Duration::from_secs(2));
+        }
+    }
+
+    /// Dozes after a tick: nothing of the application ran for a few ticks
+    /// (`idle`: every thread waits), or nothing that needs a look every
+    /// period (see `light_doze_periods`). Sleeps until a thread runs a
+    /// period of CPU time (its timer's capture, completed after `seen`,
+    /// wakes this thread) or the doze ends. The tick after it stands for
+    /// every period slept through, so no thread loses a sample; it only
+    /// costs fewer wake-ups. Returns whether that tick is due now
+    /// (`deadline` moved to it, its periods owed).
+    fn doze(&mut self, idle: bool, seen: u32, deadline: &mut Instant) -> bool {
+        let doze = if idle { DOZE_PERIODS } else { self.light_doze };
+        let until = *deadline + self.period * (doze - 1);
+        let now = Instant::now();
+        if until > now && !self.shared.stop.load(Ordering::Acquire) {
+            if idle {
+                // Long enough for the reader to read the lanes itself
+                // meanwhile.
+                self.shared.dozing.store(true, Ordering::Release);
+                self.wake_reader();
+            } else {
+                self.shared.counters.light_dozes.add(1);
+            }
+            sys::wait_completion(seen, until - now);
+            if idle {
+                self.shared.dozing.store(false, Ordering::Release);
+                if Instant::now() < until {
+                    // A thread ran: the reader goes back to its pace.
+                    if let Some(reader) = self.shared.reader.get() {
+                        reader.unpark();
+                    }
+                }
+            }
+        }
+        let now = Instant::now();
+        // Periods past the doze's end are late, as for a tick that overran:
+        // the thread was not given a core in time.
+        let late = now.saturating_duration_since(until).as_nanos() / self.period.as_nanos().max(1);
+        self.shared.counters.ticks_skipped.add(late as u64);
+        if now < *deadline {
+            return false;
+        }
+        let passed =
+            (now.duration_since(*deadline).as_nanos() / self.period.as_nanos().max(1)) as u32;
+        *deadline += self.period * passed;
+        self.owed = (self.owed + passed).min(MAX_CATCH_UP);
+        true
+    }
+
+    /// Sleeps until the next tick's `deadline`. A tick that overran (or a
+    /// thread not given a core in time) skips the ticks missed instead of
+    /// bursting to catch up: they are counted, and the next tick records
+    /// their samples.
+    fn wait_until(&mut self, deadline: &mut Instant) {
+        let now = Instant::now();
+        if *deadline <= now {
+            let behind = now.duration_since(*deadline);
+            let missed = (behind.as_nanos() / self.period.as_nanos().max(1)) as u64 + 1;
+            self.shared.counters.ticks_skipped.add(missed);
+            *deadline += self.period * missed as u32;
+            self.owed = (self.owed + missed as u32).min(MAX_CATCH_UP);
+        }
+        while !self.shared.stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if now >= *deadline {
+                break;
+            }
+            std::thread::park_timeout(*deadline - now);
+        }
     }
 
     /// Wakes the reader when the tick hook stops running every period (a
