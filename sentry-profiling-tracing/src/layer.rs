@@ -322,6 +322,165 @@ fn otel_name(attrs: &Attributes<'_>) -> Option<Arc<str>> {
     found
 }
 
+/// A request's span entered for the first time (it set the thread's
+/// word): decided once per span. A root span seen sampled starts the
+/// profiler (trace lifecycle) and registers its lane, or, without a lane,
+/// stays on its OS threads (its word 0); then the Sentry span or
+/// transaction it runs under is tagged with the profiler and thread (see
+/// [`tag_entered`]).
+fn first_entry<S>(span: &tracing_subscriber::registry::SpanRef<'_, S>, id: &Id, lane: u64)
+where
+    S: for<'a> LookupSpan<'a>,
+{
+    let mut state = SpanState {
+        holds_profiler: false,
+        holds_lane: false,
+    };
+    let ext = span.extensions();
+    let own = ext.get::<SpanLane>();
+    let shared_name = own.and_then(|l| l.name.as_ref());
+    let lane_name = shared_name.map(|n| &**n);
+    let outer = own.and_then(|l| l.transaction.as_ref());
+    // Only `http_layer()`'s root spans carry them (see `HttpRoot`).
+    let known_ids = own.and_then(|l| l.ids);
+    // The span `http_layer()` opens under its transaction: its own
+    // Sentry span (if `sentry-tracing` made one) is removed before
+    // sending, so the transaction is all it needs, and reading the
+    // scope (which `configure_scope` copies) is spared on every request.
+    let http_root = span.metadata().fields().field(HTTP_ROOT_FIELD).is_some();
+    let sentry_span = match outer {
+        Some(tx) if http_root => Some(TransactionOrSpan::Transaction(tx.clone())),
+        _ => Hub::current().configure_scope(|scope| scope.get_span()),
+    };
+    // A registry look-up each time: asked once.
+    let is_root = span.parent().is_none();
+    // Whether the profiler runs; its id is copied only to write it
+    // (every thread shares it, and each copy touches its reference
+    // count).
+    let running = if is_root {
+        start_root(
+            sentry_span.as_ref(),
+            lane,
+            shared_name,
+            known_ids,
+            &mut state,
+        )
+    } else {
+        false
+    };
+    // A root span without a registered lane (not sampled, not profiled,
+    // or refused because too many requests are in flight) stays on its
+    // OS threads: its word is 0, and its later children are left alone.
+    let lane = if is_root && !state.holds_lane {
+        let word = CONTEXT_STACK.with(|s| s.borrow_mut().replace(id.into_u64(), 0));
+        if let Some(word) = word {
+            sentry_profiling::hooks::set_thread_context(word);
+        }
+        0
+    } else {
+        lane
+    };
+    if let Some(s) = &sentry_span
+        && (running || !is_root)
+    {
+        tag_entered(s, outer, http_root, lane, lane_name);
+    }
+    drop(ext);
+    if let Some(l) = span.extensions_mut().get_mut::<SpanLane>() {
+        if lane == 0 {
+            l.lane = 0;
+        }
+        l.state = Some(state);
+    }
+}
+
+/// A root span's first entry: a sampled one starts the profiler (trace
+/// lifecycle; `state.holds_profiler`) and, while the profiler runs (either
+/// lifecycle), registers its lane (`state.holds_lane`). Returns whether
+/// the profiler runs.
+fn start_root(
+    sentry_span: Option<&TransactionOrSpan>,
+    lane: u64,
+    shared_name: Option<&Arc<str>>,
+    known_ids: Option<(TraceId, SpanId)>,
+    state: &mut SpanState,
+) -> bool {
+    #[expect(
+        deprecated,
+        reason = "`true` reliably means the transaction will be sent, which is what the trace lifecycle needs"
+    )]
+    let sampled = sentry_span.is_some_and(|s| s.is_sampled());
+    let lane_name = shared_name.map(|n| &**n);
+    let mut running = false;
+    if sampled {
+        running = sentry_profiling::hooks::root_span_started(lane, lane_name.unwrap_or_default());
+        state.holds_profiler = running;
+    }
+    if !running {
+        running = sentry_profiling::hooks::profiler_running();
+    }
+    if sampled
+        && running
+        && let Some(s) = sentry_span
+    {
+        // A child span's trace context is its transaction's: the link
+        // names the transaction, the request's root span.
+        let (trace_id, span_id) = match known_ids {
+            Some(ids) => ids,
+            None => {
+                let ctx = s.get_trace_context();
+                (ctx.trace_id, ctx.span_id)
+            }
+        };
+        state.holds_lane = sentry_profiling::hooks::lane_started(
+            lane,
+            LaneLink {
+                name: shared_name.cloned().unwrap_or_default(),
+                trace_id,
+                span_id,
+            },
+        );
+    }
+    running
+}
+
+/// Tags the Sentry span or transaction `s` a request's span was first
+/// entered under with the running profiler and the thread (or lane).
+/// The span `http_layer()` opens (`http_root`): its transaction is tagged
+/// by the middleware, which hands its own transaction's lane to the
+/// transport rather than writing it (see `http::body::RequestScope::poll`);
+/// its Sentry span, if `sentry-tracing` made one, is removed before sending
+/// (it only repeats the transaction). So it needs the profiler id only
+/// under a transaction that was already there (`outer`). A root span seen
+/// while the profiler did not run is not tagged (the caller's check).
+fn tag_entered(
+    s: &TransactionOrSpan,
+    outer: Option<&Transaction>,
+    http_root: bool,
+    lane: u64,
+    lane_name: Option<&str>,
+) {
+    if http_root && !(matches!(s, TransactionOrSpan::Span(_)) && outer.is_some()) {
+        return;
+    }
+    let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() else {
+        return;
+    };
+    if !http_root {
+        tag_with_thread(s, &profiler_id, lane, lane_name);
+    }
+    // The root span is a child of a transaction that was already there
+    // (tower-http's `TraceLayer` inside `sentry-tower`): the transaction
+    // carries the thread, or Sentry finds no profile. The first such root
+    // span of a transaction names it (a handler may open more than one).
+    if let (TransactionOrSpan::Span(_), Some(tx)) = (s, outer) {
+        let tx = TransactionOrSpan::Transaction(tx.clone());
+        if !is_tagged(&tx) {
+            tag_with_thread(&tx, &profiler_id, lane, lane_name);
+        }
+    }
+}
+
 impl<S> ProfilingLayer<S> {
     /// A span outside any request entered: while a request's span is
     /// entered on this thread, its samples are not the request's.
@@ -435,118 +594,7 @@ where
         if decided || !set {
             return;
         }
-        // First entry: decide once per span.
-        let mut state = SpanState {
-            holds_profiler: false,
-            holds_lane: false,
-        };
-        let ext = span.extensions();
-        let own = ext.get::<SpanLane>();
-        let shared_name = own.and_then(|l| l.name.as_ref());
-        let lane_name = shared_name.map(|n| &**n);
-        let outer = own.and_then(|l| l.transaction.as_ref());
-        // Only `http_layer()`'s root spans carry them (see `HttpRoot`).
-        let known_ids = own.and_then(|l| l.ids);
-        // The span `http_layer()` opens under its transaction: its own
-        // Sentry span (if `sentry-tracing` made one) is removed before
-        // sending, so the transaction is all it needs, and reading the
-        // scope (which `configure_scope` copies) is spared on every request.
-        let http_root = span.metadata().fields().field(HTTP_ROOT_FIELD).is_some();
-        let sentry_span = match outer {
-            Some(tx) if http_root => Some(TransactionOrSpan::Transaction(tx.clone())),
-            _ => Hub::current().configure_scope(|scope| scope.get_span()),
-        };
-        // Whether the profiler runs; its id is copied only to write it
-        // (every thread shares it, and each copy touches its reference
-        // count).
-        let mut running = false;
-        // A registry look-up each time: asked once.
-        let is_root = span.parent().is_none();
-        if is_root {
-            #[expect(
-                deprecated,
-                reason = "`true` reliably means the transaction will be sent, which is what the trace lifecycle needs"
-            )]
-            let sampled = sentry_span.as_ref().is_some_and(|s| s.is_sampled());
-            if sampled {
-                running =
-                    sentry_profiling::hooks::root_span_started(lane, lane_name.unwrap_or_default());
-                state.holds_profiler = running;
-            }
-            if !running {
-                running = sentry_profiling::hooks::profiler_running();
-            }
-            // Either lifecycle: a sampled root span seen while the profiler
-            // runs gets its lane.
-            if sampled && running {
-                if let Some(s) = &sentry_span {
-                    // A child span's trace context is its transaction's: the
-                    // link names the transaction, the request's root span.
-                    let (trace_id, span_id) = match known_ids {
-                        Some(ids) => ids,
-                        None => {
-                            let ctx = s.get_trace_context();
-                            (ctx.trace_id, ctx.span_id)
-                        }
-                    };
-                    state.holds_lane = sentry_profiling::hooks::lane_started(
-                        lane,
-                        LaneLink {
-                            name: shared_name.cloned().unwrap_or_default(),
-                            trace_id,
-                            span_id,
-                        },
-                    );
-                }
-            }
-        }
-        // A root span without a registered lane (not sampled, not profiled,
-        // or refused because too many requests are in flight) stays on its
-        // OS threads: its word is 0, and its later children are left alone.
-        let lane = if is_root && !state.holds_lane {
-            let word = CONTEXT_STACK.with(|s| s.borrow_mut().replace(id.into_u64(), 0));
-            if let Some(word) = word {
-                sentry_profiling::hooks::set_thread_context(word);
-            }
-            0
-        } else {
-            lane
-        };
-        // The span `http_layer()` opens: its transaction is tagged by the
-        // middleware, which hands its own transaction's lane to the
-        // transport rather than writing it (see
-        // `http::body::RequestScope::poll`); its Sentry span, if
-        // `sentry-tracing` made one, is removed before sending (it only
-        // repeats the transaction). So it needs the profiler id only under
-        // a transaction that was already there. A root span seen while the
-        // profiler did not run is not tagged.
-        if let Some(s) = &sentry_span
-            && (!http_root || (matches!(s, TransactionOrSpan::Span(_)) && outer.is_some()))
-            && (running || !is_root)
-            && let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id()
-        {
-            if !http_root {
-                tag_with_thread(s, &profiler_id, lane, lane_name);
-            }
-            // The root span is a child of a transaction that was already
-            // there (tower-http's `TraceLayer` inside `sentry-tower`): the
-            // transaction carries the thread, or Sentry finds no profile.
-            // The first such root span of a transaction names it (a handler
-            // may open more than one).
-            if let (TransactionOrSpan::Span(_), Some(tx)) = (s, outer) {
-                let tx = TransactionOrSpan::Transaction(tx.clone());
-                if !is_tagged(&tx) {
-                    tag_with_thread(&tx, &profiler_id, lane, lane_name);
-                }
-            }
-        }
-        drop(ext);
-        if let Some(l) = span.extensions_mut().get_mut::<SpanLane>() {
-            if lane == 0 {
-                l.lane = 0;
-            }
-            l.state = Some(state);
-        }
+        first_entry(&span, id, lane);
     }
 
     fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
