@@ -713,6 +713,32 @@ impl Ledger {
     /// learned, filed under no request). With more than [`MAX_PENDING`]
     /// held, the oldest leaves whatever it waits for. A fill without any
     /// stack to show is dropped.
+    /// Whether a held fill (of the slot at `timestamp_ns`, standing
+    /// `at_tick`) may leave now, as far as what is known of it goes (see
+    /// [`Ledger::drain`]; `later_samples`: samples of running code queued
+    /// after it). Not past the moment the thread was last known alive. A
+    /// fill known to stand in a request, or inside one and where the thread
+    /// stands is known by now (waiting for a CPU, blocked), may leave.
+    /// Inside one and not known yet, it waits for the next look, as a fill
+    /// of an unknown place does: a thread that blocked early in a poll
+    /// shows where it blocked, not that no stack was captured. So may one
+    /// the kernel's count of the thread's waits for a CPU covers.
+    fn fill_may_leave(
+        &self,
+        timestamp_ns: u64,
+        at_tick: &AtTick,
+        view: &DrainView,
+        later_samples: usize,
+    ) -> bool {
+        let place = &view.place;
+        let standing = matches!(at_tick, AtTick::In(..) | AtTick::Ran(..))
+            || (matches!(at_tick, AtTick::InRequest(_)) && place.known)
+            || (place.ran && self.cpu_wait_ns >= (view.period_ns / 2) as i64);
+        let blocked = timestamp_ns > self.alive_ns
+            || (!standing && (view.asking || (!place.known && !view.force && later_samples == 0)));
+        !blocked
+    }
+
     pub(super) fn drain(&mut self, view: &DrainView, mut out: impl FnMut(Out)) {
         let place = &view.place;
         let force = view.force;
@@ -732,24 +758,10 @@ impl Ledger {
                 at_tick,
                 ..
             } = front
+                && !self.fill_may_leave(*timestamp_ns, at_tick, view, later_samples)
+                && !overfull
             {
-                // A fill known to stand in a request, or inside one and
-                // where the thread stands is known by now (waiting for a
-                // CPU, blocked): it may leave. Inside one and not known
-                // yet, it waits for the next look, as a fill of an unknown
-                // place does: a thread that blocked early in a poll shows
-                // where it blocked, not that no stack was captured.
-                // So may one the kernel's count of the thread's waits for
-                // a CPU covers.
-                let standing = matches!(at_tick, AtTick::In(..) | AtTick::Ran(..))
-                    || (matches!(at_tick, AtTick::InRequest(_)) && place.known)
-                    || (place.ran && self.cpu_wait_ns >= (view.period_ns / 2) as i64);
-                let blocked = *timestamp_ns > self.alive_ns
-                    || (!standing
-                        && (view.asking || (!place.known && !force && later_samples == 0)));
-                if blocked && !overfull {
-                    break;
-                }
+                break;
             }
             let Some(item) = self.pending.pop_front() else {
                 break;
@@ -771,33 +783,7 @@ impl Ledger {
                 } => (timestamp_ns, at_tick),
             };
             let guessed = matches!(at_tick, AtTick::Outside | AtTick::Unknown);
-            let shown = match at_tick {
-                AtTick::In(stack, context) => Some((stack, context, false)),
-                AtTick::Ran(stack, context) => Some((stack, context, true)),
-                // Where the thread is found standing in the request now
-                // (waiting for a CPU, blocked), or else the period stays the
-                // request's with a frame saying no stack of it was captured:
-                // a stack of another moment (its own latest, or the
-                // request's on another thread) would show code that may
-                // have returned.
-                AtTick::InRequest(context) if place.known && place.context == context => {
-                    place.stack.clone().map(|s| (s, context, false))
-                }
-                AtTick::InRequest(context) => Some((
-                    super::periods::synthetic(crate::frames::UNCAPTURED_FRAME),
-                    context,
-                    false,
-                )),
-                AtTick::Outside => place.stack.clone().map(|s| (s, 0, false)),
-                AtTick::Unknown => {
-                    let context = if place.known || force {
-                        place.context
-                    } else {
-                        0
-                    };
-                    place.stack.clone().map(|s| (s, context, false))
-                }
-            };
+            let shown = shown_in_fill(at_tick, place, force);
             let Some((stack, context, ran)) = shown else {
                 continue;
             };
@@ -819,9 +805,83 @@ impl Ledger {
     }
 }
 
+/// What a fill standing `at_tick` shows when it leaves, where the thread
+/// stands at `place` (`force`: it leaves with what is known, the thread
+/// gone or the sampler pausing): a stack, its context word, and whether
+/// the stack shows running code; `None`: nothing (no place known to show).
+fn shown_in_fill(
+    at_tick: AtTick,
+    place: &FillPlace,
+    force: bool,
+) -> Option<(Arc<[u64]>, u64, bool)> {
+    match at_tick {
+        AtTick::In(stack, context) => Some((stack, context, false)),
+        AtTick::Ran(stack, context) => Some((stack, context, true)),
+        // Where the thread is found standing in the request now (waiting
+        // for a CPU, blocked), or else the period stays the request's with
+        // a frame saying no stack of it was captured: a stack of another
+        // moment (its own latest, or the request's on another thread)
+        // would show code that may have returned.
+        AtTick::InRequest(context) if place.known && place.context == context => {
+            place.stack.clone().map(|s| (s, context, false))
+        }
+        AtTick::InRequest(context) => Some((
+            super::periods::synthetic(crate::frames::UNCAPTURED_FRAME),
+            context,
+            false,
+        )),
+        AtTick::Outside => place.stack.clone().map(|s| (s, 0, false)),
+        AtTick::Unknown => {
+            let context = if place.known || force {
+                place.context
+            } else {
+                0
+            };
+            place.stack.clone().map(|s| (s, context, false))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_fill_shows_where_its_thread_stands_in_it_and_no_other_moment() {
+        let waiting: Arc<[u64]> = Arc::from(&[0x10_u64, 0x20][..]);
+        let place = |known: bool| FillPlace {
+            stack: Some(waiting.clone()),
+            context: 7,
+            known,
+            ran: false,
+        };
+        // In the request the thread is found standing in: where it stands.
+        let shown = shown_in_fill(AtTick::InRequest(7), &place(true), false);
+        assert_eq!(shown, Some((waiting.clone(), 7, false)));
+        // In another request (or not known yet): that request's, with no
+        // stack of another moment, only the frame that says so.
+        for p in [place(true), place(false)] {
+            let (stack, context, ran) = shown_in_fill(AtTick::InRequest(9), &p, false).unwrap();
+            assert_eq!(&*stack, &[crate::frames::UNCAPTURED_FRAME]);
+            assert_eq!((context, ran), (9, false));
+        }
+        // Outside any request: where it stands, under no request.
+        let shown = shown_in_fill(AtTick::Outside, &place(true), false);
+        assert_eq!(shown, Some((waiting.clone(), 0, false)));
+        // No word published: under the place's request only once where it
+        // stands is known, or it leaves with what is known.
+        let context =
+            |known, force| shown_in_fill(AtTick::Unknown, &place(known), force).map(|s| s.1);
+        assert_eq!(context(false, false), Some(0));
+        assert_eq!(context(true, false), Some(7));
+        assert_eq!(context(false, true), Some(7));
+        // A capture's stack next to it is running code.
+        let shown = shown_in_fill(AtTick::Ran(waiting.clone(), 3), &place(false), false);
+        assert_eq!(shown, Some((waiting.clone(), 3, true)));
+        // No place known at all: nothing to show.
+        let none = FillPlace::default();
+        assert_eq!(shown_in_fill(AtTick::Outside, &none, true), None);
+    }
 
     const P: u64 = 100;
     const HALF: u64 = P / 2;
