@@ -512,73 +512,22 @@ impl Lanes {
                         .collect(),
                 )
             });
-            let held = polled.as_ref().or(held.get(&lane));
-            let queued = info.queued_stretches();
-            // The grid starts where both the lane and the chunk have begun.
-            // Anchoring it at the chunk's start (rather than at the next
-            // point of the lane's own grid) matters for a lane older than
-            // the chunk: one period after the chunk's start it already has
-            // its two samples, where the lane's grid could leave it one, and
-            // Sentry drops single-sample threads.
-            let mut t = info.start_ns.max(chunk_start);
-            let mut pushed = 0;
-            let mut last = None;
-            while t <= end {
-                // A sample from before the lane began (stamped before its
-                // start was) does not cover its first tick.
-                let from = t.saturating_sub(period_ns / 2).max(info.start_ns);
-                let i = times.partition_point(|&x| x < from);
-                let covered = times.get(i).is_some_and(|&x| x <= t + period_ns / 2)
-                    || held.is_some_and(|h| h.holds(t));
-                if !covered {
-                    if filled.added >= MAX_FILLS_PER_CHUNK {
-                        filled.capped += 1;
-                    } else {
-                        chunk.push_synthetic(t, lane, stacks.of(info.waiting_frame(&queued, t)));
-                        filled.added += 1;
-                        pushed += 1;
-                        last = Some(t);
-                    }
-                }
-                t = t.saturating_add(period_ns);
-            }
-            // Every lane that ended within the chunk gets a sample at its
-            // end, and keeps at least two samples. Sentry weights each
-            // sample by the time to the next one of its thread, so the end
-            // sample gives the lane's last sample its duration; and Sentry
-            // drops a thread with a single sample, after which the
-            // transaction would link to nothing. A request shorter than a
-            // period has at most one sample of its own (or one fill-in), so
-            // it also gets one at its start (or just after its end).
-            // These are never capped: they are what links the transaction.
-            //
-            // A lane can also end before `chunk_start`: its end was stamped
-            // just before the previous chunk was written but read just
-            // after, so that chunk took it for open (and gave it one
-            // fill-in, perhaps, which a lane needs two of to be filed). It
-            // gets its samples here, inside its own window.
-            if let Some(lane_end) = info.end_ns.filter(|&e| e <= until_ns) {
-                let mut count = times.len() + pushed;
-                let start = if lane_end >= chunk_start {
-                    info.start_ns.max(chunk_start)
-                } else {
-                    info.start_ns
-                };
-                let mut end_sampled = false;
-                for t in [lane_end, start, lane_end.saturating_add(1)] {
-                    if count >= 2 && end_sampled {
-                        break;
-                    }
-                    let taken = last == Some(t) || times.binary_search(&t).is_ok();
-                    if !taken {
-                        chunk.push_synthetic(t, lane, stacks.of(info.waiting_frame(&queued, t)));
-                        filled.added += 1;
-                        count += 1;
-                        last = Some(t);
-                    }
-                    end_sampled = true;
-                }
-            }
+            let fills = LaneFills {
+                lane,
+                info,
+                times,
+                held: polled.as_ref().or(held.get(&lane)),
+                queued: info.queued_stretches(),
+                stacks: &stacks,
+            };
+            let (pushed, last) = fills.on_grid(
+                chunk,
+                &mut filled,
+                info.start_ns.max(chunk_start),
+                end,
+                period_ns,
+            );
+            fills.at_ends(chunk, &mut filled, chunk_start, until_ns, pushed, last);
         }
         filled
     }
@@ -716,6 +665,116 @@ impl Lanes {
                 }
             })
             .collect()
+    }
+}
+
+/// One lane's fill-ins in a chunk (see [`Lanes::fill_suspended`]).
+struct LaneFills<'a> {
+    lane: u64,
+    info: &'a Lane,
+    /// The lane's own samples' times, sorted.
+    times: &'a [u64],
+    /// When it ran (its polls, or the stretches it held a thread).
+    held: Option<&'a Held>,
+    queued: Held,
+    stacks: &'a WaitingStacks,
+}
+
+impl LaneFills<'_> {
+    fn push(&self, chunk: &mut Chunk, t: u64) {
+        let frame = self.info.waiting_frame(&self.queued, t);
+        chunk.push_synthetic(t, self.lane, self.stacks.of(frame));
+    }
+
+    /// A fill-in at every point of the sampling grid from `from` to `end`
+    /// that no sample of the lane covers and the lane did not run at (up
+    /// to the chunk's cap); returns how many were added, and the last.
+    ///
+    /// The grid starts where both the lane and the chunk have begun.
+    /// Anchoring it at the chunk's start (rather than at the next point of
+    /// the lane's own grid) matters for a lane older than the chunk: one
+    /// period after the chunk's start it already has its two samples,
+    /// where the lane's grid could leave it one, and Sentry drops
+    /// single-sample threads.
+    fn on_grid(
+        &self,
+        chunk: &mut Chunk,
+        filled: &mut Filled,
+        from: u64,
+        end: u64,
+        period_ns: u64,
+    ) -> (usize, Option<u64>) {
+        let (mut pushed, mut last) = (0, None);
+        let mut t = from;
+        while t <= end {
+            // A sample from before the lane began (stamped before its start
+            // was) does not cover its first tick.
+            let from = t.saturating_sub(period_ns / 2).max(self.info.start_ns);
+            let i = self.times.partition_point(|&x| x < from);
+            let covered = self.times.get(i).is_some_and(|&x| x <= t + period_ns / 2)
+                || self.held.is_some_and(|h| h.holds(t));
+            if !covered {
+                if filled.added >= MAX_FILLS_PER_CHUNK {
+                    filled.capped += 1;
+                } else {
+                    self.push(chunk, t);
+                    filled.added += 1;
+                    pushed += 1;
+                    last = Some(t);
+                }
+            }
+            t = t.saturating_add(period_ns);
+        }
+        (pushed, last)
+    }
+
+    /// Every lane that ended within the chunk (by `until_ns`) gets a sample
+    /// at its end, and keeps at least two samples (with `pushed` fill-ins
+    /// already, the last at `last`). Sentry weights each sample by the time
+    /// to the next one of its thread, so the end sample gives the lane's
+    /// last sample its duration; and Sentry drops a thread with a single
+    /// sample, after which the transaction would link to nothing. A
+    /// request shorter than a period has at most one sample of its own (or
+    /// one fill-in), so it also gets one at its start (or just after its
+    /// end). These are never capped: they are what links the transaction.
+    ///
+    /// A lane can also end before `chunk_start`: its end was stamped just
+    /// before the previous chunk was written but read just after, so that
+    /// chunk took it for open (and gave it one fill-in, perhaps, which a
+    /// lane needs two of to be filed). It gets its samples here, inside its
+    /// own window.
+    fn at_ends(
+        &self,
+        chunk: &mut Chunk,
+        filled: &mut Filled,
+        chunk_start: u64,
+        until_ns: u64,
+        pushed: usize,
+        mut last: Option<u64>,
+    ) {
+        let Some(lane_end) = self.info.end_ns.filter(|&e| e <= until_ns) else {
+            return;
+        };
+        let mut count = self.times.len() + pushed;
+        let start = if lane_end >= chunk_start {
+            self.info.start_ns.max(chunk_start)
+        } else {
+            self.info.start_ns
+        };
+        let mut end_sampled = false;
+        for t in [lane_end, start, lane_end.saturating_add(1)] {
+            if count >= 2 && end_sampled {
+                break;
+            }
+            let taken = last == Some(t) || self.times.binary_search(&t).is_ok();
+            if !taken {
+                self.push(chunk, t);
+                filled.added += 1;
+                count += 1;
+                last = Some(t);
+            }
+            end_sampled = true;
+        }
     }
 }
 
