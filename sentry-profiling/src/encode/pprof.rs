@@ -257,115 +257,108 @@ impl PprofBuilder {
         for m in &view.modules {
             mapping_ids.push(self.mapping_for(m));
         }
-        let mut location_ids = Vec::with_capacity(view.frames.len());
-        for f in &view.frames {
-            let key = (
-                f.address.unwrap_or(0),
-                f.function.as_deref().map(str::to_owned),
-            );
-            let id = match self.location_index.get(&key) {
-                Some(&id) => id,
-                None => {
-                    let id = self.locations.len() as u64 + 1;
-                    let mapping_id = f.module.map_or(0, |m| mapping_ids[m]);
-                    let line = match &f.function {
-                        Some(name) => {
-                            if mapping_id != 0 {
-                                self.mappings[mapping_id as usize - 1].has_functions = true;
-                            }
-                            vec![Line {
-                                function_id: self.function(name),
-                                line: 0,
-                            }]
-                        }
-                        None => Vec::new(),
-                    };
-                    self.locations.push(Location {
-                        id,
-                        mapping_id,
-                        address: key.0,
-                        line,
-                    });
-                    self.location_index.insert(key, id);
-                    id
-                }
-            };
-            location_ids.push(id);
-        }
-        let keys = [
-            self.string("thread_id"),
-            self.string("thread_name"),
-            self.string("span_id"),
-            self.string("span_name"),
-            self.string("trace_id"),
-            self.string(crate::encode::view::LONG_POLL_LABEL),
-            self.string("true"),
-        ];
+        let location_ids: Vec<u64> = view
+            .frames
+            .iter()
+            .map(|f| self.location_for(f, &mapping_ids))
+            .collect();
+        let keys = LabelKeys {
+            thread_id: self.string("thread_id"),
+            thread_name: self.string("thread_name"),
+            span_id: self.string("span_id"),
+            span_name: self.string("span_name"),
+            trace_id: self.string("trace_id"),
+            long_poll: self.string(crate::encode::view::LONG_POLL_LABEL),
+            yes: self.string("true"),
+        };
         for s in &view.samples {
             self.first_ns = Some(
                 self.first_ns
                     .map_or(s.timestamp_ns, |f| f.min(s.timestamp_ns)),
             );
             self.last_ns = self.last_ns.max(s.timestamp_ns);
-            let mut labels = Vec::with_capacity(5);
-            if let Some(tid) = s.thread_id {
-                labels.push(Label {
-                    key: keys[0],
-                    str: self.string(&tid.to_string()),
-                    num: 0,
-                });
-            }
-            if let Some(name) = &s.thread_name {
-                labels.push(Label {
-                    key: keys[1],
-                    str: self.string(name),
-                    num: 0,
-                });
-            }
-            if let Some(link) = &s.link {
-                labels.push(Label {
-                    key: keys[2],
-                    str: self.string(&link.span_id.to_string()),
-                    num: 0,
-                });
-                labels.push(Label {
-                    key: keys[3],
-                    str: self.string(&link.name),
-                    num: 0,
-                });
-                labels.push(Label {
-                    key: keys[4],
-                    str: self.string(&link.trace_id.to_string()),
-                    num: 0,
-                });
-            }
-            if s.long_poll {
-                labels.push(Label {
-                    key: keys[5],
-                    str: keys[6],
-                    num: 0,
-                });
-            }
+            let labels = self.labels_of(s, &keys);
             let stack: Vec<u64> = view.stacks[s.stack]
                 .iter()
                 .map(|&f| location_ids[f])
                 .collect();
-            let period = view.period_ns as i64;
-            match self.sample_index.get(&(stack.clone(), labels.clone())) {
-                Some(&i) => {
-                    self.samples[i].value[0] += 1;
-                    self.samples[i].value[1] += period;
+            self.count(stack, labels, view.period_ns as i64);
+        }
+    }
+
+    /// The location of frame `f` (made the first time), in the mapping of
+    /// its module (`mapping_ids`: the view's modules' mappings).
+    fn location_for(&mut self, f: &super::view::ViewFrame, mapping_ids: &[u64]) -> u64 {
+        let key = (
+            f.address.unwrap_or(0),
+            f.function.as_deref().map(str::to_owned),
+        );
+        if let Some(&id) = self.location_index.get(&key) {
+            return id;
+        }
+        let id = self.locations.len() as u64 + 1;
+        let mapping_id = f.module.map_or(0, |m| mapping_ids[m]);
+        let line = match &f.function {
+            Some(name) => {
+                if mapping_id != 0 {
+                    self.mappings[mapping_id as usize - 1].has_functions = true;
                 }
-                None if self.samples.len() >= MAX_PPROF_SAMPLES => self.dropped += 1,
-                None => {
-                    self.sample_index
-                        .insert((stack.clone(), labels.clone()), self.samples.len());
-                    self.samples.push(Sample {
-                        location_id: stack,
-                        value: vec![1, period],
-                        label: labels,
-                    });
-                }
+                vec![Line {
+                    function_id: self.function(name),
+                    line: 0,
+                }]
+            }
+            None => Vec::new(),
+        };
+        self.locations.push(Location {
+            id,
+            mapping_id,
+            address: key.0,
+            line,
+        });
+        self.location_index.insert(key, id);
+        id
+    }
+
+    /// A sample's labels: its thread, the request it is filed under, and
+    /// whether it is in a long poll.
+    fn labels_of(&mut self, s: &super::view::ViewSample, keys: &LabelKeys) -> Vec<Label> {
+        let mut labels = Vec::with_capacity(5);
+        let mut label = |key: i64, str: i64| labels.push(Label { key, str, num: 0 });
+        if let Some(tid) = s.thread_id {
+            label(keys.thread_id, self.string(&tid.to_string()));
+        }
+        if let Some(name) = &s.thread_name {
+            label(keys.thread_name, self.string(name));
+        }
+        if let Some(link) = &s.link {
+            label(keys.span_id, self.string(&link.span_id.to_string()));
+            label(keys.span_name, self.string(&link.name));
+            label(keys.trace_id, self.string(&link.trace_id.to_string()));
+        }
+        if s.long_poll {
+            label(keys.long_poll, keys.yes);
+        }
+        labels
+    }
+
+    /// Counts one sample of `stack` with `labels`, one `period` long
+    /// (a new pprof sample the first time, dropped past the cap).
+    fn count(&mut self, stack: Vec<u64>, labels: Vec<Label>, period: i64) {
+        match self.sample_index.get(&(stack.clone(), labels.clone())) {
+            Some(&i) => {
+                self.samples[i].value[0] += 1;
+                self.samples[i].value[1] += period;
+            }
+            None if self.samples.len() >= MAX_PPROF_SAMPLES => self.dropped += 1,
+            None => {
+                self.sample_index
+                    .insert((stack.clone(), labels.clone()), self.samples.len());
+                self.samples.push(Sample {
+                    location_id: stack,
+                    value: vec![1, period],
+                    label: labels,
+                });
             }
         }
     }
@@ -411,4 +404,15 @@ impl PprofBuilder {
         let _ = gz.write_all(&bytes);
         gz.finish().unwrap_or_default()
     }
+}
+/// The string ids of the label keys (and the value `true`) a profile's
+/// samples carry.
+struct LabelKeys {
+    thread_id: i64,
+    thread_name: i64,
+    span_id: i64,
+    span_name: i64,
+    trace_id: i64,
+    long_poll: i64,
+    yes: i64,
 }
