@@ -248,6 +248,11 @@ pub const LOCAL_DSN: &str = "https://public@sentry.invalid/1";
 pub fn sentry_options(settings: &Settings) -> Result<sentry::ClientOptions, String> {
     let mut options = sentry::ClientOptions::new().traces_sample_rate(settings.traces_sample_rate);
     options.release = sentry::release_name!();
+    // The last chunk is finished, exported and written at shutdown: on a
+    // busy machine that can take longer than the SDK's default 2 s (2.1 s
+    // was seen for a debug build beside four CPU hogs). Shutdown returns as
+    // soon as it is done.
+    options.shutdown_timeout = std::time::Duration::from_secs(10);
     let mut profiling = ProfilingIntegration::new()
         .profile_session_sample_rate(settings.profile_session_sample_rate)
         .profile_lifecycle(ProfileLifecycle::Trace)

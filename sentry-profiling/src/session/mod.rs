@@ -485,6 +485,14 @@ impl Session {
             if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
                 let _ = t.join();
             }
+        } else {
+            // The profiler thread works on; a process that exits now loses
+            // the chunk it is finishing.
+            eprintln!(
+                "sentry-profiling: the last profile chunk was not finished within the shutdown \
+                 timeout ({timeout:?}); it is lost if the process exits now (a longer \
+                 `ClientOptions::shutdown_timeout` gives it time)"
+            );
         }
         let current = CURRENT.load();
         if current.as_ref().is_some_and(|c| std::ptr::eq(&**c, self)) {
