@@ -38,8 +38,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use callchain::{CallChainCheck, Located, Verdict};
-use sentry_profiling::sentry_view::{ProfileChunk, is_lane_thread_id};
 use sentry_profiling_tests::{read_envelope_dir, split_items};
+use sentry_view::{ProfileChunk, is_lane_thread_id};
 use serde_json::Value;
 
 /// (path, requests per second, connections) of the load.
@@ -219,12 +219,11 @@ fn analyse(dir: &Path) -> (Figures, Vec<(ProfileChunk, Vec<Image>)>) {
                 }
                 let (rooted, cut, verdict, shown) = verdicts.entry(stack_id).or_insert_with(|| {
                     let cut = frames.last().is_some_and(|fr| {
-                        fr.function.as_deref()
-                            == Some(sentry_profiling::sentry_view::UNWOUND_NO_FURTHER_FUNCTION)
+                        fr.function.as_deref() == Some(sentry_view::UNWOUND_NO_FURTHER_FUNCTION)
                     });
                     let names: Vec<String> = frames.iter().map(|fr| fr.name()).collect();
                     let n = names.len();
-                    let in_libc = |fr: Option<&&sentry_profiling::sentry_view::Frame>| {
+                    let in_libc = |fr: Option<&&sentry_view::Frame>| {
                         fr.and_then(|fr| fr.instruction_addr)
                             .and_then(locate)
                             .is_some_and(|(path, _)| path.contains("libc"))

@@ -53,7 +53,7 @@ pub use envelope::{EnvelopeItem, ParsedEnvelope, envelope_bytes, parse_envelope}
 use flame::Flame;
 use model::Run;
 use polls::{MAX_LONGEST_POLLS, NameTotals};
-use sentry_profiling::sentry_view::is_lane_thread_id;
+use sentry_view::is_lane_thread_id;
 use totals::PollTotals;
 
 /// The page's file name in the envelope directory.

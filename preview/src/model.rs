@@ -1,12 +1,12 @@
 //! A run read back from its envelopes: its transactions, and its profile
-//! chunks parsed by `sentry_profiling::sentry_view`, whose
+//! chunks parsed by `sentry_view`, whose
 //! [`what_sentry_shows`] says what Sentry shows for a thread in a window.
 //! Function names are interned, so flame graphs merge frames by name.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use sentry_profiling::sentry_view::{
+use sentry_view::{
     ProfileChunk, TransactionWindow, WeightedSample, timestamp_ns, what_sentry_shows,
 };
 use serde_json::Value;

@@ -1,7 +1,7 @@
 //! One request's poll totals, as `sentry-profiling-tracing`'s
 //! `http_layer()` puts them on its transaction (see [`PollTotals`]).
 
-use sentry_profiling::sentry_view::timestamp_ns;
+use sentry_view::timestamp_ns;
 use serde_json::{Value, json};
 
 // The data keys, as `sentry_profiling_tracing::data` names them. The page

@@ -31,8 +31,8 @@
 /// ready, whose wakes are not known (not instrumented by
 /// `sentry-profiling-tracing`).
 pub(crate) const SUSPENDED_FRAME: u64 = u64::MAX;
-/// The function name shown for [`SUSPENDED_FRAME`].
-pub(crate) const SUSPENDED_FUNCTION: &str = "(suspended: awaiting or queued)";
+/// The function name shown for the `SUSPENDED_FRAME` marker.
+pub const SUSPENDED_FUNCTION: &str = "(suspended: awaiting or queued)";
 /// The `instruction_addr` written for the `(suspended: awaiting or queued)` frame.
 pub const SUSPENDED_ADDRESS: u64 = 0x1;
 
@@ -51,8 +51,8 @@ pub const RUNNING_REQUEST_ADDRESS: u64 = 0x2;
 /// known, and another request's would show that request's code here); on
 /// a thread, CPU time the kernel counted that no capture saw.
 pub(crate) const UNCAPTURED_FRAME: u64 = u64::MAX - 2;
-/// The function name shown for [`UNCAPTURED_FRAME`].
-pub(crate) const UNCAPTURED_FUNCTION: &str = "(running: no stack captured in time)";
+/// The function name shown for the `UNCAPTURED_FRAME` marker.
+pub const UNCAPTURED_FUNCTION: &str = "(running: no stack captured in time)";
 /// The `instruction_addr` written for the `(running: no stack captured in time)` frame.
 pub const UNCAPTURED_ADDRESS: u64 = 0x3;
 
@@ -61,8 +61,8 @@ pub const UNCAPTURED_ADDRESS: u64 = 0x3;
 /// worker (the runtime was saturated, or a worker was blocked by someone
 /// else's long poll).
 pub(crate) const QUEUED_FRAME: u64 = u64::MAX - 3;
-/// The function name shown for [`QUEUED_FRAME`].
-pub(crate) const QUEUED_FUNCTION: &str = "(queued for a Tokio worker)";
+/// The function name shown for the `QUEUED_FRAME` marker.
+pub const QUEUED_FUNCTION: &str = "(queued for a Tokio worker)";
 /// The `instruction_addr` written for the `(queued for a Tokio worker)` frame.
 pub const QUEUED_ADDRESS: u64 = 0x4;
 
@@ -70,8 +70,8 @@ pub const QUEUED_ADDRESS: u64 = 0x4;
 /// request was not ready: it awaited a database, a downstream call, a
 /// timer.
 pub(crate) const AWAITING_FRAME: u64 = u64::MAX - 4;
-/// The function name shown for [`AWAITING_FRAME`].
-pub(crate) const AWAITING_FUNCTION: &str = "(awaiting)";
+/// The function name shown for the `AWAITING_FRAME` marker.
+pub const AWAITING_FUNCTION: &str = "(awaiting)";
 /// The `instruction_addr` written for the `(awaiting)` frame.
 pub const AWAITING_ADDRESS: u64 = 0x5;
 
@@ -79,8 +79,8 @@ pub const AWAITING_ADDRESS: u64 = 0x5;
 /// not be unwound through frames proven to be on it (see
 /// `unwind::blocked`).
 pub(crate) const UNWOUND_NO_FURTHER_FRAME: u64 = u64::MAX - 5;
-/// The function name shown for [`UNWOUND_NO_FURTHER_FRAME`].
-pub(crate) const UNWOUND_NO_FURTHER_FUNCTION: &str = "(rest of the stack not unwound)";
+/// The function name shown for the `UNWOUND_NO_FURTHER_FRAME` marker.
+pub const UNWOUND_NO_FURTHER_FUNCTION: &str = "(rest of the stack not unwound)";
 /// The `instruction_addr` written for the `(rest of the stack not unwound)` frame.
 pub const UNWOUND_NO_FURTHER_ADDRESS: u64 = 0x6;
 
@@ -90,8 +90,8 @@ pub const UNWOUND_NO_FURTHER_ADDRESS: u64 = 0x6;
 /// stood is not known (it may have run on since its latest capture), so no
 /// function is shown for the period.
 pub(crate) const WAITING_FOR_CPU_FRAME: u64 = u64::MAX - 6;
-/// The function name shown for [`WAITING_FOR_CPU_FRAME`].
-pub(crate) const WAITING_FOR_CPU_FUNCTION: &str = "(waiting for a CPU)";
+/// The function name shown for the `WAITING_FOR_CPU_FRAME` marker.
+pub const WAITING_FOR_CPU_FUNCTION: &str = "(waiting for a CPU)";
 /// The `instruction_addr` written for the `(waiting for a CPU)` frame.
 pub const WAITING_FOR_CPU_ADDRESS: u64 = 0x7;
 
@@ -99,8 +99,8 @@ pub const WAITING_FOR_CPU_ADDRESS: u64 = 0x7;
 /// the signal interrupted (see `unwind::signal_frame`): the kernel's
 /// signal frame, which no call made.
 pub(crate) const SIGNAL_HANDLER_FRAME: u64 = u64::MAX - 7;
-/// The function name shown for [`SIGNAL_HANDLER_FRAME`].
-pub(crate) const SIGNAL_HANDLER_FUNCTION: &str = "(signal handler called)";
+/// The function name shown for the `SIGNAL_HANDLER_FRAME` marker.
+pub const SIGNAL_HANDLER_FUNCTION: &str = "(signal handler called)";
 /// The `instruction_addr` written for the `(signal handler called)` frame.
 pub const SIGNAL_HANDLER_ADDRESS: u64 = 0x8;
 
@@ -109,8 +109,8 @@ pub const SIGNAL_HANDLER_ADDRESS: u64 = 0x8;
 /// where the sampler did not read where it waited: no function is shown,
 /// and the period is not shown as running.
 pub(crate) const WAITING_UNREAD_FRAME: u64 = u64::MAX - 8;
-/// The function name shown for [`WAITING_UNREAD_FRAME`].
-pub(crate) const WAITING_UNREAD_FUNCTION: &str = "(waiting: where not read in time)";
+/// The function name shown for the `WAITING_UNREAD_FRAME` marker.
+pub const WAITING_UNREAD_FUNCTION: &str = "(waiting: where not read in time)";
 /// The `instruction_addr` written for the `(waiting: where not read in time)` frame.
 pub const WAITING_UNREAD_ADDRESS: u64 = 0x9;
 

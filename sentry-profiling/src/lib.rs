@@ -124,7 +124,7 @@ mod cpu_waits;
 mod encode;
 mod error;
 mod export;
-mod frames;
+pub mod frames;
 #[doc(hidden)]
 pub mod hooks;
 mod integration;
@@ -137,7 +137,6 @@ mod sampler;
 #[cfg(not(profiling_supported))]
 #[path = "sampler/unsupported.rs"]
 mod sampler;
-pub mod sentry_view;
 mod session;
 mod symbolize;
 mod sys;
@@ -146,7 +145,7 @@ mod transaction_tags;
 mod transport;
 mod unwind;
 
-pub use attribution::ThreadAttribution;
+pub use attribution::{LANE_BASE, ThreadAttribution};
 pub use error::Error;
 pub use integration::ProfilingIntegration;
 pub use options::{

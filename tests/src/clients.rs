@@ -254,12 +254,12 @@ pub struct Shown {
 }
 
 /// Scores every transaction as Sentry shows it, with
-/// `sentry_profiling::sentry_view`: the samples of its `profiler_id` on its
+/// `sentry_view`: the samples of its `profiler_id` on its
 /// `thread.id` inside its `[start, end]`, weighted by the time to the next
 /// sample of that thread. Transactions without a client in their trace id
 /// are skipped.
 pub fn shown(transactions: &[Value], chunks: &[ChunkItem]) -> Vec<Shown> {
-    use sentry_profiling::sentry_view::{ProfileChunk, TransactionWindow, transaction_profile};
+    use sentry_view::{ProfileChunk, TransactionWindow, transaction_profile};
     let parsed: Vec<ProfileChunk> = chunks
         .iter()
         .map(|c| ProfileChunk::from_value(&c.payload).expect("a readable chunk"))
@@ -290,12 +290,10 @@ pub fn shown(transactions: &[Value], chunks: &[ChunkItem]) -> Vec<Shown> {
         if let Ok(window) = TransactionWindow::from_value(tx) {
             let profile = transaction_profile(&parsed, &window);
             s.total_ns = profile.total_ns();
-            s.suspended_ns = profile.weight_where(|f| {
-                f.instruction_addr == Some(sentry_profiling::sentry_view::SUSPENDED_ADDRESS)
-            });
-            s.uncaptured_ns = profile.weight_where(|f| {
-                f.instruction_addr == Some(sentry_profiling::sentry_view::UNCAPTURED_ADDRESS)
-            });
+            s.suspended_ns = profile
+                .weight_where(|f| f.instruction_addr == Some(sentry_view::SUSPENDED_ADDRESS));
+            s.uncaptured_ns = profile
+                .weight_where(|f| f.instruction_addr == Some(sentry_view::UNCAPTURED_ADDRESS));
             for sample in &profile.samples {
                 let names: Vec<String> = profile
                     .stack(sample)

@@ -431,7 +431,7 @@ pub fn functions_in_window(
 /// A Sentry timestamp as Unix seconds: either a number or an RFC 3339 UTC
 /// string (`2026-01-02T03:04:05.678Z`), as the SDK writes both.
 pub fn timestamp_secs(v: &Value) -> Option<f64> {
-    sentry_profiling::sentry_view::timestamp_ns(v).map(|ns| ns as f64 / 1e9)
+    sentry_view::timestamp_ns(v).map(|ns| ns as f64 / 1e9)
 }
 
 /// A transaction's `[start, end]` in Unix seconds.

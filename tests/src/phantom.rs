@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use std::collections::HashMap;
 
 use axum::extract::Path;
-use sentry_profiling::sentry_view::{
+use sentry_view::{
     ProfileChunk, TransactionWindow, WAITING_FOR_CPU_FUNCTION, is_lane_thread_id, what_sentry_shows,
 };
 

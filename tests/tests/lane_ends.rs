@@ -10,11 +10,11 @@
 
 use std::time::{Duration, Instant};
 
-use sentry_profiling::sentry_view::SUSPENDED_FUNCTION;
 use sentry_profiling::{ProfileLifecycle, ProfilingIntegration};
 use sentry_profiling_tests::{
     CaptureTransport, chunk_samples, functions_in_window, split_items, timestamp_secs,
 };
+use sentry_view::SUSPENDED_FUNCTION;
 use serde_json::Value;
 use tracing::Instrument;
 use tracing_subscriber::prelude::*;

@@ -39,7 +39,7 @@ fn start_stop_and_flush() {
             .with(sentry_profiling_tracing::layer()),
     );
     assert_eq!(
-        sentry_profiling::hooks::lifecycle(),
+        sentry_profiling::hooks::session().map(|s| s.lifecycle()),
         Some(ProfileLifecycle::Manual)
     );
     std::thread::sleep(Duration::from_millis(200));

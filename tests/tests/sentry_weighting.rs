@@ -39,13 +39,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use sentry_profiling::DEFAULT_FREQUENCY_HZ;
-use sentry_profiling::sentry_view::{
-    ProfileChunk, TransactionWindow, is_lane_thread_id, timestamp_ns, transaction_profile,
-    what_sentry_shows,
-};
 use sentry_profiling_tests::{
     chunk_samples, http_get_with, local_settings, read_envelope_dir, relay_violations, run_service,
     split_items,
+};
+use sentry_view::{
+    ProfileChunk, TransactionWindow, is_lane_thread_id, timestamp_ns, transaction_profile,
+    what_sentry_shows,
 };
 use serde_json::Value;
 
@@ -348,9 +348,8 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                 .filter(|b| b.0 == trace)
                 .map(|b| b.1)
                 .sum();
-            let uncaptured = shown.weight_where(|f| {
-                f.function.as_deref() == Some(sentry_profiling::sentry_view::UNCAPTURED_FUNCTION)
-            });
+            let uncaptured = shown
+                .weight_where(|f| f.function.as_deref() == Some(sentry_view::UNCAPTURED_FUNCTION));
             let ratio = burn as f64 / (n * 1_000_000) as f64;
             eprintln!(
                 "  burn_cpu {:.1} ms of {n} ms ({:.0}%), in burn_cpu {:.1} ms, polled {:.1} ms, no stack captured {:.1} ms",
@@ -387,9 +386,9 @@ fn sentry_weighting_shows_each_request_and_each_worker_as_they_ran() {
                 let inside = overlap(smp.timestamp_ns, smp.timestamp_ns + smp.weight_ns);
                 let unknown = shown.stack(smp).all(|f| {
                     let name = f.function.as_deref();
-                    name == Some(sentry_profiling::sentry_view::WAITING_FOR_CPU_FUNCTION)
-                        || name == Some(sentry_profiling::sentry_view::UNCAPTURED_FUNCTION)
-                        || name == Some(sentry_profiling::sentry_view::WAITING_UNREAD_FUNCTION)
+                    name == Some(sentry_view::WAITING_FOR_CPU_FUNCTION)
+                        || name == Some(sentry_view::UNCAPTURED_FUNCTION)
+                        || name == Some(sentry_view::WAITING_UNREAD_FUNCTION)
                 });
                 if is_burn {
                     burn_out += smp.weight_ns - inside;

@@ -13,12 +13,10 @@ use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sentry_profiling::sentry_view::{
-    ProfileChunk, TransactionWindow, transaction_profile, what_sentry_shows,
-};
 use sentry_profiling_tests::{
     http_get, local_settings, read_envelope_dir, relay_violations, run_example_service, split_items,
 };
+use sentry_view::{ProfileChunk, TransactionWindow, transaction_profile, what_sentry_shows};
 use serde_json::{Value, json};
 use symbolic_common::DebugId;
 use symbolic_debuginfo::Object;
@@ -295,7 +293,7 @@ fn every_chunk_symbolicates_and_work_frames_resolve_to_burn_cpu() {
         .map(|t| TransactionWindow::from_value(t).unwrap())
         .collect();
     assert_eq!(work.len(), 6);
-    let burns = |f: &sentry_profiling::sentry_view::Frame| {
+    let burns = |f: &sentry_view::Frame| {
         f.instruction_addr
             .and_then(|a| resolved.get(&a))
             .is_some_and(|locs| {

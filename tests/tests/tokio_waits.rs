@@ -45,13 +45,13 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::routing::get;
-use sentry_profiling::sentry_view::{
-    AWAITING_ADDRESS, ProfileChunk, QUEUED_ADDRESS, TransactionWindow, transaction_profile,
-};
 use sentry_profiling_tests::clients::{client_of, trace_header};
 use sentry_profiling_tests::{
     ChunkItem, SENTRY_CUSTOM_MEASUREMENT_LIMIT, http_get_with, measurement_violations,
     read_envelope_dir, relay_violations, run_service_on, split_items,
+};
+use sentry_view::{
+    AWAITING_ADDRESS, ProfileChunk, QUEUED_ADDRESS, TransactionWindow, transaction_profile,
 };
 use serde_json::Value;
 
@@ -561,12 +561,11 @@ fn seen(
             shown_block_worker_ns: block_ns,
             shown_not_known_ns: profile.weight_where(|f| {
                 let name = f.function.as_deref();
-                name == Some(sentry_profiling::sentry_view::UNCAPTURED_FUNCTION)
-                    || name == Some(sentry_profiling::sentry_view::WAITING_UNREAD_FUNCTION)
+                name == Some(sentry_view::UNCAPTURED_FUNCTION)
+                    || name == Some(sentry_view::WAITING_UNREAD_FUNCTION)
             }),
             shown_cpu_wait_ns: profile.weight_where(|f| {
-                f.function.as_deref()
-                    == Some(sentry_profiling::sentry_view::WAITING_FOR_CPU_FUNCTION)
+                f.function.as_deref() == Some(sentry_view::WAITING_FOR_CPU_FUNCTION)
             }),
         });
     }

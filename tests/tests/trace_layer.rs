@@ -10,7 +10,7 @@
 //! does not take it over.
 //!
 //! A real axum service on loopback under concurrent load, scored as
-//! Sentry's UI shows each transaction (`sentry_profiling::sentry_view`, see
+//! Sentry's UI shows each transaction (`sentry_view`, see
 //! `sentry_profiling_tests::clients::shown`): every request has a linked
 //! transaction, its own CPU function is shown with precision at least 0.99,
 //! and at least three transactions in four show it at all

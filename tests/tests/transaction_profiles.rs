@@ -155,16 +155,14 @@ fn profiled_transactions_carry_their_own_v1_profile() {
             let stack = &p["profile"]["stacks"][s["stack_id"].as_u64().unwrap() as usize];
             let running = stack.as_array().unwrap().iter().any(|f| {
                 p["profile"]["frames"][f.as_u64().unwrap() as usize]["function"]
-                    == sentry_profiling::sentry_view::RUNNING_REQUEST_FUNCTION
+                    == sentry_view::RUNNING_REQUEST_FUNCTION
             });
             if running {
                 // On an OS thread only (the transaction's own, when its
                 // request stayed on its OS thread, may show that it polled
                 // another request meanwhile); never on a request's lane.
                 assert!(
-                    !sentry_profiling::sentry_view::is_lane_thread_id(
-                        s["thread_id"].as_str().unwrap()
-                    ),
+                    !sentry_view::is_lane_thread_id(s["thread_id"].as_str().unwrap()),
                     "(running a request) marks an OS thread, never a request's lane"
                 );
                 running_marks += 1;

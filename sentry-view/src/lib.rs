@@ -24,45 +24,14 @@ use std::fmt;
 
 use serde_json::Value;
 
-pub use crate::attribution::LANE_BASE;
-pub use crate::frames::{
-    AWAITING_ADDRESS, QUEUED_ADDRESS, RUNNING_REQUEST_ADDRESS, RUNNING_REQUEST_FUNCTION,
-    SIGNAL_HANDLER_ADDRESS, SUSPENDED_ADDRESS, UNCAPTURED_ADDRESS, UNWOUND_NO_FURTHER_ADDRESS,
-    WAITING_FOR_CPU_ADDRESS, WAITING_UNREAD_ADDRESS,
+pub use sentry_profiling::LANE_BASE;
+pub use sentry_profiling::frames::{
+    AWAITING_ADDRESS, AWAITING_FUNCTION, QUEUED_ADDRESS, QUEUED_FUNCTION, RUNNING_REQUEST_ADDRESS,
+    RUNNING_REQUEST_FUNCTION, SIGNAL_HANDLER_ADDRESS, SIGNAL_HANDLER_FUNCTION, SUSPENDED_ADDRESS,
+    SUSPENDED_FUNCTION, UNCAPTURED_ADDRESS, UNCAPTURED_FUNCTION, UNWOUND_NO_FURTHER_ADDRESS,
+    UNWOUND_NO_FURTHER_FUNCTION, WAITING_FOR_CPU_ADDRESS, WAITING_FOR_CPU_FUNCTION,
+    WAITING_UNREAD_ADDRESS, WAITING_UNREAD_FUNCTION,
 };
-
-/// The function name of the synthetic frame of request time whose stack
-/// was not captured in time.
-pub const UNCAPTURED_FUNCTION: &str = crate::frames::UNCAPTURED_FUNCTION;
-
-/// The function name of a suspended lane's synthetic frame (a request whose
-/// wakes are not known: not instrumented by `sentry-profiling-tracing`).
-pub const SUSPENDED_FUNCTION: &str = crate::frames::SUSPENDED_FUNCTION;
-
-/// The function name of the synthetic frame of a request woken and waiting
-/// for a Tokio worker to poll it.
-pub const QUEUED_FUNCTION: &str = crate::frames::QUEUED_FUNCTION;
-
-/// The function name of the synthetic frame of a request awaiting (not
-/// ready: a database, a downstream call, a timer).
-pub const AWAITING_FUNCTION: &str = crate::frames::AWAITING_FUNCTION;
-
-/// The function name of the synthetic frame that ends a waiting thread's
-/// stack where its callers could not be unwound through frames proven to be
-/// on it.
-pub const UNWOUND_NO_FURTHER_FUNCTION: &str = crate::frames::UNWOUND_NO_FURTHER_FUNCTION;
-
-/// The function name of the synthetic frame of a period a thread was
-/// blocked in the kernel where the sampler did not read.
-pub const WAITING_UNREAD_FUNCTION: &str = crate::frames::WAITING_UNREAD_FUNCTION;
-
-/// The function name of the synthetic frame between a signal handler's
-/// frames and the code the signal interrupted.
-pub const SIGNAL_HANDLER_FUNCTION: &str = crate::frames::SIGNAL_HANDLER_FUNCTION;
-
-/// The function name of the synthetic frame of a period a thread was
-/// runnable but not given a CPU (preempted, or the machine saturated).
-pub const WAITING_FOR_CPU_FUNCTION: &str = crate::frames::WAITING_FOR_CPU_FUNCTION;
 
 /// Synthetic frames are written at addresses below this one, where Linux
 /// never maps anything (see [`Frame::is_synthetic`]).
@@ -503,9 +472,7 @@ pub fn transaction_profile<'a>(
 
 /// Whether a chunk `thread_id` is a request's lane (not an OS thread).
 pub fn is_lane_thread_id(thread_id: &str) -> bool {
-    thread_id
-        .parse::<u64>()
-        .is_ok_and(crate::attribution::is_lane)
+    thread_id.parse::<u64>().is_ok_and(|id| id >= LANE_BASE)
 }
 
 #[cfg(test)]
