@@ -355,60 +355,85 @@ fn write_transaction_json(
 ) -> std::io::Result<()> {
     if profiler_id.is_none() && lane.is_none() {
         serde_json::to_writer(&mut *out, tx)?;
-    } else {
-        // The profile context is written as the transaction is, first
-        // among its contexts, and the lane's keys first in its trace
-        // context's data: nothing is copied, and nothing is allocated for
-        // a profiler id of up to 80 bytes (the session's are 32 hex
-        // digits) or a transaction name of up to 150 (longer ones are
-        // written from the heap). A linked transaction is written as an unlinked
-        // one is, so the sender allocates the same whether or not the
-        // profiler runs (see BENCHMARKS.md).
-        let (mut profile_stack, mut profile_spill) = ([0u8; 128], Vec::new());
-        let profile = match profiler_id {
-            Some(id) => Some(member_bytes(&mut profile_stack, &mut profile_spill, |w| {
-                w.write_all(b"\"profile\":{\"type\":\"profile\",\"profiler_id\":")?;
-                serde_json::to_writer(&mut *w, id)?;
-                w.write_all(b"}")
-            })?),
-            None => None,
-        };
-        let (mut stack, mut spill) = ([0u8; 192], Vec::new());
-        let lane_keys = match lane {
-            Some(lane) => Some(member_bytes(&mut stack, &mut spill, |w| {
-                w.write_all(b"\"thread.id\":\"")?;
-                w.write_all(itoa::Buffer::new().format(lane.id).as_bytes())?;
-                w.write_all(b"\"")?;
-                if let Some(name) = &tx.name {
-                    w.write_all(b",\"thread.name\":")?;
-                    serde_json::to_writer(&mut *w, name)?;
-                }
-                Ok(())
-            })?),
-            None => None,
-        };
-        let start = out.len();
-        let written = crate::json_link::write_with_members(
-            out,
-            tx,
-            &crate::json_link::TRACE_DATA,
-            &[profile, None, lane_keys],
-        )?;
-        if let Some(lane) = lane.filter(|_| written & 0b100 == 0) {
-            // No trace context data to write the lane into (the transport
-            // hands a lane over only where there is): tagged the slow way.
-            out.truncate(start);
-            let mut tagged = tx.clone();
-            insert_lane(&mut tagged, lane);
-            return write_transaction_json(out, &tagged, totals, profiler_id, None);
-        }
-        if profile.is_some() && written & 1 == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "the transaction has no contexts to link",
-            ));
-        }
+    } else if !write_linked(out, tx, profiler_id, lane)?
+        && let Some(lane) = lane
+    {
+        // No trace context data to write the lane into (the transport
+        // hands a lane over only where there is): tagged the slow way.
+        let mut tagged = tx.clone();
+        insert_lane(&mut tagged, lane);
+        return write_transaction_json(out, &tagged, totals, profiler_id, None);
     }
+    append_measurements(out, tx, totals)
+}
+
+/// Writes `tx` with a `profile` context naming `profiler_id` and the lane's
+/// keys in its trace context's data; `false` (nothing written) when `lane`
+/// is given and the transaction has no trace context data to write it into.
+fn write_linked(
+    out: &mut Vec<u8>,
+    tx: &sentry_core::protocol::Transaction<'_>,
+    profiler_id: Option<&str>,
+    lane: Option<&HandedLane>,
+) -> std::io::Result<bool> {
+    // The profile context is written as the transaction is, first
+    // among its contexts, and the lane's keys first in its trace
+    // context's data: nothing is copied, and nothing is allocated for
+    // a profiler id of up to 80 bytes (the session's are 32 hex
+    // digits) or a transaction name of up to 150 (longer ones are
+    // written from the heap). A linked transaction is written as an unlinked
+    // one is, so the sender allocates the same whether or not the
+    // profiler runs (see BENCHMARKS.md).
+    let (mut profile_stack, mut profile_spill) = ([0u8; 128], Vec::new());
+    let profile = match profiler_id {
+        Some(id) => Some(member_bytes(&mut profile_stack, &mut profile_spill, |w| {
+            w.write_all(b"\"profile\":{\"type\":\"profile\",\"profiler_id\":")?;
+            serde_json::to_writer(&mut *w, id)?;
+            w.write_all(b"}")
+        })?),
+        None => None,
+    };
+    let (mut stack, mut spill) = ([0u8; 192], Vec::new());
+    let lane_keys = match lane {
+        Some(lane) => Some(member_bytes(&mut stack, &mut spill, |w| {
+            w.write_all(b"\"thread.id\":\"")?;
+            w.write_all(itoa::Buffer::new().format(lane.id).as_bytes())?;
+            w.write_all(b"\"")?;
+            if let Some(name) = &tx.name {
+                w.write_all(b",\"thread.name\":")?;
+                serde_json::to_writer(&mut *w, name)?;
+            }
+            Ok(())
+        })?),
+        None => None,
+    };
+    let start = out.len();
+    let written = crate::json_link::write_with_members(
+        out,
+        tx,
+        &crate::json_link::TRACE_DATA,
+        &[profile, None, lane_keys],
+    )?;
+    if lane.is_some() && written & 0b100 == 0 {
+        out.truncate(start);
+        return Ok(false);
+    }
+    if profile.is_some() && written & 1 == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "the transaction has no contexts to link",
+        ));
+    }
+    Ok(true)
+}
+
+/// Appends the transaction's poll totals as `measurements` (from `totals`
+/// when handed, else from its trace data) to its JSON object in `out`.
+fn append_measurements(
+    out: &mut Vec<u8>,
+    tx: &sentry_core::protocol::Transaction<'_>,
+    totals: Option<&PollTotals>,
+) -> std::io::Result<()> {
     let data = match tx.contexts.get("trace") {
         Some(Context::Trace(trace)) => Some(&trace.data),
         _ => None,

@@ -13,8 +13,9 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, Key
 use opentelemetry_proto::tonic::profiles::v1development as otlp;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
-use super::view::ProfileView;
+use super::view::{ProfileView, ViewFrame, ViewSample};
 use crate::lanes::LaneLink;
+use crate::unwind::ModuleInfo;
 use sentry_core::protocol::{SpanId, TraceId};
 
 fn hex_bytes(hex: &str) -> Vec<u8> {
@@ -91,114 +92,22 @@ impl Dictionary {
         i
     }
 
+    /// Adds one chunk: its modules, frames and stacks join the shared
+    /// tables (each entry once), its samples go to `samples`.
     fn add(&mut self, view: &ProfileView, samples: &mut Vec<otlp::Sample>) {
-        let mut mapping_idx = Vec::with_capacity(view.modules.len());
-        for m in &view.modules {
-            let idx = match self.mappings.get(&m.start) {
-                Some(&i) => i,
-                None => {
-                    let filename_strindex = self.string(&m.path);
-                    let attribute_indices = m
-                        .code_id()
-                        .map(|id| {
-                            vec![self.attribute(
-                                "process.executable.build_id.gnu",
-                                any_value::Value::StringValue(id),
-                            )]
-                        })
-                        .unwrap_or_default();
-                    let i = self.dict.mapping_table.len() as i32;
-                    self.dict.mapping_table.push(otlp::Mapping {
-                        memory_start: m.start,
-                        memory_limit: m.end,
-                        file_offset: 0,
-                        filename_strindex,
-                        attribute_indices,
-                    });
-                    self.mappings.insert(m.start, i);
-                    i
-                }
-            };
-            mapping_idx.push(idx);
-        }
-        let mut location_idx = Vec::with_capacity(view.frames.len());
-        for f in &view.frames {
-            let key = (f.address.unwrap_or(0), f.function.clone());
-            let idx = match self.locations.get(&key) {
-                Some(&i) => i,
-                None => {
-                    let lines = match &f.function {
-                        Some(name) => {
-                            let function_index = match self.functions.get(name) {
-                                Some(&i) => i,
-                                None => {
-                                    let name_strindex = self.string(name);
-                                    let i = self.dict.function_table.len() as i32;
-                                    self.dict.function_table.push(otlp::Function {
-                                        name_strindex,
-                                        system_name_strindex: name_strindex,
-                                        filename_strindex: 0,
-                                        start_line: 0,
-                                    });
-                                    self.functions.insert(name.clone(), i);
-                                    i
-                                }
-                            };
-                            vec![otlp::Line {
-                                function_index,
-                                line: 0,
-                                column: 0,
-                            }]
-                        }
-                        None => Vec::new(),
-                    };
-                    let i = self.dict.location_table.len() as i32;
-                    self.dict.location_table.push(otlp::Location {
-                        mapping_index: f.module.map_or(0, |m| mapping_idx[m]),
-                        address: key.0,
-                        lines,
-                        attribute_indices: Vec::new(),
-                    });
-                    self.locations.insert(key, i);
-                    i
-                }
-            };
-            location_idx.push(idx);
-        }
-        let mut stack_idx = Vec::with_capacity(view.stacks.len());
-        for stack in &view.stacks {
-            let locs: Vec<i32> = stack.iter().map(|&f| location_idx[f]).collect();
-            let idx = match self.stacks.get(&locs) {
-                Some(&i) => i,
-                None => {
-                    let i = self.dict.stack_table.len() as i32;
-                    self.dict.stack_table.push(otlp::Stack {
-                        location_indices: locs.clone(),
-                    });
-                    self.stacks.insert(locs, i);
-                    i
-                }
-            };
-            stack_idx.push(idx);
-        }
+        let mapping_idx: Vec<i32> = view.modules.iter().map(|m| self.mapping(m)).collect();
+        let location_idx: Vec<i32> = view
+            .frames
+            .iter()
+            .map(|f| self.location(f, &mapping_idx))
+            .collect();
+        let stack_idx: Vec<i32> = view
+            .stacks
+            .iter()
+            .map(|stack| self.stack(stack.iter().map(|&f| location_idx[f]).collect()))
+            .collect();
         for s in &view.samples {
-            let mut attribute_indices = Vec::with_capacity(2);
-            if let Some(tid) = s.thread_id {
-                attribute_indices
-                    .push(self.attribute("thread.id", any_value::Value::IntValue(i64::from(tid))));
-            }
-            if let Some(name) = &s.thread_name {
-                attribute_indices.push(self.attribute(
-                    "thread.name",
-                    any_value::Value::StringValue(name.to_string()),
-                ));
-            }
-            if s.long_poll {
-                attribute_indices.push(self.attribute(
-                    crate::encode::view::LONG_POLL_LABEL,
-                    any_value::Value::BoolValue(true),
-                ));
-            }
+            let attribute_indices = self.sample_attributes(s);
             samples.push(otlp::Sample {
                 stack_index: stack_idx[s.stack],
                 attribute_indices,
@@ -207,6 +116,110 @@ impl Dictionary {
                 timestamps_unix_nano: vec![s.timestamp_ns],
             });
         }
+    }
+
+    /// The mapping of a module (keyed by its start address), with its GNU
+    /// build id when it has one.
+    fn mapping(&mut self, m: &ModuleInfo) -> i32 {
+        if let Some(&i) = self.mappings.get(&m.start) {
+            return i;
+        }
+        let filename_strindex = self.string(&m.path);
+        let attribute_indices = m
+            .code_id()
+            .map(|id| {
+                vec![self.attribute(
+                    "process.executable.build_id.gnu",
+                    any_value::Value::StringValue(id),
+                )]
+            })
+            .unwrap_or_default();
+        let i = self.dict.mapping_table.len() as i32;
+        self.dict.mapping_table.push(otlp::Mapping {
+            memory_start: m.start,
+            memory_limit: m.end,
+            file_offset: 0,
+            filename_strindex,
+            attribute_indices,
+        });
+        self.mappings.insert(m.start, i);
+        i
+    }
+
+    /// The location of a frame (keyed by address and function), with one
+    /// line naming its function when it is symbolised.
+    fn location(&mut self, f: &ViewFrame, mapping_idx: &[i32]) -> i32 {
+        let key = (f.address.unwrap_or(0), f.function.clone());
+        if let Some(&i) = self.locations.get(&key) {
+            return i;
+        }
+        let lines = match &f.function {
+            Some(name) => vec![otlp::Line {
+                function_index: self.function(name),
+                line: 0,
+                column: 0,
+            }],
+            None => Vec::new(),
+        };
+        let i = self.dict.location_table.len() as i32;
+        self.dict.location_table.push(otlp::Location {
+            mapping_index: f.module.map_or(0, |m| mapping_idx[m]),
+            address: key.0,
+            lines,
+            attribute_indices: Vec::new(),
+        });
+        self.locations.insert(key, i);
+        i
+    }
+
+    fn function(&mut self, name: &Arc<str>) -> i32 {
+        if let Some(&i) = self.functions.get(name) {
+            return i;
+        }
+        let name_strindex = self.string(name);
+        let i = self.dict.function_table.len() as i32;
+        self.dict.function_table.push(otlp::Function {
+            name_strindex,
+            system_name_strindex: name_strindex,
+            filename_strindex: 0,
+            start_line: 0,
+        });
+        self.functions.insert(name.clone(), i);
+        i
+    }
+
+    fn stack(&mut self, location_indices: Vec<i32>) -> i32 {
+        if let Some(&i) = self.stacks.get(&location_indices) {
+            return i;
+        }
+        let i = self.dict.stack_table.len() as i32;
+        self.dict.stack_table.push(otlp::Stack {
+            location_indices: location_indices.clone(),
+        });
+        self.stacks.insert(location_indices, i);
+        i
+    }
+
+    /// A sample's `thread.id`, `thread.name` and long-poll attributes.
+    fn sample_attributes(&mut self, s: &ViewSample) -> Vec<i32> {
+        let mut attribute_indices = Vec::with_capacity(2);
+        if let Some(tid) = s.thread_id {
+            attribute_indices
+                .push(self.attribute("thread.id", any_value::Value::IntValue(i64::from(tid))));
+        }
+        if let Some(name) = &s.thread_name {
+            attribute_indices.push(self.attribute(
+                "thread.name",
+                any_value::Value::StringValue(name.to_string()),
+            ));
+        }
+        if s.long_poll {
+            attribute_indices.push(self.attribute(
+                crate::encode::view::LONG_POLL_LABEL,
+                any_value::Value::BoolValue(true),
+            ));
+        }
+        attribute_indices
     }
 }
 

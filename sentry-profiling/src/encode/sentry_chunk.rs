@@ -426,52 +426,14 @@ pub(crate) fn build_body<'a>(
     order: &[usize],
     time: SampleTime,
 ) -> ProfileBody<'a> {
-    let mut stack_map: HashMap<u32, u32> = HashMap::default();
-    let mut frame_map: HashMap<u64, u32> = HashMap::default();
-    let mut stacks: Vec<Vec<u32>> = Vec::new();
-    let mut frames: Vec<Frame> = Vec::new();
-    let mut images: Vec<Arc<ModuleInfo>> = Vec::new();
+    let mut tables = Tables::default();
     let mut samples = Vec::with_capacity(order.len());
     let mut thread_metadata: HashMap<String, ThreadMeta<'_>> = HashMap::default();
     let mut thread_ids = Vec::new();
     let mut seen_threads = rustc_hash::FxHashSet::default();
-
     for &i in order {
         let s = &chunk.samples()[i];
-        let stack_id = *stack_map.entry(s.stack).or_insert_with(|| {
-            let addrs = &chunk.stacks()[s.stack as usize];
-            let ids = addrs
-                .iter()
-                .map(|&addr| {
-                    *frame_map.entry(addr).or_insert_with(|| {
-                        if let Some((out, name)) = synthetic_frame(addr) {
-                            frames.push(Frame {
-                                instruction_addr: format!("{out:#x}"),
-                                function: Some(Arc::from(name)),
-                                in_app: Some(false),
-                            });
-                            return (frames.len() - 1) as u32;
-                        }
-                        if let Some(m) = modules.find(addr) {
-                            if !images.iter().any(|x| Arc::ptr_eq(x, m)) {
-                                images.push(Arc::clone(m));
-                            }
-                        }
-                        let function = symbolizer
-                            .as_mut()
-                            .and_then(|sym| sym.function(modules, addr));
-                        frames.push(Frame {
-                            instruction_addr: format!("{addr:#x}"),
-                            function,
-                            in_app: None,
-                        });
-                        (frames.len() - 1) as u32
-                    })
-                })
-                .collect();
-            stacks.push(ids);
-            (stacks.len() - 1) as u32
-        });
+        let stack_id = tables.stack(chunk, s.stack, modules, symbolizer);
         let (key, name) = &keyed[i];
         let thread_id = *key;
         if seen_threads.insert(thread_id) {
@@ -487,32 +449,106 @@ pub(crate) fn build_body<'a>(
         chunk.samples()[order[0]].timestamp_ns,
         chunk.samples()[order[order.len() - 1]].timestamp_ns,
     );
-    let images = images
-        .iter()
-        .map(|m| DebugImage {
-            kind: "symbolic",
-            code_file: m.path.clone(),
-            debug_id: m.debug_id(),
-            code_id: m.code_id(),
-            image_addr: format!("{:#x}", m.start),
-            image_vmaddr: format!("{:#x}", m.vmaddr),
-            image_size: m.end - m.start,
-            arch: ARCH,
-        })
-        .collect();
     ProfileBody {
         profile: Profile {
             samples: OutSamples {
                 time,
                 items: samples,
             },
-            stacks,
-            frames,
+            stacks: tables.stacks,
+            frames: tables.frames,
             thread_metadata,
         },
-        images,
+        images: tables.images.iter().map(|m| debug_image(m)).collect(),
         thread_ids,
         span_ns,
+    }
+}
+
+/// The frames and stacks of one profile body, each written once, and the
+/// images its frames point into.
+#[derive(Default)]
+struct Tables {
+    /// A chunk stack's index in `stacks`.
+    stack_map: HashMap<u32, u32>,
+    /// A frame address's index in `frames`.
+    frame_map: HashMap<u64, u32>,
+    stacks: Vec<Vec<u32>>,
+    frames: Vec<Frame>,
+    images: Vec<Arc<ModuleInfo>>,
+}
+
+impl Tables {
+    /// The index of the chunk's stack `stack`, its frames added first.
+    fn stack(
+        &mut self,
+        chunk: &Chunk,
+        stack: u32,
+        modules: &ModuleSet,
+        symbolizer: &mut Option<&mut Symbolizer>,
+    ) -> u32 {
+        if let Some(&id) = self.stack_map.get(&stack) {
+            return id;
+        }
+        let ids = chunk.stacks()[stack as usize]
+            .iter()
+            .map(|&addr| self.frame(addr, modules, symbolizer))
+            .collect();
+        self.stacks.push(ids);
+        let id = (self.stacks.len() - 1) as u32;
+        self.stack_map.insert(stack, id);
+        id
+    }
+
+    /// The index of the frame at `addr` (a code address or a synthetic
+    /// frame's marker); a code address's image joins `images`.
+    fn frame(
+        &mut self,
+        addr: u64,
+        modules: &ModuleSet,
+        symbolizer: &mut Option<&mut Symbolizer>,
+    ) -> u32 {
+        if let Some(&id) = self.frame_map.get(&addr) {
+            return id;
+        }
+        let frame = if let Some((out, name)) = synthetic_frame(addr) {
+            Frame {
+                instruction_addr: format!("{out:#x}"),
+                function: Some(Arc::from(name)),
+                in_app: Some(false),
+            }
+        } else {
+            if let Some(m) = modules.find(addr)
+                && !self.images.iter().any(|x| Arc::ptr_eq(x, m))
+            {
+                self.images.push(Arc::clone(m));
+            }
+            Frame {
+                instruction_addr: format!("{addr:#x}"),
+                function: symbolizer
+                    .as_mut()
+                    .and_then(|sym| sym.function(modules, addr)),
+                in_app: None,
+            }
+        };
+        self.frames.push(frame);
+        let id = (self.frames.len() - 1) as u32;
+        self.frame_map.insert(addr, id);
+        id
+    }
+}
+
+/// The `debug_meta` image of a module.
+fn debug_image(m: &ModuleInfo) -> DebugImage {
+    DebugImage {
+        kind: "symbolic",
+        code_file: m.path.clone(),
+        debug_id: m.debug_id(),
+        code_id: m.code_id(),
+        image_addr: format!("{:#x}", m.start),
+        image_vmaddr: format!("{:#x}", m.vmaddr),
+        image_size: m.end - m.start,
+        arch: ARCH,
     }
 }
 

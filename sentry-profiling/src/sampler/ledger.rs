@@ -348,13 +348,11 @@ impl Ledger {
     /// A sample that found no free slot within half a period may then take
     /// a free slot up to a period before it, if the sample of running code
     /// (or the sample already emitted) before that slot is at most two
-    /// periods before it: no gap longer than two periods opens, and a busy thread whose captures drift against the ticks (a
-    /// CPU-time timer fires at the kernel's scheduler tick) is not sampled
-    /// more often than once per period. Likewise, while the thread has
-    /// more samples than slots (a capture that took no slot, or a fill of a
-    /// slot whose capture came a tick later), held fills are cancelled
-    /// where the samples of running code on both sides of them are at most
-    /// two periods apart.
+    /// periods before it: no gap longer than two periods opens, and a busy
+    /// thread whose captures drift against the ticks (a CPU-time timer
+    /// fires at the kernel's scheduler tick) is not sampled more often than
+    /// once per period (`place_late`). Likewise, while the thread has more
+    /// samples than slots, held fills go (`cancel_surplus`).
     pub(super) fn place_tick(
         &mut self,
         slots: Vec<u64>,
@@ -376,6 +374,26 @@ impl Ledger {
         let placing = all.len();
         let mut p = place(&slots, &self.held_fills(), &all, half_ns);
         self.cancel(&p.cancelled);
+        let extra = self.place_late(&mut p, period_ns);
+        // Those after the latest slot wait for the next tick's.
+        let latest = self.last_slot.unwrap_or(0);
+        let (carried, extra): (Vec<u64>, Vec<u64>) = extra.into_iter().partition(|&t| t > latest);
+        self.carried = carried;
+        // A sample carried to the next tick counts there, where it takes
+        // its slot: counted now, it would make a surplus for a tick and
+        // cancel a fill its slot needs.
+        let queued = (placing - self.carried.len() + p.free.len()) as i64;
+        let given = (slots.len() + p.cancelled.len()) as i64;
+        self.surplus = (i64::from(self.surplus) + queued - given).clamp(0, MAX_SURPLUS) as u32;
+        self.cancel_surplus(&mut p, period_ns);
+        p.extra = extra;
+        p
+    }
+
+    /// The samples `place` found no slot for (`p.extra`) take a free or
+    /// held slot up to a period before them when no gap longer than two
+    /// periods opens; returns those that still have none.
+    fn place_late(&mut self, p: &mut Placement, period_ns: u64) -> Vec<u64> {
         let mut extra = Vec::new();
         for &ts in &p.extra {
             let held = self.held_fills();
@@ -402,25 +420,18 @@ impl Ledger {
                 p.cancelled.push(slot);
             }
         }
-        // Those after the latest slot wait for the next tick's.
-        let latest = self.last_slot.unwrap_or(0);
-        let (carried, extra): (Vec<u64>, Vec<u64>) = extra.into_iter().partition(|&t| t > latest);
-        self.carried = carried;
-        // Samples beyond one per slot (extra ones, and fills of slots a
-        // sample of running code came too late to take): held fills
-        // with a sample of running code close enough on both sides go.
-        // A sample carried to the next tick counts there, where it takes
-        // its slot: counted now, it would make a surplus for a tick and
-        // cancel a fill its slot needs.
-        let queued = (placing - self.carried.len() + p.free.len()) as i64;
-        let given = (slots.len() + p.cancelled.len()) as i64;
-        self.surplus = (i64::from(self.surplus) + queued - given).clamp(0, MAX_SURPLUS) as u32;
-        let held = if self.surplus > 0 {
-            self.held_fills()
-        } else {
-            Vec::new()
-        };
-        for f in held {
+        extra
+    }
+
+    /// While the thread has more samples than slots (`surplus`: extra
+    /// ones, and fills of slots a sample of running code came too late to
+    /// take), held fills with a sample of running code at most two periods
+    /// away on both sides are cancelled.
+    fn cancel_surplus(&mut self, p: &mut Placement, period_ns: u64) {
+        if self.surplus == 0 {
+            return;
+        }
+        for f in self.held_fills() {
             if self.surplus == 0 {
                 break;
             }
@@ -434,8 +445,6 @@ impl Ledger {
                 self.surplus -= 1;
             }
         }
-        p.extra = extra;
-        p
     }
 
     /// The latest queued sample of running code before `t` (0: none).

@@ -16,7 +16,7 @@ use super::denied::Denials;
 use super::requests::CapturedRequests;
 use super::state::{self, Awaited, Clock};
 use super::stats::Counters;
-use super::threads::ThreadTable;
+use super::threads::{ThreadTable, Tracked};
 use super::{Sample, Shared, own_threads};
 use super::{ledger, periods};
 use crate::options::SamplerConfig;
@@ -538,52 +538,16 @@ impl Worker {
         if let Some(&last) = slots.last() {
             t.ledger.last_slot = Some(last);
         }
+        c.samples_timer_missed.add(u64::from(missed));
         // This tick's samples of running code: the captures (with their
         // stacks, which the fills among them show), then stand-ins.
-        let mut captures: Vec<(u64, Arc<[u64]>, u64)> = Vec::new();
-        let mut running: Vec<u64> = Vec::new();
-        for sample in harvested.running() {
-            let (stack, context) = (sample.frames().clone(), sample.context());
-            let ts = t.ledger.push_sample(sample);
-            captures.push((ts, stack, context));
-            running.push(ts);
-        }
-        // The timer fired again before the slot was read, or more periods
-        // passed than the kernel signalled (overruns): the thread ran that
-        // much CPU time since its previous capture. Where the kernel's
-        // counts are read, the fills between the two captures show it
-        // (see `Ledger::kernel_counted`): it was spent before this capture,
-        // in code no capture saw. Otherwise its latest stack stands in for
-        // those periods, right after the capture, a microsecond apart: no
-        // request may get a moment the thread was not running in it.
-        c.samples_timer_missed.add(u64::from(missed));
-        let counted = t.schedstat_seen.is_some();
-        let stand_ins = ledger::stand_in_times(
-            running.last().copied(),
-            if counted { 0 } else { missed },
-            tick.periods,
-            t.last_stack.is_some(),
-        );
-        if !stand_ins.is_empty() {
-            let stack = t.last_stack.clone().unwrap_or_else(|| Arc::from(&[][..]));
-            let context = t.last_context;
-            for ts in &stand_ins {
-                let sample = sample_of(t, *ts, stack.clone(), context, true);
-                running.push(t.ledger.push_sample(sample));
-            }
-        }
+        let captures = t.push_captures(harvested);
+        let mut running: Vec<u64> = captures.iter().map(|&(ts, _, _)| ts).collect();
+        t.push_stand_ins(&mut running, missed, tick.periods);
         let placed = t
             .ledger
             .place_tick(slots, &running, period_ns / 2, period_ns);
-        for slot in placed.free {
-            // What the thread's published context word was at the slot (the
-            // sampler may run late).
-            let word = t
-                .word_slot
-                .map(|s| crate::context::word_at(s, t.info.tid, slot));
-            let at_tick = periods::standing(word, &t.place.known());
-            t.ledger.push_fill(slot, word, at_tick);
-        }
+        t.fill_free_slots(placed.free);
         // Two captures at most this far apart have the thread running
         // through the time between them (the timer counted that much CPU
         // time in it, to half a period): the fills between show the nearer
@@ -696,5 +660,69 @@ pub(super) fn blocked_at(state: Option<sys::SyscallState>) -> Option<(u64, u64)>
     match state? {
         sys::SyscallState::Blocked { sp, pc, .. } => Some((sp, pc)),
         sys::SyscallState::Running => None,
+    }
+}
+
+/// The per-thread steps of [`Worker::record_periods`].
+impl Tracked {
+    /// Queues this tick's captures in the ledger; returns each one's time,
+    /// stack and context word.
+    fn push_captures(
+        &mut self,
+        harvested: super::answers::Harvested,
+    ) -> Vec<(u64, Arc<[u64]>, u64)> {
+        harvested
+            .running()
+            .map(|sample| {
+                let (stack, context) = (sample.frames().clone(), sample.context());
+                (self.ledger.push_sample(sample), stack, context)
+            })
+            .collect()
+    }
+
+    /// Queues the stand-ins of periods the thread ran with no capture of
+    /// their own, and adds their times to `running`.
+    ///
+    /// The timer fired again before the slot was read (`missed`), or more
+    /// periods passed than the kernel signalled (overruns): the thread ran
+    /// that much CPU time since its previous capture. Where the kernel's
+    /// counts are read, the fills between the two captures show it (see
+    /// `Ledger::kernel_counted`), and no stand-in is queued for what was
+    /// missed: it was spent before this capture, in code no capture saw.
+    /// Otherwise its latest stack stands in for those periods, right after
+    /// the capture, a microsecond apart: no request may get a moment the
+    /// thread was not running in it.
+    fn push_stand_ins(&mut self, running: &mut Vec<u64>, missed: u32, periods: u32) {
+        let counted = self.schedstat_seen.is_some();
+        let stand_ins = ledger::stand_in_times(
+            running.last().copied(),
+            if counted { 0 } else { missed },
+            periods,
+            self.last_stack.is_some(),
+        );
+        if stand_ins.is_empty() {
+            return;
+        }
+        let stack = self
+            .last_stack
+            .clone()
+            .unwrap_or_else(|| Arc::from(&[][..]));
+        let context = self.last_context;
+        for ts in stand_ins {
+            let sample = sample_of(self, ts, stack.clone(), context, true);
+            running.push(self.ledger.push_sample(sample));
+        }
+    }
+
+    /// Gives every period slot no sample took a fill, with the context word
+    /// the thread had published at the slot (the sampler may run late).
+    fn fill_free_slots(&mut self, free: Vec<u64>) {
+        for slot in free {
+            let word = self
+                .word_slot
+                .map(|s| crate::context::word_at(s, self.info.tid, slot));
+            let at_tick = periods::standing(word, &self.place.known());
+            self.ledger.push_fill(slot, word, at_tick);
+        }
     }
 }

@@ -12,10 +12,10 @@ use super::sink::Handed;
 use super::v1::{V1_HISTORY, V1Context, V1Drop, V1State};
 use crate::attribution::ThreadAttribution;
 use crate::chunk::Chunk;
-use crate::encode::sentry_chunk::{ChunkMeta, encode_chunk};
+use crate::encode::sentry_chunk::{ChunkMeta, EncodedChunk, encode_chunk};
 use crate::encode::view::ProfileView;
 use crate::export::{ExportCounts, Exporter};
-use crate::lanes::now_ns;
+use crate::lanes::{Lanes, now_ns};
 use crate::sampler::{Sample, Sampler};
 use crate::symbolize::Symbolizer;
 use crate::unwind::ModuleSet;
@@ -195,37 +195,10 @@ impl ChunkWriter<'_> {
         let desk = std::sync::Arc::clone(&self.desk);
         let desk = lock(&desk);
         if self.attribution == ThreadAttribution::Lanes {
-            // Fill lanes from where the previous chunk's fill-ins ended (not
-            // from this chunk's first sample, which can come well after the
-            // root span that resumed the sampler), at most `MAX_FILL_LEAD`
-            // before the first sample so the chunk stays within Relay's span.
-            let from = chunk
-                .first_timestamp_ns()
-                .map_or(now, |first| first.saturating_sub(MAX_FILL_LEAD_NS))
-                .max(self.filled_until_ns);
-            let filled = desk
-                .lanes
-                .fill_suspended_from(&mut chunk, self.period_ns, from, now);
-            self.filled_until_ns = now;
-            let c = &self.session.counters;
-            c.lane_fill_ins
-                .fetch_add(filled.added as u64, Ordering::Relaxed);
-            c.lane_fill_ins_capped
-                .fetch_add(filled.capped as u64, Ordering::Relaxed);
+            self.fill_lanes(&desk.lanes, &mut chunk, now);
         }
         if !self.exporters.is_empty() {
-            let view = ProfileView::build(
-                &chunk,
-                &desk.lanes,
-                modules,
-                self.symbolizer.as_mut(),
-                self.period_ns,
-            );
-            let mut counts = ExportCounts::default();
-            for e in &mut self.exporters {
-                e.export(&view, &self.service_name, &mut counts);
-            }
-            self.record_exports(counts);
+            self.export(&desk.lanes, &chunk, modules);
         }
         if self.attribution == ThreadAttribution::Lanes {
             let edges = desk
@@ -247,6 +220,47 @@ impl ChunkWriter<'_> {
             &|i, _| keys[i].clone(),
         );
         self.prune_lanes(now);
+        self.send_pieces(pieces);
+    }
+
+    /// Fills the chunk's lanes with their fill-ins up to `now`: from where
+    /// the previous chunk's fill-ins ended (not from this chunk's first
+    /// sample, which can come well after the root span that resumed the
+    /// sampler), at most `MAX_FILL_LEAD` before the first sample so the
+    /// chunk stays within Relay's span.
+    fn fill_lanes(&mut self, lanes: &Lanes, chunk: &mut Chunk, now: u64) {
+        let from = chunk
+            .first_timestamp_ns()
+            .map_or(now, |first| first.saturating_sub(MAX_FILL_LEAD_NS))
+            .max(self.filled_until_ns);
+        let filled = lanes.fill_suspended_from(chunk, self.period_ns, from, now);
+        self.filled_until_ns = now;
+        let c = &self.session.counters;
+        c.lane_fill_ins
+            .fetch_add(filled.added as u64, Ordering::Relaxed);
+        c.lane_fill_ins_capped
+            .fetch_add(filled.capped as u64, Ordering::Relaxed);
+    }
+
+    /// Hands the chunk, resolved once, to every exporter (pprof, OTLP).
+    fn export(&mut self, lanes: &Lanes, chunk: &Chunk, modules: &ModuleSet) {
+        let view = ProfileView::build(
+            chunk,
+            lanes,
+            modules,
+            self.symbolizer.as_mut(),
+            self.period_ns,
+        );
+        let mut counts = ExportCounts::default();
+        for e in &mut self.exporters {
+            e.export(&view, &self.service_name, &mut counts);
+        }
+        self.record_exports(counts);
+    }
+
+    /// Sends the encoded pieces of a chunk (one per Relay-sized part),
+    /// counting what was sent and what had nowhere to go.
+    fn send_pieces(&self, pieces: Vec<EncodedChunk>) {
         let c = &self.session.counters;
         c.samples_single_thread.fetch_add(
             pieces.iter().map(|p| p.dropped_single).sum::<usize>() as u64,

@@ -2,7 +2,8 @@
 //! threads' context words (each change a poll beginning or ending).
 //!
 //! Lane ends must be known within a sampling period while requests come and
-//! go (issue #14), so the table is read every period. The sampler thread
+//! go (a request's last samples are filed by them), so the table is read
+//! every period. The sampler thread
 //! wakes every period anyway: it reads the table at the end of each tick
 //! (see [`crate::sampler::Sampler::set_tick_hook`]), and the profiler thread
 //! then wakes only at its own tick, not every period as well: a timed

@@ -41,7 +41,7 @@ const PROFILER_IDLE_TICK: Duration = Duration::from_secs(1);
 
 /// Reads in a row that found no lane event and no poll after which the
 /// profiler thread reads only at its tick (a lane that starts wakes it).
-const QUIET_READS_BEFORE_DOZING: u32 = 3;
+const QUIET_READS_BEFORE_SLEEPING: u32 = 3;
 
 /// What an application thread asks of the profiler thread.
 pub(super) enum Request {
@@ -192,8 +192,8 @@ impl Session {
     /// (the sampler wakes it when it stops ticking). Otherwise this thread
     /// reads them. Requests in flight that all wait (or none at all)
     /// change nothing: after a few empty reads (`quiet_reads`) the thread
-    /// dozes until its tick, and the next lane to start wakes it (see
-    /// `LaneRegistry::set_dozing`).
+    /// sleeps until its tick, and the next lane to start wakes it (see
+    /// `LaneRegistry::set_reader_asleep`).
     fn wait_for_work(
         &self,
         sampler: &Sampler,
@@ -207,7 +207,7 @@ impl Session {
             return;
         }
         let busy = (sampler.is_active() || self.lanes.in_flight() > 0)
-            && *quiet_reads < QUIET_READS_BEFORE_DOZING;
+            && *quiet_reads < QUIET_READS_BEFORE_SLEEPING;
         // Nothing to take at all: a paused sampler sends nothing, and an
         // empty chunk has nothing to rotate.
         let idle =
@@ -222,11 +222,11 @@ impl Session {
         let wait = read_interval(busy, period, tick);
         let since = last_drain.elapsed();
         if !busy {
-            self.lanes.set_dozing(true);
+            self.lanes.set_reader_asleep(true);
         }
         std::thread::park_timeout(wait.min(tick.saturating_sub(since)));
         if !busy {
-            self.lanes.set_dozing(false);
+            self.lanes.set_reader_asleep(false);
         }
         if builder.read_lane_events() > 0 {
             // A request started, or a thread entered or left one: a dozing

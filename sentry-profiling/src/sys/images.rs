@@ -151,8 +151,54 @@ unsafe fn describe(info: &DlPhdrInfo, first: bool) -> Option<LoadedImage> {
     }
     // SAFETY: the loader guarantees `phnum` headers at `phdr`.
     let phdrs = unsafe { std::slice::from_raw_parts(info.phdr, usize::from(info.phnum)) };
-    let bias = info.addr as u64;
-    // SAFETY: `name` is null or a NUL-terminated string owned by the loader.
+    // SAFETY: `info` comes from the callback (this function's contract).
+    let (name, is_main) = unsafe { image_name(info, first) };
+    let is_vdso = name.starts_with("linux-vdso") || name.starts_with("linux-gate");
+    let path = if is_main {
+        std::env::current_exe()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    } else {
+        name
+    };
+    let mapped = Mapped {
+        phdrs,
+        loads: phdrs.iter().filter(|p| p.p_type == PT_LOAD).collect(),
+        bias: info.addr as u64,
+        permanent: is_main || is_vdso,
+    };
+    let vmaddr = mapped.loads.iter().map(|p| p.p_vaddr).min()?;
+    let vmend = mapped.loads.iter().map(|p| p.p_vaddr + p.p_memsz).max()?;
+    // SAFETY: inside the loader's callback (this function's contract).
+    let (eh_frame_hdr, eh_frame) = unsafe { mapped.eh_frame_sections() };
+    let text = if is_main {
+        // SAFETY: as above.
+        unsafe { mapped.text() }
+    } else {
+        None
+    };
+    // SAFETY: as above.
+    let build_id = unsafe { mapped.build_id() };
+    Some(LoadedImage {
+        path,
+        bias: mapped.bias,
+        start: vmaddr + mapped.bias,
+        end: vmend + mapped.bias,
+        vmaddr,
+        eh_frame_hdr,
+        eh_frame,
+        text,
+        code: mapped.code_ranges(),
+        build_id,
+    })
+}
+
+/// The loader's name for an image (empty for the main executable, which
+/// comes first), and whether it is the main executable.
+///
+/// # Safety
+/// `info` must come from `dl_iterate_phdr`, inside its callback.
+unsafe fn image_name(info: &DlPhdrInfo, first: bool) -> (String, bool) {
     let name = if info.name.is_null() {
         String::new()
     } else {
@@ -163,98 +209,116 @@ unsafe fn describe(info: &DlPhdrInfo, first: bool) -> Option<LoadedImage> {
             .into_owned()
     };
     let is_main = first && name.is_empty();
-    let is_vdso = name.starts_with("linux-vdso") || name.starts_with("linux-gate");
-    let permanent = is_main || is_vdso;
-    let path = if is_main {
-        std::env::current_exe()
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    } else {
-        name
-    };
+    (name, is_main)
+}
 
-    let loads: Vec<&Phdr> = phdrs.iter().filter(|p| p.p_type == PT_LOAD).collect();
-    let vmaddr = loads.iter().map(|p| p.p_vaddr).min()?;
-    let vmend = loads.iter().map(|p| p.p_vaddr + p.p_memsz).max()?;
+/// One image's program headers and where its segments are mapped, read
+/// inside the loader's callback.
+struct Mapped<'a> {
+    phdrs: &'a [Phdr],
+    loads: Vec<&'a Phdr>,
+    /// Load bias: a segment's `p_vaddr` plus this is its address.
+    bias: u64,
+    /// Never unloaded (the main executable, the vDSO): its bytes are
+    /// borrowed, not copied.
+    permanent: bool,
+}
 
-    // SAFETY (for `grab` calls below): every range is inside a PT_LOAD
-    // segment of this image, mapped while the loader lock is held.
-    let grab = |svma: u64, len: u64| -> ImageBytes {
-        // SAFETY: see above.
+impl Mapped<'_> {
+    /// The bytes at `svma..svma + len`.
+    ///
+    /// # Safety
+    /// The range must lie inside a `PT_LOAD` segment of this image, and the
+    /// call must be made inside the loader's callback (the segments stay
+    /// mapped while the loader lock is held).
+    unsafe fn grab(&self, svma: u64, len: u64) -> ImageBytes {
+        // SAFETY: the range is mapped (this function's contract).
         let bytes: &'static [u8] =
-            unsafe { std::slice::from_raw_parts((svma + bias) as *const u8, len as usize) };
-        if permanent {
+            unsafe { std::slice::from_raw_parts((svma + self.bias) as *const u8, len as usize) };
+        if self.permanent {
             ImageBytes::Static(bytes)
         } else {
             ImageBytes::Owned(bytes.into())
         }
-    };
-    let segment_end = |svma: u64| {
-        loads
+    }
+
+    /// The end of the file-backed part of the segment holding `svma`.
+    fn segment_end(&self, svma: u64) -> Option<u64> {
+        self.loads
             .iter()
             .find(|p| svma >= p.p_vaddr && svma < p.p_vaddr + p.p_filesz)
             .map(|p| p.p_vaddr + p.p_filesz)
-    };
+    }
 
-    let mut eh_frame_hdr = None;
-    let mut eh_frame = None;
-    if let Some(hdr) = phdrs.iter().find(|p| p.p_type == PT_GNU_EH_FRAME) {
-        let hdr_bytes = grab(hdr.p_vaddr, hdr.p_memsz);
-        if let Some(ptr) = decode_eh_frame_ptr(&hdr_bytes, hdr.p_vaddr) {
-            if let Some(end) = segment_end(ptr) {
-                eh_frame = Some(Section {
-                    svma: ptr,
-                    bytes: grab(ptr, end - ptr),
-                });
-            }
-        }
-        eh_frame_hdr = Some(Section {
+    /// `.eh_frame_hdr` and `.eh_frame` (from its start to the end of its
+    /// segment), when the image has them.
+    ///
+    /// # Safety
+    /// Inside the loader's callback.
+    unsafe fn eh_frame_sections(&self) -> (Option<Section>, Option<Section>) {
+        let Some(hdr) = self.phdrs.iter().find(|p| p.p_type == PT_GNU_EH_FRAME) else {
+            return (None, None);
+        };
+        // SAFETY: the PT_GNU_EH_FRAME segment lies inside a PT_LOAD one.
+        let hdr_bytes = unsafe { self.grab(hdr.p_vaddr, hdr.p_memsz) };
+        let eh_frame = decode_eh_frame_ptr(&hdr_bytes, hdr.p_vaddr).and_then(|ptr| {
+            let end = self.segment_end(ptr)?;
+            Some(Section {
+                svma: ptr,
+                // SAFETY: `ptr..end` is the file-backed part of a PT_LOAD
+                // segment (`segment_end`).
+                bytes: unsafe { self.grab(ptr, end - ptr) },
+            })
+        });
+        let eh_frame_hdr = Section {
             svma: hdr.p_vaddr,
             bytes: hdr_bytes,
-        });
-    }
-    let text = if is_main {
-        loads
-            .iter()
-            .find(|p| p.p_flags & PF_X != 0)
-            .map(|p| Section {
-                svma: p.p_vaddr,
-                bytes: grab(p.p_vaddr, p.p_filesz),
-            })
-    } else {
-        None
-    };
-
-    let code = loads
-        .iter()
-        .filter(|p| p.p_flags & PF_X != 0)
-        .map(|p| (p.p_vaddr + bias, p.p_vaddr + p.p_memsz + bias))
-        .collect();
-
-    let mut build_id = None;
-    for note in phdrs.iter().filter(|p| p.p_type == PT_NOTE) {
-        // SAFETY: note segments lie inside a PT_LOAD segment (see above).
-        let bytes = unsafe {
-            std::slice::from_raw_parts((note.p_vaddr + bias) as *const u8, note.p_memsz as usize)
         };
-        if let Some(id) = find_build_id(bytes, note.p_align.max(4) as usize) {
-            build_id = Some(id.to_vec());
-            break;
-        }
+        (Some(eh_frame_hdr), eh_frame)
     }
 
-    Some(LoadedImage {
-        path,
-        bias,
-        start: vmaddr + bias,
-        end: vmend + bias,
-        vmaddr,
-        eh_frame_hdr,
-        eh_frame,
-        text,
-        code,
-        build_id,
-    })
+    /// The first executable segment's bytes.
+    ///
+    /// # Safety
+    /// Inside the loader's callback.
+    unsafe fn text(&self) -> Option<Section> {
+        let p = self.loads.iter().find(|p| p.p_flags & PF_X != 0)?;
+        Some(Section {
+            svma: p.p_vaddr,
+            // SAFETY: a PT_LOAD segment's file-backed part.
+            bytes: unsafe { self.grab(p.p_vaddr, p.p_filesz) },
+        })
+    }
+
+    /// The address ranges of the executable segments.
+    fn code_ranges(&self) -> Vec<(u64, u64)> {
+        self.loads
+            .iter()
+            .filter(|p| p.p_flags & PF_X != 0)
+            .map(|p| (p.p_vaddr + self.bias, p.p_vaddr + p.p_memsz + self.bias))
+            .collect()
+    }
+
+    /// The GNU build id from the image's note segments.
+    ///
+    /// # Safety
+    /// Inside the loader's callback.
+    unsafe fn build_id(&self) -> Option<Vec<u8>> {
+        self.phdrs
+            .iter()
+            .filter(|p| p.p_type == PT_NOTE)
+            .find_map(|note| {
+                // SAFETY: note segments lie inside a PT_LOAD segment, mapped
+                // during the callback.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(
+                        (note.p_vaddr + self.bias) as *const u8,
+                        note.p_memsz as usize,
+                    )
+                };
+                find_build_id(bytes, note.p_align.max(4) as usize).map(<[u8]>::to_vec)
+            })
+    }
 }
 
 /// Decodes `eh_frame_ptr` from an `.eh_frame_hdr` located at `hdr_svma`.

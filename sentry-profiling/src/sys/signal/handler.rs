@@ -47,7 +47,9 @@ pub(super) extern "C" fn handler(
     unsafe { *errno = saved_errno };
 }
 
-/// The body of the handler.
+/// The body of the handler: finds the slot the signal was sent for, claims
+/// it (or the thread's second slot), and writes the registers, the times,
+/// the context word and a copy of the stack into it.
 ///
 /// # Safety
 /// Must only be called from the signal handler with the kernel's arguments.
@@ -56,51 +58,115 @@ pub(super) unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc
     if info.is_null() || ucontext.is_null() {
         return;
     }
-    // For both codes accepted the value sits where `si_value()` reads it
-    // (the `_rt` and `_timer` members share that offset); the sender's pid is
-    // only in `_rt`, the overrun count only in `_timer`, read through
-    // `TimerSigInfo`, a prefix of the kernel's 128-byte siginfo.
+    // SAFETY: `info` is the kernel's siginfo for this delivery (the
+    // function's contract), not null (above).
+    let Some(delivery) = (unsafe { read_delivery(info) }) else {
+        return;
+    };
+    let Some(slot) = bound_slot(&delivery) else {
+        return;
+    };
+    // Periods of CPU time that passed between two of the kernel's checks
+    // (made at its scheduler tick, while the thread runs) come as one signal
+    // with the others counted as overruns: each is a sample owed.
+    if delivery.overrun > 0 {
+        slot.missed
+            .fetch_add(delivery.overrun.unsigned_abs(), Ordering::Relaxed);
+    }
+    let Some(slot) = claim_slot(slot, delivery.timer) else {
+        return;
+    };
+
+    let started_ns = clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0);
+    // SAFETY: `ucontext` is the kernel's ucontext_t for this delivery.
+    let regs = unsafe { read_regs(ucontext.cast()) };
+    let timestamp_ns = clock_ns(libc::CLOCK_REALTIME).unwrap_or(0);
+    // SAFETY: `slot` was claimed above; `regs.sp` is the interrupted
+    // thread's stack pointer.
+    let (stack_len, flags) = unsafe { copy_stack(slot, regs.sp as usize) };
+
+    // SAFETY: exclusive access in the Writing state (see `Slot`'s Sync impl).
+    unsafe {
+        *slot.captured.get() = Captured {
+            regs,
+            timestamp_ns,
+            context: thread_context(),
+            stack_len,
+            flags: flags | if delivery.timer { FLAG_TIMER } else { 0 },
+            handler_ns: clock_ns(libc::CLOCK_MONOTONIC)
+                .unwrap_or(0)
+                .saturating_sub(started_ns),
+        };
+    }
+    slot.state.store(SlotState::Done as u32, Ordering::Release);
+    notify_completion();
+}
+
+/// What a delivery of the profiler's signal says.
+struct Delivery {
+    /// Sent by a CPU-time timer (else queued by the sampler thread).
+    timer: bool,
+    /// The sender's pid (queued signals only).
+    pid: i32,
+    /// Timer periods that passed without a signal of their own.
+    overrun: i32,
+    /// The slot's index in the arena.
+    index: usize,
+}
+
+/// Reads the delivery's code, sender, overrun count and slot index; `None`
+/// for a signal neither a timer nor `sigqueue` sent.
+///
+/// For both codes accepted the value sits where `si_value()` reads it (the
+/// `_rt` and `_timer` members share that offset); the sender's pid is only
+/// in `_rt`, the overrun count only in `_timer`, read through
+/// `TimerSigInfo`, a prefix of the kernel's 128-byte siginfo.
+///
+/// # Safety
+/// `info` must be the kernel's siginfo for this delivery.
+#[inline(always)]
+unsafe fn read_delivery(info: *const libc::siginfo_t) -> Option<Delivery> {
     // SAFETY: `info` is a valid siginfo for this delivery, read as above.
-    let (timer, pid, overrun, index) = unsafe {
+    unsafe {
         let code = (*info).si_code;
         if code != SI_QUEUE && code != SI_TIMER {
-            return;
+            return None;
         }
         let (pid, overrun) = if code == SI_QUEUE {
             ((*info).si_pid(), 0)
         } else {
             (0, (*info.cast::<TimerSigInfo>()).overrun)
         };
-        (
-            code == SI_TIMER,
+        Some(Delivery {
+            timer: code == SI_TIMER,
             pid,
             overrun,
-            (*info).si_value().sival_ptr as usize,
-        )
-    };
-    if (!timer && pid != OWN_PID.load(Ordering::Relaxed))
-        || index >= ARENA_LEN.load(Ordering::Acquire)
+            index: (*info).si_value().sival_ptr as usize,
+        })
+    }
+}
+
+/// The slot the delivery names, if it was sent by this process (or a timer)
+/// and the slot is still bound to this thread.
+#[inline(always)]
+fn bound_slot(delivery: &Delivery) -> Option<&'static Slot> {
+    if (!delivery.timer && delivery.pid != OWN_PID.load(Ordering::Relaxed))
+        || delivery.index >= ARENA_LEN.load(Ordering::Acquire)
     {
-        return;
+        return None;
     }
-    let slot_ptr = ARENA[index].load(Ordering::Acquire);
-    if slot_ptr.is_null() {
-        return;
-    }
-    // SAFETY: arena entries point at leaked, never-freed slots.
-    let slot: &Slot = unsafe { &*slot_ptr };
-    if slot.tid.load(Ordering::Relaxed) != crate::sys::kept_tid() {
-        // A signal that outlived its slot's binding (a timer deleted, or a
-        // sampler stopped, while it was pending).
-        return;
-    }
-    // Periods of CPU time that passed between two of the kernel's checks
-    // (made at its scheduler tick, while the thread runs) come as one signal
-    // with the others counted as overruns: each is a sample owed.
-    if overrun > 0 {
-        slot.missed
-            .fetch_add(overrun.unsigned_abs(), Ordering::Relaxed);
-    }
+    // SAFETY: arena entries point at leaked, never-freed slots (or null).
+    let slot = unsafe { ARENA[delivery.index].load(Ordering::Acquire).as_ref() }?;
+    // A signal that outlived its slot's binding (a timer deleted, or a
+    // sampler stopped, while it was pending) finds another thread's id.
+    (slot.tid.load(Ordering::Relaxed) == crate::sys::kept_tid()).then_some(slot)
+}
+
+/// Claims `slot` for writing or, when it is full, the thread's second slot
+/// if that one is empty; `None` when both are full (a timer's signal is
+/// then counted as missed).
+#[inline(always)]
+fn claim_slot(slot: &'static Slot, timer: bool) -> Option<&'static Slot> {
     let claim = |s: &Slot| {
         s.state
             .compare_exchange(
@@ -111,81 +177,67 @@ pub(super) unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc
             )
             .is_ok()
     };
-    let slot = if claim(slot) {
-        slot
+    if claim(slot) {
+        return Some(slot);
+    }
+    let sibling = slot.sibling.load(Ordering::Relaxed) as usize;
+    let other = if sibling < ARENA_LEN.load(Ordering::Acquire) {
+        ARENA[sibling].load(Ordering::Acquire)
     } else {
-        // Full: the thread's second slot, if it has one and it is empty.
-        let sibling = slot.sibling.load(Ordering::Relaxed) as usize;
-        let other = if sibling < ARENA_LEN.load(Ordering::Acquire) {
-            ARENA[sibling].load(Ordering::Acquire)
-        } else {
-            std::ptr::null_mut()
-        };
-        // SAFETY: arena entries point at leaked, never-freed slots.
-        match unsafe { other.as_ref() } {
-            Some(other)
-                if other.tid.load(Ordering::Relaxed) == slot.tid.load(Ordering::Relaxed)
-                    && claim(other) =>
-            {
-                other
-            }
-            _ => {
-                if timer {
-                    slot.missed.fetch_add(1, Ordering::Relaxed);
-                }
-                return;
-            }
-        }
+        std::ptr::null_mut()
     };
+    // SAFETY: arena entries point at leaked, never-freed slots.
+    match unsafe { other.as_ref() } {
+        Some(other)
+            if other.tid.load(Ordering::Relaxed) == slot.tid.load(Ordering::Relaxed)
+                && claim(other) =>
+        {
+            Some(other)
+        }
+        _ => {
+            if timer {
+                slot.missed.fetch_add(1, Ordering::Relaxed);
+            }
+            None
+        }
+    }
+}
 
-    let started_ns = clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0);
-    // SAFETY: `ucontext` is the kernel's ucontext_t for this delivery.
-    let regs = unsafe { read_regs(ucontext.cast()) };
-    let timestamp_ns = clock_ns(libc::CLOCK_REALTIME).unwrap_or(0);
-
+/// Copies the interrupted thread's stack from `sp` up into the claimed
+/// slot's buffer (at most its capacity); returns the bytes copied and the
+/// capture's flags (`FLAG_OFF_STACK` when `sp` is not on the thread's
+/// stack as last read, and nothing was copied).
+///
+/// # Safety
+/// `slot` must be claimed by this handler (in the Writing state), and `sp`
+/// the interrupted thread's stack pointer.
+#[inline(always)]
+unsafe fn copy_stack(slot: &Slot, sp: usize) -> (usize, u32) {
     let lo = slot.stack_lo.load(Ordering::Relaxed);
     let hi = slot.stack_hi.load(Ordering::Relaxed);
-    let sp = regs.sp as usize;
-    let (stack_len, flags) = if lo < hi && sp >= lo && sp < hi {
-        let tp = thread_pointer();
-        if hi == MAIN_STACK_TOP.load(Ordering::Relaxed) || (sp < tp && tp <= hi) {
-            // On the main stack, or on the thread's own stack below its
-            // thread control block (see the module docs).
-            let top = if sp < tp && tp <= hi { tp } else { hi };
-            let len = (top - sp).min(slot.cap);
-            // SAFETY: `[sp, top)` is memory that stays mapped while the
-            // thread is stopped in this handler (the thread's own stack
-            // allocation, or the main stack below its fixed top); `buf` has
-            // `cap >= len` bytes and is exclusively ours in the Writing state.
-            unsafe { std::ptr::copy_nonoverlapping(sp as *const u8, slot.buf, len) };
-            (len, 0)
-        } else {
-            let len = (hi - sp).min(slot.cap);
-            // SAFETY: `buf` has `cap >= len` bytes and is exclusively ours in
-            // the Writing state; `[sp, sp + len)` is inside the mapping as last
-            // read, and `copy_own_memory` stops where it no longer is.
-            let copied = unsafe { copy_own_memory(sp, slot.buf, len) };
-            (copied, 0)
-        }
-    } else {
-        (0, FLAG_OFF_STACK)
-    };
-
-    // SAFETY: exclusive access in the Writing state (see `Slot`'s Sync impl).
-    unsafe {
-        *slot.captured.get() = Captured {
-            regs,
-            timestamp_ns,
-            context: thread_context(),
-            stack_len,
-            flags: flags | if timer { FLAG_TIMER } else { 0 },
-            handler_ns: clock_ns(libc::CLOCK_MONOTONIC)
-                .unwrap_or(0)
-                .saturating_sub(started_ns),
-        };
+    if !(lo < hi && sp >= lo && sp < hi) {
+        return (0, FLAG_OFF_STACK);
     }
-    slot.state.store(SlotState::Done as u32, Ordering::Release);
-    notify_completion();
+    let tp = thread_pointer();
+    if hi == MAIN_STACK_TOP.load(Ordering::Relaxed) || (sp < tp && tp <= hi) {
+        // On the main stack, or on the thread's own stack below its
+        // thread control block (see the module docs).
+        let top = if sp < tp && tp <= hi { tp } else { hi };
+        let len = (top - sp).min(slot.cap);
+        // SAFETY: `[sp, top)` is memory that stays mapped while the
+        // thread is stopped in this handler (the thread's own stack
+        // allocation, or the main stack below its fixed top); `buf` has
+        // `cap >= len` bytes and is exclusively ours in the Writing state.
+        unsafe { std::ptr::copy_nonoverlapping(sp as *const u8, slot.buf, len) };
+        (len, 0)
+    } else {
+        let len = (hi - sp).min(slot.cap);
+        // SAFETY: `buf` has `cap >= len` bytes and is exclusively ours in
+        // the Writing state; `[sp, sp + len)` is inside the mapping as last
+        // read, and `copy_own_memory` stops where it no longer is.
+        let copied = unsafe { copy_own_memory(sp, slot.buf, len) };
+        (copied, 0)
+    }
 }
 
 /// Copies up to `len` bytes from `src` to `dst` and returns how many were
