@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response, StatusCode};
-use sentry_core::protocol::{self, SpanStatus, Value};
+use sentry_core::protocol::{self, SpanId, SpanStatus, TraceId, Value};
 use sentry_core::{Hub, TransactionContext, TransactionOrSpan};
 use tower_layer::Layer;
 use tower_service::Service;
@@ -292,62 +292,20 @@ where
 fn start_request(p: Pending) -> RequestScope {
     let parent = Hub::current();
     let hub = Arc::new(Hub::new_from_top(&parent));
-    let existing = parent.configure_scope(|s| s.get_span());
     // The transaction to tag with the request's thread: ours, or one that
     // was already on the scope (from `sentry-tower`).
-    let mut untagged = None;
-    if let Some(TransactionOrSpan::Transaction(tx)) = &existing {
-        untagged = Some(TransactionOrSpan::Transaction(tx.clone()));
-    }
-    let mut transaction = None;
-    let mut ids = None;
-    if existing.is_none() {
-        let headers = [
-            ("sentry-trace", p.sentry_trace.as_deref()),
-            ("baggage", p.baggage.as_deref()),
-        ];
-        let ctx = TransactionContext::continue_from_headers(
-            &p.name,
-            "http.server",
-            headers.iter().filter_map(|(k, v)| Some((*k, (*v)?))),
-        );
-        if p.sentry_trace.is_none() && p.baggage.is_none() {
-            // No incoming trace: the SDK starts the transaction with these
-            // ids as they are (an incoming one it may reject and replace).
-            ids = Some((ctx.trace_id(), ctx.span_id()));
+    let (untagged, transaction, ids) = match parent.configure_scope(|s| s.get_span()) {
+        Some(TransactionOrSpan::Transaction(tx)) => {
+            (Some(TransactionOrSpan::Transaction(tx)), None, None)
         }
-        let tx = hub.start_transaction(ctx);
-        tx.set_origin("auto.http.sentry_profiling");
-        tx.set_request(p.request.clone());
-        hub.configure_scope(|s| s.set_span(Some(tx.clone().into())));
-        untagged = Some(tx.clone().into());
-        transaction = Some(tx);
-    }
-    // The root span is created under the request's hub, so that a
-    // `sentry-tracing` layer makes it a child of the transaction instead of
-    // a second transaction. That child would only repeat the transaction:
-    // it is marked `sentry_profiling.http_root`, and the integration's
-    // transport removes it (its children become the transaction's).
+        Some(TransactionOrSpan::Span(_)) => (None, None, None),
+        None => {
+            let (tx, ids) = start_transaction(&p, &hub);
+            (Some(tx.clone().into()), Some(tx), ids)
+        }
+    };
     let name = crate::layer::intern(&p.name);
-    if let Some(TransactionOrSpan::Transaction(tx)) = untagged.as_ref() {
-        crate::layer::offer_http_root(Some(crate::layer::HttpRoot {
-            transaction: tx.clone(),
-            name: Arc::clone(&name),
-            ids,
-        }));
-    }
-    let span = Hub::run(Arc::clone(&hub), || {
-        tracing::info_span!(
-            parent: None,
-            "http.request",
-            otel.name = %p.name,
-            http.request.method = %p.method,
-            http.route = %p.route,
-            http.response.status_code = tracing::field::Empty,
-            sentry_profiling.http_root = true,
-        )
-    });
-    crate::layer::offer_http_root(None);
+    let span = root_span(&p, &hub, &name, untagged.as_ref(), ids);
     let request = p.request;
     hub.configure_scope(|s| {
         s.add_event_processor(move |mut event| {
@@ -368,6 +326,66 @@ fn start_request(p: Pending) -> RequestScope {
         name,
         lane: None,
     }
+}
+
+/// Starts the request's transaction on `hub`, continuing the incoming
+/// trace; with no incoming trace, also returns its trace and span ids (the
+/// SDK starts the transaction with them as they are, where an incoming one
+/// it may reject and replace).
+fn start_transaction(
+    p: &Pending,
+    hub: &Arc<Hub>,
+) -> (sentry_core::Transaction, Option<(TraceId, SpanId)>) {
+    let headers = [
+        ("sentry-trace", p.sentry_trace.as_deref()),
+        ("baggage", p.baggage.as_deref()),
+    ];
+    let ctx = TransactionContext::continue_from_headers(
+        &p.name,
+        "http.server",
+        headers.iter().filter_map(|(k, v)| Some((*k, (*v)?))),
+    );
+    let ids =
+        (p.sentry_trace.is_none() && p.baggage.is_none()).then(|| (ctx.trace_id(), ctx.span_id()));
+    let tx = hub.start_transaction(ctx);
+    tx.set_origin("auto.http.sentry_profiling");
+    tx.set_request(p.request.clone());
+    hub.configure_scope(|s| s.set_span(Some(tx.clone().into())));
+    (tx, ids)
+}
+
+/// Opens the request's root span under the request's hub, so that a
+/// `sentry-tracing` layer makes it a child of the transaction instead of a
+/// second transaction. That child would only repeat the transaction: it is
+/// marked `sentry_profiling.http_root`, and the integration's transport
+/// removes it (its children become the transaction's).
+fn root_span(
+    p: &Pending,
+    hub: &Arc<Hub>,
+    name: &Arc<str>,
+    untagged: Option<&TransactionOrSpan>,
+    ids: Option<(TraceId, SpanId)>,
+) -> tracing::Span {
+    if let Some(TransactionOrSpan::Transaction(tx)) = untagged {
+        crate::layer::offer_http_root(Some(crate::layer::HttpRoot {
+            transaction: tx.clone(),
+            name: Arc::clone(name),
+            ids,
+        }));
+    }
+    let span = Hub::run(Arc::clone(hub), || {
+        tracing::info_span!(
+            parent: None,
+            "http.request",
+            otel.name = %p.name,
+            http.request.method = %p.method,
+            http.route = %p.route,
+            http.response.status_code = tracing::field::Empty,
+            sentry_profiling.http_root = true,
+        )
+    });
+    crate::layer::offer_http_root(None);
+    span
 }
 
 fn map_status(code: StatusCode) -> SpanStatus {

@@ -12,7 +12,7 @@ use rustc_hash::{FxBuildHasher, FxHashSet};
 use sentry_core::protocol::{SpanId, TraceId, Value};
 use sentry_core::{Hub, Transaction, TransactionOrSpan};
 use sentry_profiling::ThreadAttribution;
-use sentry_profiling::hooks::{LaneLink, is_lane, new_lane};
+use sentry_profiling::hooks::{LaneLink, SessionRef, is_lane, new_lane};
 use tracing::Subscriber;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -215,12 +215,13 @@ fn thread_name() -> String {
 /// under, as Sentry's spec asks, so its UI finds them: the request's lane
 /// when lanes are on and `lane` is one, otherwise the current OS thread.
 pub(crate) fn tag_with_thread(
+    session: &SessionRef,
     span: &TransactionOrSpan,
     profiler_id: &str,
     lane: u64,
     lane_name: Option<&str>,
 ) {
-    let lanes = sentry_profiling::hooks::attribution() == Some(ThreadAttribution::Lanes);
+    let lanes = session.attribution() == ThreadAttribution::Lanes;
     let (id, name) = if lanes && is_lane(lane) {
         (lane, lane_name.map(str::to_owned))
     } else {
@@ -233,7 +234,7 @@ pub(crate) fn tag_with_thread(
     if let Some(name) = name {
         span.set_data("thread.name", Value::String(name));
     }
-    if lanes && is_lane(lane) && sentry_profiling::hooks::transaction_profiling() {
+    if lanes && is_lane(lane) && session.transaction_profiling() {
         // For transaction profiles: a request too short for its lane to get
         // two samples is linked by this OS thread instead. Continuous
         // profiling keeps every lane (the profiler thread gives each at
@@ -252,7 +253,7 @@ pub(crate) fn tag_with_thread(
             span.set_data("profiler_id", Value::String(profiler_id.to_owned()));
         }
         TransactionOrSpan::Transaction(_) => {
-            if sentry_profiling::hooks::transaction_profiled(lane, lane_name.unwrap_or_default()) {
+            if session.transaction_profiled(lane, lane_name.unwrap_or_default()) {
                 span.set_data(
                     sentry_profiling::hooks::TRANSACTION_PROFILE_MARKER,
                     Value::Bool(true),
@@ -266,10 +267,10 @@ pub(crate) fn tag_with_thread(
 /// carry just the lane and its name (lanes on, `lane` one, no transaction
 /// profiles), which the transport can as well write on it (see
 /// `sentry_profiling::hooks::finish_handed`).
-pub(crate) fn lane_is_handed(lane: u64) -> bool {
+pub(crate) fn lane_is_handed(session: &SessionRef, lane: u64) -> bool {
     is_lane(lane)
-        && sentry_profiling::hooks::attribution() == Some(ThreadAttribution::Lanes)
-        && !sentry_profiling::hooks::transaction_profiling()
+        && session.attribution() == ThreadAttribution::Lanes
+        && !session.transaction_profiling()
 }
 
 /// Whether a transaction or span already carries the thread its samples
@@ -411,13 +412,16 @@ fn start_root(
     )]
     let sampled = sentry_span.is_some_and(|s| s.is_sampled());
     let lane_name = shared_name.map(|n| &**n);
+    let Some(session) = sentry_profiling::hooks::session() else {
+        return false;
+    };
     let mut running = false;
     if sampled {
-        running = sentry_profiling::hooks::root_span_started(lane, lane_name.unwrap_or_default());
+        running = session.root_started(lane, lane_name.unwrap_or_default());
         state.holds_profiler = running;
     }
     if !running {
-        running = sentry_profiling::hooks::profiler_running();
+        running = session.is_running();
     }
     if sampled
         && running
@@ -432,7 +436,7 @@ fn start_root(
                 (ctx.trace_id, ctx.span_id)
             }
         };
-        state.holds_lane = sentry_profiling::hooks::lane_started(
+        state.holds_lane = session.lane_started(
             lane,
             LaneLink {
                 name: shared_name.cloned().unwrap_or_default(),
@@ -463,11 +467,14 @@ fn tag_entered(
     if http_root && !(matches!(s, TransactionOrSpan::Span(_)) && outer.is_some()) {
         return;
     }
-    let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() else {
+    let Some(session) = sentry_profiling::hooks::session() else {
+        return;
+    };
+    let Some(profiler_id) = session.running_profiler_id() else {
         return;
     };
     if !http_root {
-        tag_with_thread(s, &profiler_id, lane, lane_name);
+        tag_with_thread(&session, s, &profiler_id, lane, lane_name);
     }
     // The root span is a child of a transaction that was already there
     // (tower-http's `TraceLayer` inside `sentry-tower`): the transaction
@@ -476,7 +483,7 @@ fn tag_entered(
     if let (TransactionOrSpan::Span(_), Some(tx)) = (s, outer) {
         let tx = TransactionOrSpan::Transaction(tx.clone());
         if !is_tagged(&tx) {
-            tag_with_thread(&tx, &profiler_id, lane, lane_name);
+            tag_with_thread(&session, &tx, &profiler_id, lane, lane_name);
         }
     }
 }
@@ -509,7 +516,7 @@ where
                 _ => return,
             },
             None => {
-                if sentry_profiling::hooks::attribution().is_none() {
+                if sentry_profiling::hooks::session().is_none() {
                     // No profiling session: nothing to track.
                     return;
                 }
@@ -612,11 +619,17 @@ where
         let Some(state) = l.state else {
             return;
         };
+        if !(state.holds_lane || state.holds_profiler) {
+            return;
+        }
+        let Some(session) = sentry_profiling::hooks::session() else {
+            return;
+        };
         if state.holds_lane {
-            sentry_profiling::hooks::lane_finished(l.lane);
+            session.lane_finished(l.lane);
         }
         if state.holds_profiler {
-            sentry_profiling::hooks::root_span_finished();
+            session.root_finished();
         }
     }
 }

@@ -185,7 +185,7 @@ impl PollTracker {
     /// A tracker while a profiling session runs (without one, nothing
     /// reads what it would note).
     pub(crate) fn if_profiling() -> Option<Self> {
-        Some(Self::with_long_poll_ns(hooks::long_poll_ns()?))
+        Some(Self::with_long_poll_ns(hooks::session()?.long_poll_ns()))
     }
 
     fn with_long_poll_ns(long_poll_ns: u64) -> Self {
@@ -253,7 +253,9 @@ impl PollTracker {
         }
         if took >= self.long_poll_ns {
             t.long_polls += 1;
-            hooks::long_poll_seen();
+            if let Some(session) = hooks::session() {
+                session.long_poll_seen();
+            }
         }
         out
     }

@@ -42,64 +42,144 @@ pub fn set_envelope_dir_write_delay(
     transport.set_write_delay(per_write);
 }
 
-/// A sampled root span (transaction) became active. Returns whether the
-/// profiler runs for it (trace lifecycle, session sampled); the caller must
-/// then call [`root_span_finished`] once. The `profiler_id` is not handed
-/// out here: each copy of it touches a reference count every thread shares,
-/// so [`running_profiler_id`] is asked only where it is written.
-///
-/// `lane` and `name` identify the root span; with transaction-based
-/// profiling they decide (deterministically) whether it is profiled.
-pub fn root_span_started(lane: u64, name: &str) -> bool {
-    // The lane begins now, before the profiler resumes: resuming wakes
-    // the sampler thread, which on a busy machine can take this
-    // thread's core for a while, and the lane must cover that time. A
-    // root span created on this thread already has an earlier start (its
-    // creation, which `lane_started` prefers), so the clock is not read.
-    if crate::lanes::LANE_CREATED.with(std::cell::Cell::get).0 != lane {
-        ROOT_STARTED.with(|c| c.set((lane, now_ns())));
-    }
-    // `root_started` counts the root only when it returns true (it asks
-    // for the profiler id itself), so true here always pairs with one
-    // `root_span_finished`.
-    crate::session::current().is_some_and(|rt| rt.root_started(lane, name))
+/// The running session, looked up once for the calls a span or a request
+/// makes in a row (see [`SessionRef`]); `None` without one (profiling not
+/// configured, this process's session not sampled, or a forked child).
+#[inline]
+pub fn session() -> Option<SessionRef> {
+    crate::session::current().map(SessionRef)
 }
 
-/// A root span for which [`root_span_started`] returned true finished.
-pub fn root_span_finished() {
-    if let Some(rt) = crate::session::current() {
-        rt.root_finished();
+/// The running session, borrowed for the few calls made in a row where it
+/// was looked up: reading it touches no reference count. Not to be kept:
+/// a new session (the SDK initialised again) is only seen by a new
+/// [`session`].
+pub struct SessionRef(crate::session::Current);
+
+impl std::fmt::Debug for SessionRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionRef").finish_non_exhaustive()
     }
 }
 
-/// Whether samples are being taken right now (either lifecycle): what
-/// [`running_profiler_id`] answers, without copying the id.
-pub fn profiler_running() -> bool {
-    crate::session::current().is_some_and(|rt| rt.is_running())
-}
-
-/// The session's `profiler_id` if samples are being taken right now
-/// (either lifecycle), for tagging transactions and spans.
-pub fn running_profiler_id() -> Option<std::sync::Arc<str>> {
-    let rt = crate::session::current()?;
-    if rt.is_running() {
-        rt.profiler_id().map(|_| rt.profiler_id_shared())
-    } else {
-        None
+impl SessionRef {
+    /// A sampled root span (transaction) became active. Returns whether the
+    /// profiler runs for it (trace lifecycle, session sampled); the caller
+    /// must then call [`SessionRef::root_finished`] once. The `profiler_id`
+    /// is not handed out here: each copy of it touches a reference count
+    /// every thread shares, so [`SessionRef::running_profiler_id`] is asked
+    /// only where it is written.
+    ///
+    /// `lane` and `name` identify the root span; with transaction-based
+    /// profiling they decide (deterministically) whether it is profiled.
+    pub fn root_started(&self, lane: u64, name: &str) -> bool {
+        // The lane begins now, before the profiler resumes: resuming wakes
+        // the sampler thread, which on a busy machine can take this
+        // thread's core for a while, and the lane must cover that time. A
+        // root span created on this thread already has an earlier start
+        // (its creation, which `lane_started` prefers), so the clock is not
+        // read.
+        if crate::lanes::LANE_CREATED.with(std::cell::Cell::get).0 != lane {
+            ROOT_STARTED.with(|c| c.set((lane, now_ns())));
+        }
+        // `root_started` counts the root only when it returns true (it asks
+        // for the profiler id itself), so true here always pairs with one
+        // `root_finished`.
+        self.0.root_started(lane, name)
     }
-}
 
-/// The current session's long-poll threshold in nanoseconds (see
-/// `ProfilingIntegration::long_poll_threshold`); `None` without a
-/// session, when instrumented futures note nothing.
-pub fn long_poll_ns() -> Option<u64> {
-    crate::session::current().map(|rt| rt.long_poll_ns())
-}
+    /// A root span for which [`SessionRef::root_started`] returned true
+    /// finished.
+    pub fn root_finished(&self) {
+        self.0.root_finished();
+    }
 
-/// An instrumented request's poll ran past the long-poll threshold.
-pub fn long_poll_seen() {
-    if let Some(rt) = crate::session::current() {
-        rt.long_poll_seen();
+    /// Whether samples are being taken right now (either lifecycle): what
+    /// [`SessionRef::running_profiler_id`] answers, without copying the id.
+    pub fn is_running(&self) -> bool {
+        self.0.is_running()
+    }
+
+    /// The session's `profiler_id` if samples are being taken right now
+    /// (either lifecycle), for tagging transactions and spans.
+    pub fn running_profiler_id(&self) -> Option<std::sync::Arc<str>> {
+        if self.0.is_running() {
+            self.0.profiler_id().map(|_| self.0.profiler_id_shared())
+        } else {
+            None
+        }
+    }
+
+    /// The long-poll threshold in nanoseconds (see
+    /// `ProfilingIntegration::long_poll_threshold`).
+    pub fn long_poll_ns(&self) -> u64 {
+        self.0.long_poll_ns()
+    }
+
+    /// An instrumented request's poll ran past the long-poll threshold.
+    pub fn long_poll_seen(&self) {
+        self.0.long_poll_seen();
+    }
+
+    /// The configured lifecycle.
+    pub fn lifecycle(&self) -> crate::ProfileLifecycle {
+        self.0.lifecycle()
+    }
+
+    /// The configured thread attribution.
+    pub fn attribution(&self) -> crate::attribution::ThreadAttribution {
+        self.0.attribution()
+    }
+
+    /// Whether the session makes transaction-based (V1) profiles, whose
+    /// too-short transactions are pointed back at their OS thread (so
+    /// transactions and spans carry the OS-thread keys until they are
+    /// sent).
+    pub fn transaction_profiling(&self) -> bool {
+        self.0.v1().is_some()
+    }
+
+    /// With transaction-based (V1) profiling: whether the transaction of
+    /// root span `lane` named `name` gets a profile (the same decision
+    /// [`SessionRef::root_started`] made). Always false in continuous mode.
+    pub fn transaction_profiled(&self, lane: u64, name: &str) -> bool {
+        self.0.v1().is_some_and(|v1| v1.sampled(lane, name))
+    }
+
+    /// A sampled root span holding `lane` (from [`new_lane`]) was entered
+    /// for the first time; its samples are filed under the lane, named and
+    /// linked as `link` says. Never blocks.
+    ///
+    /// Returns false when the lane could not be registered (too many
+    /// requests in flight, counted in
+    /// [`ProfilerStats::lane_registrations_refused`](crate::ProfilerStats)):
+    /// the caller must then leave the request on its OS threads (context
+    /// word 0, `thread.id` of the OS thread) and not call
+    /// [`SessionRef::lane_finished`].
+    #[must_use]
+    pub fn lane_started(&self, lane: u64, link: LaneLink) -> bool {
+        // The lane began when its root span was created or, created on
+        // another thread, when it was first entered here (before the
+        // profiler resumed); whatever came first on this thread. Both were
+        // read from the clock earlier, so it is read again only when
+        // neither is this lane's.
+        let start_ns = [
+            crate::lanes::LANE_CREATED.with(std::cell::Cell::get),
+            ROOT_STARTED.with(std::cell::Cell::get),
+        ]
+        .into_iter()
+        .filter_map(|(l, t)| (l == lane).then_some(t))
+        .min()
+        .unwrap_or_else(now_ns);
+        self.0.lane_started(lane, link, start_ns)
+    }
+
+    /// The root span holding `lane`, for which
+    /// [`SessionRef::lane_started`] returned true, closed. Never blocks.
+    pub fn lane_finished(&self, lane: u64) {
+        let end_ns = now_ns();
+        self.0.lane_finished(lane, end_ns);
+        let _ = LANE_FINISHED.try_with(|c| c.set(end_ns));
     }
 }
 
@@ -149,90 +229,23 @@ pub fn take_last_published_ns() -> u64 {
     }
 }
 
-/// The configured lifecycle of the current session.
-pub fn lifecycle() -> Option<crate::ProfileLifecycle> {
-    crate::session::current().map(|rt| rt.lifecycle())
-}
-
-/// With transaction-based (V1) profiling: whether the transaction of
-/// root span `lane` named `name` gets a profile (the same decision
-/// [`root_span_started`] made). Always false in continuous mode.
-pub fn transaction_profiled(lane: u64, name: &str) -> bool {
-    crate::session::current()
-        .and_then(|rt| rt.v1().map(|v1| v1.sampled(lane, name)))
-        .unwrap_or(false)
-}
-
-/// Whether the current session makes transaction-based (V1) profiles,
-/// whose too-short transactions are pointed back at their OS thread (so
-/// transactions and spans carry the OS-thread keys until they are sent).
-pub fn transaction_profiling() -> bool {
-    crate::session::current().is_some_and(|rt| rt.v1().is_some())
-}
-
 /// The transaction data key that asks the transport to attach a V1
 /// profile (set by the tracing layer and middleware; removed before
 /// sending).
 pub const TRANSACTION_PROFILE_MARKER: &str = crate::transaction_profile::V1_MARKER;
 
-/// The configured thread attribution of the current session.
-pub fn attribution() -> Option<crate::attribution::ThreadAttribution> {
-    crate::session::current().map(|rt| rt.attribution())
-}
-
-/// A sampled root span holding `lane` (from
-/// [`new_lane`]) was entered for the first time; its
-/// samples are filed under the lane, named and linked as `link` says.
-/// Never blocks.
-///
-/// Returns false when the lane could not be registered (too many
-/// requests in flight, counted in
-/// [`ProfilerStats::lane_registrations_refused`](crate::ProfilerStats),
-/// or no session): the caller must then leave the request on its OS
-/// threads (context word 0, `thread.id` of the OS thread) and not call
-/// [`lane_finished`].
-#[must_use]
-pub fn lane_started(lane: u64, link: LaneLink) -> bool {
-    let Some(rt) = crate::session::current() else {
-        return false;
-    };
-    // The lane began when its root span was created or, created on
-    // another thread, when it was first entered here (before the
-    // profiler resumed); whatever came first on this thread. Both were
-    // read from the clock earlier, so it is read again only when neither
-    // is this lane's.
-    let start_ns = [
-        crate::lanes::LANE_CREATED.with(std::cell::Cell::get),
-        ROOT_STARTED.with(std::cell::Cell::get),
-    ]
-    .into_iter()
-    .filter_map(|(l, t)| (l == lane).then_some(t))
-    .min()
-    .unwrap_or_else(now_ns);
-    rt.lane_started(lane, link, start_ns)
-}
-
 thread_local! {
-    /// The lane whose root span last called [`root_span_started`] on
-    /// this thread, and when.
+    /// The lane whose root span last called [`SessionRef::root_started`]
+    /// on this thread, and when.
     static ROOT_STARTED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
     /// When this thread last reported a lane's end (see
     /// [`take_lane_finished_ns`]).
     static LANE_FINISHED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// The root span holding `lane`, for which [`lane_started`] returned
-/// true, closed. Never blocks.
-pub fn lane_finished(lane: u64) {
-    if let Some(rt) = crate::session::current() {
-        let end_ns = now_ns();
-        rt.lane_finished(lane, end_ns);
-        let _ = LANE_FINISHED.try_with(|c| c.set(end_ns));
-    }
-}
-
-/// When this thread last reported a lane's end ([`lane_finished`]; 0: not
-/// since the last call), and forgets it: the request's end, for its
+/// When this thread last reported a lane's end
+/// ([`SessionRef::lane_finished`]; 0: not since the last call), and
+/// forgets it: the request's end, for its
 /// totals, without another clock read. Call it once before closing the
 /// root span (to forget an older end) and once after.
 #[inline]

@@ -393,16 +393,23 @@ fn profiles_sampler_garbage() {
         }),
         false,
     );
-    assert!(!sentry_profiling::hooks::transaction_profiled(1, "nan"));
-    assert!(!sentry_profiling::hooks::transaction_profiled(
-        2, "negative"
-    ));
-    assert!(sentry_profiling::hooks::transaction_profiled(3, "huge"));
+    let profiled = |lane, name| {
+        sentry_profiling::hooks::session()
+            .unwrap()
+            .transaction_profiled(lane, name)
+    };
+    assert!(!profiled(1, "nan"));
+    assert!(!profiled(2, "negative"));
+    assert!(profiled(3, "huge"));
     // Transaction-based mode samples whenever a profiled root is active.
-    assert!(sentry_profiling::hooks::root_span_started(3, "huge"));
+    assert!(
+        sentry_profiling::hooks::session()
+            .unwrap()
+            .root_started(3, "huge")
+    );
     bad_input_busy(Duration::from_millis(300));
     wait_for_samples();
-    sentry_profiling::hooks::root_span_finished();
+    sentry_profiling::hooks::session().unwrap().root_finished();
     report_state();
     drop(guard);
 }
@@ -515,7 +522,11 @@ fn layer_without_init() {
         }
     });
     assert!(sentry::Hub::current().client().is_none());
-    assert!(sentry_profiling::hooks::running_profiler_id().is_none());
+    assert!(
+        sentry_profiling::hooks::session()
+            .and_then(|s| s.running_profiler_id())
+            .is_none()
+    );
     sentry_profiling::start_profiler();
     sentry_profiling::stop_profiler();
     eprintln!("spans done without sentry::init");

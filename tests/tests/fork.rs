@@ -54,7 +54,10 @@ fn child_checks(dir: &std::path::Path) -> Result<(), String> {
     sentry_profiling::stop_profiler();
     sentry_profiling::stop_profiler();
     sentry_profiling::start_profiler();
-    if sentry_profiling::hooks::running_profiler_id().is_some() {
+    if sentry_profiling::hooks::session()
+        .and_then(|s| s.running_profiler_id())
+        .is_some()
+    {
         return Err("the child believes a profiler runs".into());
     }
     // A root span through the tracing layer becomes a transaction that is

@@ -25,7 +25,11 @@ fn run(integration: ProfilingIntegration) -> (usize, usize, bool) {
         tracing::info_span!("root").in_scope(|| {
             sentry_profiling::start_profiler(); // no-op in trace mode
             std::thread::sleep(Duration::from_millis(100));
-            assert!(sentry_profiling::hooks::running_profiler_id().is_none());
+            assert!(
+                sentry_profiling::hooks::session()
+                    .and_then(|s| s.running_profiler_id())
+                    .is_none()
+            );
         });
     });
     let sampled = sentry_profiling::stats().is_some_and(|s| s.session_sampled);

@@ -12,7 +12,9 @@ use sentry_profiling_tests::{CaptureTransport, link_problem, relay_violations, s
 use tracing_subscriber::prelude::*;
 
 fn running() -> bool {
-    sentry_profiling::hooks::running_profiler_id().is_some()
+    sentry_profiling::hooks::session()
+        .and_then(|s| s.running_profiler_id())
+        .is_some()
 }
 
 /// Waits until the sampler has ticked a few more times (it is running) or
@@ -130,7 +132,9 @@ fn roots_start_and_stop_the_profiler() {
         let c = tracing::info_span!("root c");
         let _e = c.enter();
         busy_for(Duration::from_millis(150));
-        sentry_profiling::hooks::running_profiler_id().unwrap()
+        sentry_profiling::hooks::session()
+            .and_then(|s| s.running_profiler_id())
+            .unwrap()
     };
     wait_stopped();
     assert!(!running());

@@ -164,19 +164,19 @@ fn tag(
     // Whether the profiler runs, without copying its id: a handed lane
     // does not need it (the transport writes it), and every thread shares
     // its reference count.
-    if !sentry_profiling::hooks::profiler_running() {
+    let Some(session) = sentry_profiling::hooks::session().filter(|s| s.is_running()) else {
         return;
-    }
+    };
     let Some(target) = untagged.take() else {
         return;
     };
     let word = sentry_profiling::hooks::thread_context();
-    if own && crate::layer::lane_is_handed(word) {
+    if own && crate::layer::lane_is_handed(&session, word) {
         // Its lane is named as it is: the transport writes the
         // transaction's name as the lane's.
         *lane = Some(HandedLane { id: word });
-    } else if let Some(profiler_id) = sentry_profiling::hooks::running_profiler_id() {
-        crate::layer::tag_with_thread(&target, &profiler_id, word, Some(name));
+    } else if let Some(profiler_id) = session.running_profiler_id() {
+        crate::layer::tag_with_thread(&session, &target, &profiler_id, word, Some(name));
     } else {
         // Stopped just now: tagged at a later poll, if it runs again.
         *untagged = Some(target);

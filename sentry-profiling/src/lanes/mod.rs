@@ -69,7 +69,7 @@ static NEXT_LANE: AtomicU64 = AtomicU64::new(LANE_BASE);
 /// Allocates a new lane id.
 pub fn new_lane() -> u64 {
     let lane = NEXT_LANE.fetch_add(1, Ordering::Relaxed);
-    // A lane begins when its root span is created (see `hooks::lane_started`).
+    // A lane begins when its root span is created (see `hooks::SessionRef::lane_started`).
     LANE_CREATED.with(|c| c.set((lane, now_ns())));
     lane
 }

@@ -93,11 +93,11 @@ pub(crate) struct LaneRegistry {
     /// written at every registration, so on a line of its own.
     in_flight: crate::own_line::OwnLine<AtomicUsize>,
     /// The reader, woken when lanes pile up, or by the first lane after it
-    /// began to doze.
+    /// went to sleep past a period.
     reader: OnceLock<std::thread::Thread>,
     /// The reader sleeps longer than a period (it found nothing to read for
     /// a while): the next lane wakes it.
-    dozing: AtomicBool,
+    reader_asleep: AtomicBool,
     /// This registry's number (given when it is opened): a thread's ring
     /// belongs to one registry.
     number: OnceLock<u64>,
@@ -252,9 +252,10 @@ impl LaneRegistry {
         // The reader reads the queue every sampling period while requests
         // come and go, so a request wakes nobody; only a pile-up does, or
         // the first request after the reader found nothing for a while and
-        // began to doze (one wake-up per quiet spell).
+        // went to sleep past a period (one wake-up per quiet spell).
         if before + 1 == LANES_HIGH_WATER
-            || (self.dozing.load(Ordering::Relaxed) && self.dozing.swap(false, Ordering::AcqRel))
+            || (self.reader_asleep.load(Ordering::Relaxed)
+                && self.reader_asleep.swap(false, Ordering::AcqRel))
         {
             self.wake_reader();
         }
@@ -283,8 +284,8 @@ impl LaneRegistry {
 
     /// The reader is about to sleep past a period (`true`), or is awake
     /// again (`false`).
-    pub(crate) fn set_dozing(&self, dozing: bool) {
-        self.dozing.store(dozing, Ordering::Release);
+    pub(crate) fn set_reader_asleep(&self, asleep: bool) {
+        self.reader_asleep.store(asleep, Ordering::Release);
     }
 
     /// Reports the window of the transaction of `lane` (see
