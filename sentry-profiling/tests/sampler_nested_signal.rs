@@ -17,7 +17,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sentry_profiling::sentry_view::SIGNAL_HANDLER_FUNCTION;
+use sentry_profiling::frames::SIGNAL_HANDLER_FUNCTION;
 use sentry_profiling::{Sampler, SamplerConfig, Symbolizer};
 
 #[path = "support/callchain.rs"]
@@ -77,8 +77,12 @@ extern "C" fn on_sigusr2(_: libc::c_int) {
     HANDLED.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Spins until `STOP`; says it has begun through `spinning`, once inside
+/// this function (so a signal sent after that interrupts it, not the
+/// thread's start).
 #[inline(never)]
-fn spin_outside_the_handler() {
+fn spin_outside_the_handler(spinning: &AtomicBool) {
+    spinning.store(true, Ordering::Release);
     while !STOP.load(Ordering::Relaxed) {
         let mut x = 0u64;
         for i in 0..10_000u64 {
@@ -88,19 +92,30 @@ fn spin_outside_the_handler() {
 }
 
 /// A thread named `name` that spins outside the handler; returns it and
-/// its pthread.
+/// its pthread once it spins. On a busy machine a thread that has just
+/// handed over its pthread may stay in that call (the channel's wake-up)
+/// for a while: a signal sent then interrupts the hand-over, not the spin
+/// the test checks the stacks against.
 fn spawn(name: &str, sleeper: bool) -> (std::thread::JoinHandle<()>, libc::pthread_t) {
     let (tx, rx) = std::sync::mpsc::channel();
+    let spinning = std::sync::Arc::new(AtomicBool::new(false));
     let handle = std::thread::Builder::new()
         .name(name.into())
-        .spawn(move || {
-            SLEEPER.with(|s| s.set(sleeper));
-            // SAFETY: pthread_self has no preconditions.
-            tx.send(unsafe { libc::pthread_self() }).unwrap();
-            spin_outside_the_handler();
+        .spawn({
+            let spinning = std::sync::Arc::clone(&spinning);
+            move || {
+                SLEEPER.with(|s| s.set(sleeper));
+                // SAFETY: pthread_self has no preconditions.
+                tx.send(unsafe { libc::pthread_self() }).unwrap();
+                spin_outside_the_handler(&spinning);
+            }
         })
         .unwrap();
-    (handle, rx.recv().unwrap())
+    let thread = rx.recv().unwrap();
+    while !spinning.load(Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    (handle, thread)
 }
 
 #[test]
