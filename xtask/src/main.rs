@@ -4,9 +4,10 @@
 //!   again in the release profile (release code has no frame pointers, so
 //!   DWARF unwinding is what is tested there, and a waiting thread's frames
 //!   are laid out as in a service).
-//! - `ci`: formatting, clippy with warnings denied, documentation with
-//!   warnings denied, `test`, a smoke run of the benchmarks, the
-//!   unsupported-platform variant's unit tests, and a 30 s stress run.
+//! - `ci`: formatting, clippy with warnings denied (also for aarch64
+//!   Linux), documentation with warnings denied, `test`, a smoke run of the
+//!   benchmarks, the unsupported-platform variant's unit tests, and a 30 s
+//!   stress run.
 //! - `stress [SECONDS] [HZ] [CHUNK_SECONDS]` (default 600 s at 1000 Hz, 60 s
 //!   chunks; `ci` uses 10 s chunks, to check several): builds the stress
 //!   binary and its test library in release and runs them: the profiler
@@ -105,10 +106,46 @@ fn ci() -> bool {
             ],
             &[],
         )
+        && aarch64()
         && test()
         && bench(true)
         && unsupported()
         && stress(CI_STRESS_SECONDS, 1000, 10)
+}
+
+/// Lints the library for aarch64 Linux (its unwinding and call checks
+/// differ there), in a target directory of its own. Needs the target's
+/// standard library (`rustup target add aarch64-unknown-linux-gnu`) and a C
+/// cross compiler for the TLS crate's build script (Debian's
+/// `gcc-aarch64-linux-gnu`; `.ci/run` installs both).
+fn aarch64() -> bool {
+    let target = target_dir().join("aarch64");
+    cargo(
+        &[
+            "clippy",
+            "-p",
+            "sentry-profiling",
+            "--all-targets",
+            "--target",
+            "aarch64-unknown-linux-gnu",
+            "--target-dir",
+            &target.to_string_lossy(),
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &[],
+    )
+}
+
+/// Cargo's target directory (`CARGO_TARGET_DIR`, or the workspace's
+/// `target`).
+fn target_dir() -> std::path::PathBuf {
+    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace");
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace.join("target"), std::path::PathBuf::from)
 }
 
 /// The stress run's length in `ci`.
@@ -129,12 +166,7 @@ fn stress(seconds: u64, hz: u32, chunk_seconds: u64) -> bool {
     ) {
         return false;
     }
-    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace.join("target"), std::path::PathBuf::from);
-    let dir = target.join("release");
+    let dir = target_dir().join("release");
     let exe = dir.join("stress");
     eprintln!("xtask: {} {seconds} {hz} {chunk_seconds}", exe.display());
     match Command::new(&exe)

@@ -53,7 +53,15 @@ enum End {
     /// the rest is not known.
     OutOfCopy,
     /// The unwinder could not go on from this frame (for want of the frame
-    /// pointer, or a chain that leads nowhere).
+    /// pointer, or a chain that leads nowhere): where a search for its
+    /// frame record starts.
+    #[cfg_attr(
+        target_arch = "aarch64",
+        expect(
+            dead_code,
+            reason = "aarch64 searches from the leaf: the link register is not known either"
+        )
+    )]
     Stuck(FrameAddress, Regs),
     /// A caller the machine code rules out.
     Refuted,

@@ -440,17 +440,22 @@ mod tests {
     /// A word on the stack that points into a module's data (a static) is
     /// not taken for a return address when a blocked thread's frame
     /// pointer is searched for; one that points into its code is.
+    ///
+    /// The static is a writable one: read-only data may share the
+    /// executable segment (aarch64's linker does so by default), and there
+    /// only the call check tells it from a return address.
     #[cfg(profiling_supported)]
     #[test]
     fn only_code_counts_as_a_return_address() {
-        static DATA: [u64; 4] = [1, 2, 3, 4];
+        static DATA: [std::sync::atomic::AtomicU64; 4] =
+            [const { std::sync::atomic::AtomicU64::new(1) }; 4];
         #[inline(never)]
         fn some_code() -> u64 {
             std::hint::black_box(7)
         }
         let unwinder = StackUnwinder::new(Arc::new(ArcSwap::from_pointee(ModuleSet::default())));
         let code = some_code as *const () as u64;
-        let data = std::hint::black_box(&DATA) as *const [u64; 4] as u64;
+        let data = std::hint::black_box(&DATA) as *const _ as u64;
         assert!(unwinder.calls.in_code(code));
         assert!(!unwinder.calls.in_code(data));
         // Both lie in the same module: its range alone does not tell them

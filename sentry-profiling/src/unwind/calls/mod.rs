@@ -27,6 +27,10 @@ use crate::sys::{self, LoadedImage, Section};
 #[cfg(any(test, target_arch = "aarch64"))]
 mod aarch64;
 #[cfg(any(test, target_arch = "x86_64"))]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    expect(dead_code, reason = "on other hosts only its decoder's tests use it")
+)]
 mod x86_64;
 
 #[cfg(target_arch = "aarch64")]
@@ -281,6 +285,7 @@ fn in_ranges(ranges: &[(u64, u64)], addr: u64) -> bool {
 mod tests {
     use super::*;
 
+    #[cfg(target_arch = "x86_64")]
     fn checker() -> CallChecker {
         let mut c = CallChecker {
             vm_read: true,
@@ -290,16 +295,19 @@ mod tests {
         c
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[inline(never)]
     fn callee_fn(x: u64) -> u64 {
         std::hint::black_box(x).wrapping_mul(3)
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[inline(never)]
     fn other_fn(x: u64) -> u64 {
         std::hint::black_box(x).wrapping_add(5)
     }
 
+    #[cfg(target_arch = "x86_64")]
     /// The return address of this function's call of `callee_fn`, found
     /// by scanning its own code for a direct call to it.
     #[inline(never)]
