@@ -174,7 +174,11 @@ const WAITS: [(&str, &str); 7] = [
 /// Runs the waiting threads under a sampler at `hz` for [`RUN`]; returns
 /// per thread (calls, EINTRs, other errors, samples, samples showing the
 /// waiting function).
-fn run_at(hz: u32) -> HashMap<&'static str, (u64, u64, u64, usize, usize)> {
+/// Per waiting function: its calls, `EINTR`s, other errors, samples, samples
+/// that show it, and (when fewer than half do) what the rest show.
+type Results = HashMap<&'static str, (u64, u64, u64, usize, usize, String)>;
+
+fn run_at(hz: u32) -> Results {
     let stop = Arc::new(AtomicBool::new(false));
     let tallies: Vec<Arc<Tally>> = WAITS.iter().map(|_| Arc::default()).collect();
     // The pipe reader gets a byte every 20 ms, so it keeps coming back.
@@ -234,8 +238,28 @@ fn run_at(hz: u32) -> HashMap<&'static str, (u64, u64, u64, usize, usize)> {
                     .any(|n| n.contains(func))
             })
             .count();
+        // Where a thread's samples do not show its wait, what they show
+        // instead (the most common stacks, leaf first), for the failure.
+        let mut shown_instead = String::new();
+        if showing * 2 < mine.len() {
+            let mut stacks: HashMap<String, usize> = HashMap::new();
+            for s in &mine {
+                let names = names::function_names(&mut sym, &modules, s).join(" < ");
+                *stacks
+                    .entry(format!("{:x?}: {names}", s.frames()))
+                    .or_default() += 1;
+            }
+            let mut stacks: Vec<_> = stacks.into_iter().collect();
+            stacks.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+            for (stack, n) in stacks.iter().take(3) {
+                shown_instead.push_str(&format!("\n    {n} samples: {stack}"));
+            }
+        }
         let (calls, eintr, other) = tallies[i].get();
-        out.insert(*func, (calls, eintr, other, mine.len(), showing));
+        out.insert(
+            *func,
+            (calls, eintr, other, mine.len(), showing, shown_instead),
+        );
     }
     out
 }
@@ -246,7 +270,7 @@ fn no_system_call_returns_eintr_and_waiting_threads_show_where_they_wait() {
     for hz in [101, 1000] {
         let results = run_at(hz);
         for (_, func) in WAITS {
-            let (calls, eintr, other, samples, showing) = results[func];
+            let (calls, eintr, other, samples, showing, ref shown_instead) = results[func];
             eprintln!(
                 "{hz} Hz {func}: calls={calls} EINTR={eintr} other_errors={other} \
                  samples={samples} showing_the_wait={showing}"
@@ -262,7 +286,7 @@ fn no_system_call_returns_eintr_and_waiting_threads_show_where_they_wait() {
             if (samples as f64) < expected * 0.5 || showing * 2 < samples {
                 failures.push(format!(
                     "{hz} Hz: {func}: {showing} of {samples} samples show where it waits \
-                     (expected about {expected:.0} samples)"
+                     (expected about {expected:.0} samples){shown_instead}"
                 ));
             }
         }
