@@ -115,9 +115,22 @@ pub(super) fn flush(
     why: Flush,
     period_ns: u64,
 ) {
+    let_go(tx, c, t, why, period_ns, |t| t.read_schedstat(period_ns));
+}
+
+/// [`flush`], with the kernel's counts read by `read_counts` when the
+/// ledger needs them first.
+pub(super) fn let_go(
+    tx: &SyncSender<Sample>,
+    c: &Counters,
+    t: &mut Tracked,
+    why: Flush,
+    period_ns: u64,
+    read_counts: impl FnOnce(&mut Tracked),
+) {
     let place = t.place.fill_place();
     if t.ledger.wants_counts(&place) {
-        t.read_schedstat(period_ns);
+        read_counts(t);
     }
     let view = ledger::DrainView {
         place,

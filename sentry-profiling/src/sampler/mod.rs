@@ -25,8 +25,9 @@
 //!   its thread, and a thread's samples leave in time order;
 //! - where a thread stands when it does not run, whether a signal's answer
 //!   is awaited, and when it is looked at next are explicit states with
-//!   pure transitions (see `state`); `Worker::tick_thread` performs the
-//!   system calls and feeds what they return to them;
+//!   pure transitions (see `state`); what a tick does about a thread that
+//!   ran no timer period is decided in one place (`step`), its system
+//!   calls behind a trait that `Worker::tick_thread` implements;
 //! - a thread's stack bounds are learned before its first capture (see
 //!   `ThreadTable::refresh_word_slots` and [`Worker::look_blocked`]), and
 //!   a thread found in a request with no capture yet has its timer brought
@@ -37,7 +38,7 @@
 //!   blocked in a system call, and the sampler copies and unwinds its stack
 //!   ([`Worker::look_blocked`]). It looks once the thread has stayed off the
 //!   CPU for a whole tick after running, or, for a thread that never waits
-//!   that long, every `PROBE_EVERY` periods at most; while the answers stay
+//!   that long, every `step::PROBE_EVERY` periods at most; while the answers stay
 //!   the same, less and less often (down to every `MAX_ASK_EVERY` periods);
 //! - a period shows only what is known of it, never a stack of another
 //!   moment: a thread found runnable but not running (preempted) shows
@@ -52,7 +53,7 @@
 //!   moment is no longer known, files it under no request, so a request's
 //!   lane never gets time its thread spent elsewhere;
 //! - a thread that stays parked has its CPU clock read less and less often,
-//!   down to every `MAX_CHECK_EVERY` periods;
+//!   down to every `step::MAX_CHECK_EVERY` periods;
 //! - a tick that comes late (the sampler thread was not given a core in
 //!   time) records every thread's samples for the periods it missed (up to
 //!   `MAX_CATCH_UP`), so each thread still gets one sample per period.
@@ -75,6 +76,7 @@ mod requests;
 mod sample;
 mod state;
 mod stats;
+mod step;
 mod threads;
 mod worker;
 

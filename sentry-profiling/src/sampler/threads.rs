@@ -85,7 +85,7 @@ pub(super) struct Tracked {
 }
 
 impl Tracked {
-    fn new(info: ThreadInfo) -> Self {
+    pub(super) fn new(info: ThreadInfo) -> Self {
         Self {
             name: Arc::from(info.name.as_str()),
             info,
@@ -134,16 +134,28 @@ impl Tracked {
     pub(super) fn read_schedstat(&mut self, period_ns: u64) {
         // Taken before the read: the counts cover every moment up to it.
         let now = sys::realtime_ns();
-        let Some((cpu, delay)) = self.schedstat_file.read_schedstat(self.info.tid) else {
+        let Some(counts) = self.schedstat_file.read_schedstat(self.info.tid) else {
             return;
         };
+        let word = self
+            .word_slot
+            .map_or(0, |s| crate::context::read_for(s, self.info.tid));
+        self.counted(now, counts, word, period_ns);
+    }
+
+    /// The kernel counted `(cpu, delay)` of it (its CPU time and run delay,
+    /// ns, since it started) up to `now`, its context word then `word`.
+    pub(super) fn counted(
+        &mut self,
+        now: u64,
+        (cpu, delay): (u64, u64),
+        word: u64,
+        period_ns: u64,
+    ) {
         self.ledger.counted_to_ns = now;
         // Found waiting at the look before: the time these counts cover
         // began blocked there.
         self.ledger.began_waiting = self.place.known().waiting.is_some();
-        let word = self
-            .word_slot
-            .map_or(0, |s| crate::context::read_for(s, self.info.tid));
         let lane_now = if crate::attribution::is_lane(word) {
             word
         } else {

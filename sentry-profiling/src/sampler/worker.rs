@@ -11,20 +11,17 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant};
 
-use super::answers::{Flush, IDLE_CPU_SLACK_NS, Look, awaited, flush, learned_waiting, sample_of};
+use super::answers::{Flush, Look, awaited, flush, sample_of};
 use super::denied::Denials;
 use super::requests::CapturedRequests;
-use super::state::{self, Awaited, Clock};
+use super::state::Awaited;
 use super::stats::Counters;
 use super::threads::{ThreadTable, Tracked};
 use super::{Sample, Shared, own_threads};
-use super::{ledger, periods};
+use super::{ledger, periods, step};
 use crate::options::SamplerConfig;
 use crate::sys;
 use crate::unwind::StackUnwinder;
-
-/// Most sampling periods between two reads of a parked thread's CPU clock.
-const MAX_CHECK_EVERY: u64 = 16;
 
 /// Most missed periods one tick records samples for.
 const MAX_CATCH_UP: u32 = 100;
@@ -58,10 +55,6 @@ const LIGHT_DOZE_PERIODS: u32 = 4;
 /// afterwards. A doze is as long as that allows, up to
 /// [`LIGHT_DOZE_PERIODS`]; none is shorter than two periods.
 const LIGHT_DOZE_MAX_CHANGES: u64 = crate::context::HISTORY_KEPT * 3 / 4;
-
-/// Sampling periods between two looks at whether a thread that keeps running now and
-/// then is waiting, to learn where it waits (about 100 ms at 101 Hz).
-const PROBE_EVERY: u64 = 10;
 
 /// The sampler thread's state.
 pub(super) struct Worker {
@@ -437,12 +430,11 @@ impl Worker {
     ///    ledger, and every slot left free gets a fill
     ///    ([`Worker::record_periods`]); a thread that ran a timer period
     ///    is done;
-    /// 3. otherwise, once no signal's answer is awaited, its CPU clock
-    ///    tells whether it ran less than a period
-    ///    ([`Worker::ran_uncaptured`]) or stayed off the CPU
-    ///    ([`Worker::stayed_off_cpu`]), and where it stands, which its
-    ///    fills show (see `state`);
-    /// 4. its held samples leave as far as what is known allows (`flush`).
+    /// 3. otherwise its CPU clock, and the kernel when needed, tell whether
+    ///    it ran less than a period or stayed off the CPU, and where it
+    ///    stands, which its fills show; its held samples leave as far as
+    ///    what is known allows (`step::after_captures`, whose system
+    ///    calls are made through [`ThreadAt`]).
     fn tick_thread(&mut self, idx: usize, tick: &Tick, c: &Counters) {
         if self.threads.get_mut(idx).gone || !self.bind(idx, c) {
             return;
@@ -464,50 +456,19 @@ impl Worker {
         if self.record_periods(idx, harvested, tick, c) {
             return;
         }
-        let tick_no = self.tick_no;
-        let t = self.threads.get_mut(idx);
-        match awaited(t, tick.now, c) {
-            Awaited::Pending => return,
-            // Given up: record the held periods with what is known.
-            Awaited::GaveUp => flush(&self.tx, c, t, Flush::Looked, period_ns),
-            Awaited::Nothing => {}
-        }
-        // A thread inside a request right now (its context word a lane) is
-        // looked at every tick, however long it waited before: a worker idle
-        // for seconds that takes a request and blocks in it (a long poll in
-        // a system call, which no timer capture reveals) must be found
-        // blocked there, not assumed to wait where it used to.
-        let in_request = t
-            .word_slot
-            .is_some_and(|s| crate::attribution::is_lane(crate::context::read_for(s, t.info.tid)));
-        if !in_request && !t.schedule.check_due(tick_no) {
-            return;
-        }
-        let cpu = sys::thread_cpu_time_ns(t.info.tid);
-        let clock = state::clock(t.cpu_seen_ns, cpu, IDLE_CPU_SLACK_NS);
-        if let (Clock::Ran | Clock::Stayed, Some(cpu)) = (clock, cpu) {
-            t.cpu_seen_ns = cpu;
-        }
-        match clock {
-            Clock::Gone => {
-                // Its held samples leave at the end of the tick (see
-                // `tick`).
-                t.gone = true;
-                return;
-            }
-            Clock::Recycled => {
-                // The thread that had this id exited: what it held leaves.
-                flush(&self.tx, c, t, Flush::Leaving, period_ns);
-                t.reset_identity();
-                c.threads_recycled.add(1);
-                return;
-            }
-            Clock::Ran => self.ran_uncaptured(idx, cpu, in_request, tick, c),
-            Clock::Stayed => self.stayed_off_cpu(idx, in_request, tick, c),
-        }
-        let t = self.threads.get_mut(idx);
-        flush(&self.tx, c, t, Flush::Looked, period_ns);
-        t.schedule.next_check = tick_no + t.schedule.check_every;
+        let at = step::TickAt {
+            tick_no: self.tick_no,
+            ts: tick.ts,
+            slot_end: tick.slot_end,
+            now: tick.now,
+        };
+        let mut thread = ThreadAt {
+            worker: self,
+            idx,
+            c,
+        };
+        let request_ran = step::after_captures(&mut thread, &at);
+        self.request_ran |= request_ran;
     }
 
     /// Step 2 of [`Worker::tick_thread`]: the thread's samples of running
@@ -570,87 +531,66 @@ impl Worker {
         t.schedule.ran(tick_no);
         true
     }
+}
 
-    /// Step 3 of [`Worker::tick_thread`], for a thread whose CPU clock
-    /// (`cpu`) moved by less than a period since it was last read: it ran
-    /// without filling a timer period. This tick's fill waits one tick (the
-    /// thread may be parking somewhere new); the older ones leave with
-    /// what was known and what the kernel counted. Now and then (and at
-    /// every tick while it is `in_request`), the kernel is asked where it
-    /// is now, and a timer the kernel keeps from firing is caught.
-    fn ran_uncaptured(
-        &mut self,
-        idx: usize,
-        cpu: Option<u64>,
-        in_request: bool,
-        tick: &Tick,
-        c: &Counters,
-    ) {
-        let tick_no = self.tick_no;
-        let period_ns = self.period.as_nanos() as u64;
-        let t = self.threads.get_mut(idx);
-        t.ledger.alive_ns = t.ledger.alive_ns.max(tick.slot_end.saturating_sub(1));
-        t.read_schedstat(period_ns);
-        flush(&self.tx, c, t, Flush::Ran, period_ns);
-        t.place.ran_uncaptured();
-        t.schedule.ran(tick_no);
-        self.request_ran |= in_request;
-        let responsive = !t.asking.is_unresponsive();
-        let probe = responsive && t.schedule.probe(tick_no, PROBE_EVERY);
-        let overdue = cpu.is_some_and(|cpu| self.timer_overdue(idx, cpu, tick.ts));
-        if responsive && (probe || in_request || overdue) {
-            match self.look_blocked(idx, c) {
-                Look::Waiting(stack, context) => {
-                    learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
-                }
-                Look::Running if overdue => self.catch_stalled_timer(idx, tick.now, c),
-                _ => {}
-            }
-        }
+/// Thread `idx` of the worker's table, as `step` sees it: its system calls
+/// and its samples' way out.
+struct ThreadAt<'a> {
+    worker: &'a mut Worker,
+    idx: usize,
+    c: &'a Counters,
+}
+
+impl step::Kernel for ThreadAt<'_> {
+    fn thread(&mut self) -> &mut Tracked {
+        self.worker.threads.get_mut(self.idx)
     }
 
-    /// Step 3 of [`Worker::tick_thread`], for a thread whose CPU clock did
-    /// not move since it was last read: a place it was found waiting in
-    /// is confirmed; otherwise the kernel is asked where it is (blocked,
-    /// and where, or runnable but not given a core), without
-    /// interrupting it.
-    fn stayed_off_cpu(&mut self, idx: usize, in_request: bool, tick: &Tick, c: &Counters) {
-        let tick_no = self.tick_no;
-        let t = self.threads.get_mut(idx);
-        t.ledger.alive_ns = t.ledger.alive_ns.max(tick.ts);
-        let unresponsive = t.asking.is_unresponsive();
-        if !t.place.is_current() && !unresponsive && !in_request && !t.schedule.ask_due(tick_no) {
-            // It waited in the same place the last times it was asked:
-            // taken to be there again if the kernel shows it blocked at
-            // the same stack pointer and instruction (one read of a kept
-            // file, no stack copied). Runnable but not given a core, or
-            // blocked elsewhere, it is looked at below.
-            let at = t.syscall_file.read_syscall(t.info.tid);
-            if blocked_at(at).is_some_and(|at| Some(at) == t.blocked_at) {
-                t.place.assume_waiting();
-            }
-        }
-        if t.place.is_current() || unresponsive {
-            t.place.stayed_off();
-            t.schedule.stayed_off(MAX_CHECK_EVERY);
-            return;
-        }
-        // Off the CPU for a whole tick since it last ran: waiting in the
-        // kernel, or runnable but not given a core (more runnable threads
-        // than cores). Learn which, and where it waits.
-        match self.look_blocked(idx, c) {
-            Look::Waiting(stack, context) => {
-                learned_waiting(self.threads.get_mut(idx), tick_no, stack, context);
-            }
-            Look::Running => {
-                let t = self.threads.get_mut(idx);
-                let context_now = t
-                    .word_slot
-                    .map_or(0, |s| crate::context::read_for(s, t.info.tid));
-                t.place.found_preempted(context_now);
-            }
-            Look::Gone => self.threads.get_mut(idx).gone = true,
-        }
+    fn awaited(&mut self, now: Instant) -> Awaited {
+        awaited(self.worker.threads.get_mut(self.idx), now, self.c)
+    }
+
+    fn context_now(&mut self) -> u64 {
+        let t = self.thread();
+        t.word_slot
+            .map_or(0, |s| crate::context::read_for(s, t.info.tid))
+    }
+
+    fn cpu_ns(&mut self) -> Option<u64> {
+        sys::thread_cpu_time_ns(self.thread().info.tid)
+    }
+
+    fn blocked_at(&mut self) -> Option<(u64, u64)> {
+        let t = self.thread();
+        blocked_at(t.syscall_file.read_syscall(t.info.tid))
+    }
+
+    fn look(&mut self) -> Look {
+        self.worker.look_blocked(self.idx, self.c)
+    }
+
+    fn timer_overdue(&mut self, cpu: u64, ts: u64) -> bool {
+        self.worker.timer_overdue(self.idx, cpu, ts)
+    }
+
+    fn catch_stalled_timer(&mut self, now: Instant) {
+        self.worker.catch_stalled_timer(self.idx, now, self.c);
+    }
+
+    fn read_counts(&mut self) {
+        let period_ns = self.worker.period.as_nanos() as u64;
+        self.thread().read_schedstat(period_ns);
+    }
+
+    fn flush(&mut self, why: Flush) {
+        let period_ns = self.worker.period.as_nanos() as u64;
+        let t = self.worker.threads.get_mut(self.idx);
+        flush(&self.worker.tx, self.c, t, why, period_ns);
+    }
+
+    fn recycled(&mut self) {
+        self.thread().reset_identity();
+        self.c.threads_recycled.add(1);
     }
 }
 
