@@ -1065,7 +1065,7 @@ mod tests {
             }
             if running.is_empty() {
                 // Its clock was read and had moved: alive, but the tick's
-                // own fill waits a tick (as `tick_thread` does).
+                // own fill waits a tick (as a thread's tick does, see `step`).
                 l.alive_ns = l.alive_ns.max(slot_end - 1);
             }
             l.drain(&view(known(9, 0)), |o| {

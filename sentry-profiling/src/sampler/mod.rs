@@ -25,9 +25,9 @@
 //!   its thread, and a thread's samples leave in time order;
 //! - where a thread stands when it does not run, whether a signal's answer
 //!   is awaited, and when it is looked at next are explicit states with
-//!   pure transitions (see `state`); what a tick does about a thread that
-//!   ran no timer period is decided in one place (`step`), its system
-//!   calls behind a trait that `Worker::tick_thread` implements;
+//!   pure transitions (see `state`); what a tick does about a thread is
+//!   decided in one place (`step`), its system calls behind a trait the
+//!   sampler thread implements;
 //! - a thread's stack bounds are learned before its first capture (see
 //!   `ThreadTable::refresh_word_slots` and [`Worker::look_blocked`]), and
 //!   a thread found in a request with no capture yet has its timer brought

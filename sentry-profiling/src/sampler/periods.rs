@@ -1,6 +1,6 @@
 //! Where a fill stands, as pure functions: which request a period a thread
 //! did not run (or ran without a capture) belongs to, and which stack it
-//! shows. `Worker::tick_thread` gathers the inputs (the context word the
+//! shows. A thread's tick (`step`) gathers the inputs (the context word the
 //! thread published at the fill's moment, what it knows of the thread);
 //! everything here is decided from its arguments
 //! alone, so the unit tests below pin every case down.

@@ -1,42 +1,55 @@
-//! One thread's part of a tick once its captures are recorded and it ran
-//! no timer period: whether its CPU clock is read, whether the kernel is
-//! asked where it is, what it is then taken to be doing, and when its held
-//! samples leave. Every decision is made here, from the thread's state
-//! (`state`, `ledger`) and what the kernel shows; the system calls and the
+//! One thread's part of a tick: its captures harvested and placed on its
+//! period slots, the free slots filled, and, for a thread that ran no timer
+//! period, whether its CPU clock is read, whether the kernel is asked where
+//! it is, what it is then taken to be doing, and when its held samples
+//! leave. Every decision is made here, from the thread's state (`state`,
+//! `ledger`, `periods`) and what the kernel shows; the system calls and the
 //! samples' way out are behind [`Kernel`], so the order of the decisions is
 //! tested as a thread's story, tick by tick, without a kernel (see the
 //! tests).
 //!
 //! The rules, in order:
 //!
-//! 1. A thread whose signal's answer is awaited is left alone (its capture
+//! 1. A thread without a capture slot is skipped (counted). One without a
+//!    CPU-time timer lets go what it held and is sampled the untimed way
+//!    (`Worker::untimed`).
+//! 2. Its captures (and stand-ins for periods the kernel counted without
+//!    one, where its counts are not read) take their period slots, and
+//!    every slot left free gets a fill. A thread that ran a timer period is
+//!    then done: what it held leaves with the kernel's counts.
+//! 3. A thread whose signal's answer is awaited is left alone (its capture
 //!    decides); one given up on lets go what it held.
-//! 2. Its clock is read when due (every tick after it ran, less often the
+//! 4. Its clock is read when due (every tick after it ran, less often the
 //!    longer it stays off the CPU), and at every tick while it is inside a
 //!    request: a worker idle for seconds that takes a request and blocks in
 //!    it must be found blocked there, not assumed to wait where it used to.
-//! 3. Its clock gone: it exited. Gone back: the id names another thread;
+//! 5. Its clock gone: it exited. Gone back: the id names another thread;
 //!    what the old one held leaves.
-//! 4. It ran less than a period (no timer period filled): the kernel's
+//! 6. It ran less than a period (no timer period filled): the kernel's
 //!    counts are read and what it held leaves; it is asked where it is now
 //!    and then (every `PROBE_EVERY` periods), at every tick while it is in a
 //!    request, and when its timer is overdue (then, found running, the
 //!    capture the timer owes is taken).
-//! 5. It stayed off the CPU: a place it was found waiting in is confirmed
+//! 7. It stayed off the CPU: a place it was found waiting in is confirmed
 //!    by one read of a kept file (blocked at the same stack pointer and
 //!    instruction) while its answers stay the same; otherwise it is asked:
 //!    blocked (and where), or runnable without a core (preempted).
-//! 6. Its held samples leave as far as what is known allows, and its next
+//! 8. Its held samples leave as far as what is known allows, and its next
 //!    clock read is scheduled.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use super::answers::{Flush, IDLE_CPU_SLACK_NS, Look, learned_waiting};
+use super::answers::{Flush, Harvested, IDLE_CPU_SLACK_NS, Look, learned_waiting, sample_of};
 use super::state::{self, Awaited, Clock};
 use super::threads::Tracked;
+use super::{ledger, periods};
 
 /// Most sampling periods between two reads of a parked thread's CPU clock.
 pub(super) const MAX_CHECK_EVERY: u64 = 16;
+
+/// Most missed periods one tick records samples for.
+pub(super) const MAX_CATCH_UP: u32 = 100;
 
 /// Sampling periods between two looks at whether a thread that keeps
 /// running now and then is waiting, to learn where it waits (about 100 ms
@@ -49,6 +62,21 @@ pub(super) const PROBE_EVERY: u64 = 10;
 pub(super) trait Kernel {
     /// The thread's state.
     fn thread(&mut self) -> &mut Tracked;
+    /// Gives it a capture slot and a timer, and arms the timer, if not done
+    /// yet; false if it has no slot (counted).
+    fn bind(&mut self) -> bool;
+    /// Whether it has a CPU-time timer.
+    fn has_timer(&mut self) -> bool;
+    /// Its captures since the last tick, from its slots (re-armed).
+    fn harvest(&mut self) -> Harvested;
+    /// Samples it the way a thread without a timer is.
+    fn untimed(&mut self, tick: &TickAt);
+    /// Brings its timer forward if it is in a request of which no stack was
+    /// captured yet.
+    fn nudge(&mut self);
+    /// How many times its timer fired while its slot was still full since
+    /// the last tick (counted).
+    fn missed_timer_periods(&mut self) -> u32;
     /// Whether a signal sent to it is still awaited at `now` (see
     /// `state::Asking::check`).
     fn awaited(&mut self, now: Instant) -> Awaited;
@@ -82,6 +110,10 @@ pub(super) trait Kernel {
 pub(super) struct TickAt {
     /// Sampling periods elapsed so far.
     pub(super) tick_no: u64,
+    /// Sampling periods it stands for (more than one when the sampler
+    /// thread could not run on time), and the period.
+    pub(super) periods: u32,
+    pub(super) period_ns: u64,
     /// When it ran (`CLOCK_REALTIME`, as samples are stamped), and the
     /// latest of its period slots.
     pub(super) ts: u64,
@@ -89,10 +121,102 @@ pub(super) struct TickAt {
     pub(super) now: Instant,
 }
 
-/// Runs the step (see the module's doc) for the thread `k` is about.
-/// Returns whether it ran inside a request since the tick before without
-/// a capture (it may be about to block there: the sampler does not doze
-/// before it looked at it again).
+/// What a thread's tick found that the sampler's loop goes on with.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Done {
+    /// It ran a timer period (an application thread ran).
+    pub(super) captured: bool,
+    /// It ran inside a request since the tick before without a capture: it
+    /// may be about to block there, and the sampler does not doze before it
+    /// looked at it again.
+    pub(super) request_ran: bool,
+}
+
+/// The thread `k` is about, at `tick` (see the module's doc).
+pub(super) fn tick(k: &mut impl Kernel, tick: &TickAt) -> Done {
+    if k.thread().gone || !k.bind() {
+        return Done::default();
+    }
+    let harvested = k.harvest();
+    if !k.has_timer() {
+        let t = k.thread();
+        for sample in harvested.running() {
+            t.ledger.push_sample(sample);
+        }
+        // Whatever was held when the thread lost its timer goes first.
+        t.ledger.alive_ns = u64::MAX;
+        k.flush(Flush::Looked);
+        k.untimed(tick);
+        return Done::default();
+    }
+    k.nudge();
+    if record_periods(k, harvested, tick) {
+        return Done {
+            captured: true,
+            request_ran: false,
+        };
+    }
+    Done {
+        captured: false,
+        request_ran: after_captures(k, tick),
+    }
+}
+
+/// Rule 2: the thread's samples of running code (this tick's captures,
+/// and stand-ins for periods the kernel counted without one where its
+/// counts are not read) take their period slots in its ledger, and every
+/// slot left free gets a fill (see `ledger`). Returns whether it ran a
+/// timer period: then what it held until its capture leaves, and it is
+/// done for this tick.
+fn record_periods(k: &mut impl Kernel, harvested: Harvested, tick: &TickAt) -> bool {
+    let period_ns = tick.period_ns;
+    let missed = k.missed_timer_periods();
+    let t = k.thread();
+    let slots = ledger::thread_slots(
+        tick.periods,
+        tick.slot_end,
+        t.ledger.last_slot,
+        period_ns,
+        harvested.latest_ns(),
+        MAX_CATCH_UP,
+    );
+    if let Some(&last) = slots.last() {
+        t.ledger.last_slot = Some(last);
+    }
+    // This tick's samples of running code: the captures (with their
+    // stacks, which the fills among them show), then stand-ins.
+    let captures = t.push_captures(harvested);
+    let mut running: Vec<u64> = captures.iter().map(|&(ts, _, _)| ts).collect();
+    t.push_stand_ins(&mut running, missed, tick.periods);
+    let placed = t
+        .ledger
+        .place_tick(slots, &running, period_ns / 2, period_ns);
+    t.fill_free_slots(placed.free);
+    // Two captures at most this far apart have the thread running through
+    // the time between them (the timer counted that much CPU time in it,
+    // to half a period): the fills between show the nearer capture (see
+    // `Ledger::captured`).
+    let ran_within_ns = period_ns * 3 / 2 + u64::from(missed) * period_ns;
+    for (ts, stack, context) in &captures {
+        t.ledger.captured(*ts, stack, *context, ran_within_ns);
+    }
+    if running.is_empty() {
+        return false;
+    }
+    t.ran_uncaptured_from = None;
+    // Alive and running: what was held until the capture leaves with what
+    // was known until then, and what the kernel counted since the previous
+    // reading.
+    k.read_counts();
+    k.flush(Flush::Ran);
+    let t = k.thread();
+    t.place.ran();
+    t.schedule.ran(tick.tick_no);
+    true
+}
+
+/// Rules 3 to 8, for a thread that ran no timer period. Returns whether it
+/// ran inside a request since the tick before without a capture.
 pub(super) fn after_captures(k: &mut impl Kernel, tick: &TickAt) -> bool {
     match k.awaited(tick.now) {
         Awaited::Pending => return false,
@@ -133,7 +257,7 @@ pub(super) fn after_captures(k: &mut impl Kernel, tick: &TickAt) -> bool {
     request_ran
 }
 
-/// Rule 4: its CPU clock (`cpu`) moved by less than a period since it was
+/// Rule 6: its CPU clock (`cpu`) moved by less than a period since it was
 /// last read. This tick's fill waits one tick (the thread may be parking
 /// somewhere new); the older ones leave with what was known and what the
 /// kernel counted.
@@ -159,7 +283,7 @@ fn ran_uncaptured(k: &mut impl Kernel, cpu: Option<u64>, in_request: bool, tick:
     }
 }
 
-/// Rule 5: its CPU clock did not move since it was last read.
+/// Rule 7: its CPU clock did not move since it was last read.
 fn stayed_off_cpu(k: &mut impl Kernel, in_request: bool, tick: &TickAt) {
     let t = k.thread();
     t.ledger.alive_ns = t.ledger.alive_ns.max(tick.ts);
@@ -196,6 +320,70 @@ fn stayed_off_cpu(k: &mut impl Kernel, in_request: bool, tick: &TickAt) {
     }
 }
 
+/// The per-thread steps of [`record_periods`].
+impl Tracked {
+    /// Queues this tick's captures in the ledger; returns each one's time,
+    /// stack and context word.
+    fn push_captures(
+        &mut self,
+        harvested: super::answers::Harvested,
+    ) -> Vec<(u64, Arc<[u64]>, u64)> {
+        harvested
+            .running()
+            .map(|sample| {
+                let (stack, context) = (sample.frames().clone(), sample.context());
+                (self.ledger.push_sample(sample), stack, context)
+            })
+            .collect()
+    }
+
+    /// Queues the stand-ins of periods the thread ran with no capture of
+    /// their own, and adds their times to `running`.
+    ///
+    /// The timer fired again before the slot was read (`missed`), or more
+    /// periods passed than the kernel signalled (overruns): the thread ran
+    /// that much CPU time since its previous capture. Where the kernel's
+    /// counts are read, the fills between the two captures show it (see
+    /// `Ledger::kernel_counted`), and no stand-in is queued for what was
+    /// missed: it was spent before this capture, in code no capture saw.
+    /// Otherwise its latest stack stands in for those periods, right after
+    /// the capture, a microsecond apart: no request may get a moment the
+    /// thread was not running in it.
+    fn push_stand_ins(&mut self, running: &mut Vec<u64>, missed: u32, periods: u32) {
+        let counted = self.schedstat_seen.is_some();
+        let stand_ins = ledger::stand_in_times(
+            running.last().copied(),
+            if counted { 0 } else { missed },
+            periods,
+            self.last_stack.is_some(),
+        );
+        if stand_ins.is_empty() {
+            return;
+        }
+        let stack = self
+            .last_stack
+            .clone()
+            .unwrap_or_else(|| Arc::from(&[][..]));
+        let context = self.last_context;
+        for ts in stand_ins {
+            let sample = sample_of(self, ts, stack.clone(), context, true);
+            running.push(self.ledger.push_sample(sample));
+        }
+    }
+
+    /// Gives every period slot no sample took a fill, with the context word
+    /// the thread had published at the slot (the sampler may run late).
+    fn fill_free_slots(&mut self, free: Vec<u64>) {
+        for slot in free {
+            let word = self
+                .word_slot
+                .map(|s| crate::context::word_at(s, self.info.tid, slot));
+            let at_tick = periods::standing(word, &self.place.known());
+            self.ledger.push_fill(slot, word, at_tick);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! Timelines: a thread's story, tick by tick (what the kernel shows
@@ -208,7 +396,6 @@ mod tests {
     use super::*;
     use crate::sampler::Sample;
     use crate::sampler::answers::{ABANDON_AFTER, let_go};
-    use crate::sampler::periods;
     use crate::sampler::stats::Counters;
     use crate::sys::ThreadInfo;
 
@@ -241,6 +428,9 @@ mod tests {
         word: u64,
         /// Its timer overdue.
         overdue: bool,
+        /// The leaf frame of a capture its timer took in this tick's
+        /// period.
+        captured: Option<u64>,
     }
 
     /// Blocked at `sp`, its clock at `cpu_ns`, outside any request.
@@ -251,6 +441,7 @@ mod tests {
             delay_ns: 0,
             word: 0,
             overdue: false,
+            captured: None,
         }
     }
 
@@ -277,6 +468,35 @@ mod tests {
     impl Kernel for Story {
         fn thread(&mut self) -> &mut Tracked {
             &mut self.t
+        }
+
+        fn bind(&mut self) -> bool {
+            true
+        }
+
+        fn has_timer(&mut self) -> bool {
+            true
+        }
+
+        fn harvest(&mut self) -> Harvested {
+            match self.shows.captured {
+                Some(leaf) => {
+                    let ts = self.ts - PERIOD / 4;
+                    let stack = Arc::from(&[leaf][..]);
+                    Harvested::Running(sample_of(&self.t, ts, stack, self.shows.word, false))
+                }
+                None => Harvested::Nothing,
+            }
+        }
+
+        fn untimed(&mut self, _tick: &TickAt) {
+            self.did.push("untimed".into());
+        }
+
+        fn nudge(&mut self) {}
+
+        fn missed_timer_periods(&mut self) -> u32 {
+            0
         }
 
         fn awaited(&mut self, now: Instant) -> Awaited {
@@ -363,25 +583,23 @@ mod tests {
             }
         }
 
-        /// One tick at which the kernel `shows` the thread so, with no
-        /// capture of it: its period slot gets a fill (as step 2 gives
-        /// it), then the step runs. Returns what the tick did, and the
-        /// leaf frame of each sample that left.
+        /// One tick at which the kernel `shows` the thread so. Returns what
+        /// the tick did, and the leaf frame of each sample that left.
         fn tick(&mut self, shows: Shows) -> (Vec<String>, Vec<u64>) {
             self.tick_no += 1;
             self.shows = shows;
             let ts = self.tick_no * PERIOD;
             self.ts = ts;
-            let at_tick = periods::standing(None, &self.t.place.known());
-            self.t.ledger.push_fill(ts, None, at_tick);
             self.did.clear();
             let at = TickAt {
                 tick_no: self.tick_no,
+                periods: 1,
+                period_ns: PERIOD,
                 ts,
                 slot_end: ts,
                 now: self.start + Duration::from_nanos(ts),
             };
-            after_captures(self, &at);
+            tick(self, &at);
             let left = self.rx.try_iter().map(|s| s.frames()[0]).collect();
             (std::mem::take(&mut self.did), left)
         }
@@ -567,5 +785,35 @@ mod tests {
         gone.at = At::Gone;
         assert_eq!(s.tick(gone).0, did(&["clock"]));
         assert!(s.t.gone, "dropped at the end of the tick");
+    }
+
+    #[test]
+    fn a_busy_thread_is_shown_by_its_captures_and_looked_at_once_it_stops() {
+        const BUSY: u64 = 0xC0;
+        let mut s = Story::new();
+        // A capture in every period: each takes its slot and leaves with
+        // the kernel's counts; the clock is not read, nobody is asked.
+        for tick in 1..=3u64 {
+            let mut busy = running(tick * 10 * MS);
+            busy.captured = Some(BUSY);
+            assert_eq!(
+                s.tick(busy),
+                (did(&["counts", "let go Ran"]), vec![BUSY]),
+                "tick {tick}"
+            );
+        }
+        // It ran 2 ms more and blocked: the tick after its last capture
+        // reads its clock and asks where it is; the period waits a tick.
+        assert_eq!(
+            s.tick(blocked(WAIT_A, 32 * MS)),
+            (
+                did(&["clock", "counts", "let go Ran", "look", "let go Looked"]),
+                vec![]
+            )
+        );
+        assert_eq!(
+            s.tick(blocked(WAIT_A, 32 * MS)),
+            (did_looked(), vec![WAIT_A, WAIT_A])
+        );
     }
 }

@@ -1,30 +1,28 @@
 //! The sampler thread: its loop (ticks on the period grid, pausing, dozing
 //! while the application is idle, and lightly between captures while no
 //! thread is in a request), and each tick's work on every tracked
-//! thread: harvesting timer captures, reading CPU clocks and `/proc`,
-//! signalling, unwinding, and handing what it learns to each thread's
-//! state and ledger (see `state` and `ledger`), whose samples leave in
-//! time order through the sample queue.
+//! thread: the step that decides it (`step`) run with [`ThreadAt`], which
+//! makes its system calls (harvesting timer captures, reading CPU clocks
+//! and `/proc`, signalling, unwinding) and sends the samples that leave,
+//! in time order, through the sample queue.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant};
 
-use super::answers::{Flush, Look, awaited, flush, sample_of};
+use super::answers::{Flush, Harvested, Look, awaited, flush};
 use super::denied::Denials;
+use super::ledger;
 use super::requests::CapturedRequests;
 use super::state::Awaited;
 use super::stats::Counters;
+use super::step::{self, MAX_CATCH_UP};
 use super::threads::{ThreadTable, Tracked};
 use super::{Sample, Shared, own_threads};
-use super::{ledger, periods, step};
 use crate::options::SamplerConfig;
 use crate::sys;
 use crate::unwind::StackUnwinder;
-
-/// Most missed periods one tick records samples for.
-const MAX_CATCH_UP: u32 = 100;
 
 /// Application CPU per sampling period (the process's, less the sampler
 /// thread's) below which a tick counts as idle: 0.5 % of a core.
@@ -420,44 +418,13 @@ impl Worker {
         (periods, passed)
     }
 
-    /// One thread's part of a tick that stands for `periods` sampling
-    /// periods (more than one when the sampler thread could not run on
-    /// time), the latest of whose slots is `slot_end`. In order:
-    ///
-    /// 1. its captures are harvested (a thread without a CPU-time timer is
-    ///    signalled instead, see `Worker::untimed`);
-    /// 2. its samples of running code take their period slots in its
-    ///    ledger, and every slot left free gets a fill
-    ///    ([`Worker::record_periods`]); a thread that ran a timer period
-    ///    is done;
-    /// 3. otherwise its CPU clock, and the kernel when needed, tell whether
-    ///    it ran less than a period or stayed off the CPU, and where it
-    ///    stands, which its fills show; its held samples leave as far as
-    ///    what is known allows (`step::after_captures`, whose system
-    ///    calls are made through [`ThreadAt`]).
+    /// One thread's part of a tick (see `step`, whose system calls are
+    /// made through [`ThreadAt`]).
     fn tick_thread(&mut self, idx: usize, tick: &Tick, c: &Counters) {
-        if self.threads.get_mut(idx).gone || !self.bind(idx, c) {
-            return;
-        }
-        let harvested = self.harvest(idx, c);
-        let period_ns = self.period.as_nanos() as u64;
-        let t = self.threads.get_mut(idx);
-        if t.timer.is_none() {
-            for sample in harvested.running() {
-                t.ledger.push_sample(sample);
-            }
-            // Whatever was held when the thread lost its timer goes first.
-            t.ledger.alive_ns = u64::MAX;
-            flush(&self.tx, c, t, Flush::Looked, period_ns);
-            self.untimed(idx, tick.ts, tick.now, c);
-            return;
-        }
-        self.nudge(idx, c);
-        if self.record_periods(idx, harvested, tick, c) {
-            return;
-        }
         let at = step::TickAt {
             tick_no: self.tick_no,
+            periods: tick.periods,
+            period_ns: self.period.as_nanos() as u64,
             ts: tick.ts,
             slot_end: tick.slot_end,
             now: tick.now,
@@ -467,69 +434,9 @@ impl Worker {
             idx,
             c,
         };
-        let request_ran = step::after_captures(&mut thread, &at);
-        self.request_ran |= request_ran;
-    }
-
-    /// Step 2 of [`Worker::tick_thread`]: the thread's samples of running
-    /// code (this tick's captures, and stand-ins for periods the kernel
-    /// counted without one where its counts are not read) take their
-    /// period slots in its ledger, and every slot left free gets a fill
-    /// (see `ledger`). Returns whether it ran a timer period: then what it
-    /// held until its capture leaves, and it is done for this tick.
-    fn record_periods(
-        &mut self,
-        idx: usize,
-        harvested: super::answers::Harvested,
-        tick: &Tick,
-        c: &Counters,
-    ) -> bool {
-        let tick_no = self.tick_no;
-        let period_ns = self.period.as_nanos() as u64;
-        let t = self.threads.get_mut(idx);
-        let missed = t.capture_slot.map_or(0, |s| s.take_missed());
-        let slots = ledger::thread_slots(
-            tick.periods,
-            tick.slot_end,
-            t.ledger.last_slot,
-            period_ns,
-            harvested.latest_ns(),
-            MAX_CATCH_UP,
-        );
-        if let Some(&last) = slots.last() {
-            t.ledger.last_slot = Some(last);
-        }
-        c.samples_timer_missed.add(u64::from(missed));
-        // This tick's samples of running code: the captures (with their
-        // stacks, which the fills among them show), then stand-ins.
-        let captures = t.push_captures(harvested);
-        let mut running: Vec<u64> = captures.iter().map(|&(ts, _, _)| ts).collect();
-        t.push_stand_ins(&mut running, missed, tick.periods);
-        let placed = t
-            .ledger
-            .place_tick(slots, &running, period_ns / 2, period_ns);
-        t.fill_free_slots(placed.free);
-        // Two captures at most this far apart have the thread running
-        // through the time between them (the timer counted that much CPU
-        // time in it, to half a period): the fills between show the nearer
-        // capture (see `Ledger::captured`).
-        let ran_within_ns = period_ns * 3 / 2 + u64::from(missed) * period_ns;
-        for (ts, stack, context) in &captures {
-            t.ledger.captured(*ts, stack, *context, ran_within_ns);
-        }
-        if running.is_empty() {
-            return false;
-        }
-        self.captured = true;
-        t.ran_uncaptured_from = None;
-        // Alive and running: what was held until the capture leaves with
-        // what was known until then, and what the kernel counted since
-        // the previous reading.
-        t.read_schedstat(period_ns);
-        flush(&self.tx, c, t, Flush::Ran, period_ns);
-        t.place.ran();
-        t.schedule.ran(tick_no);
-        true
+        let done = step::tick(&mut thread, &at);
+        self.captured |= done.captured;
+        self.request_ran |= done.request_ran;
     }
 }
 
@@ -544,6 +451,32 @@ struct ThreadAt<'a> {
 impl step::Kernel for ThreadAt<'_> {
     fn thread(&mut self) -> &mut Tracked {
         self.worker.threads.get_mut(self.idx)
+    }
+
+    fn bind(&mut self) -> bool {
+        self.worker.bind(self.idx, self.c)
+    }
+
+    fn has_timer(&mut self) -> bool {
+        self.thread().timer.is_some()
+    }
+
+    fn harvest(&mut self) -> Harvested {
+        self.worker.harvest(self.idx, self.c)
+    }
+
+    fn untimed(&mut self, tick: &step::TickAt) {
+        self.worker.untimed(self.idx, tick.ts, tick.now, self.c);
+    }
+
+    fn nudge(&mut self) {
+        self.worker.nudge(self.idx, self.c);
+    }
+
+    fn missed_timer_periods(&mut self) -> u32 {
+        let missed = self.thread().capture_slot.map_or(0, |s| s.take_missed());
+        self.c.samples_timer_missed.add(u64::from(missed));
+        missed
     }
 
     fn awaited(&mut self, now: Instant) -> Awaited {
@@ -600,69 +533,5 @@ pub(super) fn blocked_at(state: Option<sys::SyscallState>) -> Option<(u64, u64)>
     match state? {
         sys::SyscallState::Blocked { sp, pc, .. } => Some((sp, pc)),
         sys::SyscallState::Running => None,
-    }
-}
-
-/// The per-thread steps of [`Worker::record_periods`].
-impl Tracked {
-    /// Queues this tick's captures in the ledger; returns each one's time,
-    /// stack and context word.
-    fn push_captures(
-        &mut self,
-        harvested: super::answers::Harvested,
-    ) -> Vec<(u64, Arc<[u64]>, u64)> {
-        harvested
-            .running()
-            .map(|sample| {
-                let (stack, context) = (sample.frames().clone(), sample.context());
-                (self.ledger.push_sample(sample), stack, context)
-            })
-            .collect()
-    }
-
-    /// Queues the stand-ins of periods the thread ran with no capture of
-    /// their own, and adds their times to `running`.
-    ///
-    /// The timer fired again before the slot was read (`missed`), or more
-    /// periods passed than the kernel signalled (overruns): the thread ran
-    /// that much CPU time since its previous capture. Where the kernel's
-    /// counts are read, the fills between the two captures show it (see
-    /// `Ledger::kernel_counted`), and no stand-in is queued for what was
-    /// missed: it was spent before this capture, in code no capture saw.
-    /// Otherwise its latest stack stands in for those periods, right after
-    /// the capture, a microsecond apart: no request may get a moment the
-    /// thread was not running in it.
-    fn push_stand_ins(&mut self, running: &mut Vec<u64>, missed: u32, periods: u32) {
-        let counted = self.schedstat_seen.is_some();
-        let stand_ins = ledger::stand_in_times(
-            running.last().copied(),
-            if counted { 0 } else { missed },
-            periods,
-            self.last_stack.is_some(),
-        );
-        if stand_ins.is_empty() {
-            return;
-        }
-        let stack = self
-            .last_stack
-            .clone()
-            .unwrap_or_else(|| Arc::from(&[][..]));
-        let context = self.last_context;
-        for ts in stand_ins {
-            let sample = sample_of(self, ts, stack.clone(), context, true);
-            running.push(self.ledger.push_sample(sample));
-        }
-    }
-
-    /// Gives every period slot no sample took a fill, with the context word
-    /// the thread had published at the slot (the sampler may run late).
-    fn fill_free_slots(&mut self, free: Vec<u64>) {
-        for slot in free {
-            let word = self
-                .word_slot
-                .map(|s| crate::context::word_at(s, self.info.tid, slot));
-            let at_tick = periods::standing(word, &self.place.known());
-            self.ledger.push_fill(slot, word, at_tick);
-        }
     }
 }
