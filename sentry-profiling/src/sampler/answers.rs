@@ -25,18 +25,18 @@ pub(super) const ABANDON_AFTER: Duration = Duration::from_millis(500);
 pub(super) const MAX_ASK_EVERY: u64 = 128;
 
 /// CPU time after which the timer of a thread found in a request with no
-/// capture yet fires (see [`Worker::nudge`]).
+/// capture yet fires (see [`Services::nudge`]).
 pub(super) const NUDGE_AFTER: Duration = Duration::from_micros(500);
 
 /// CPU time beyond one period that a thread may run after its latest
 /// capture before the sampler takes the capture its timer owes (see
-/// [`Worker::catch_stalled_timer`]): one tick of a 250 Hz kernel (the
+/// [`Services::catch_stalled_timer`]): one tick of a 250 Hz kernel (the
 /// longest the expired timer of a thread that keeps its CPU waits to be
 /// fired) and a millisecond of margin. A kernel with fewer ticks (100 Hz)
 /// has some timers caught that it would have fired late: one capture
 /// still stands for each period.
 ///
-/// [`Worker::catch_stalled_timer`]: super::worker::Worker::catch_stalled_timer
+/// [`Services::catch_stalled_timer`]: super::worker::Services::catch_stalled_timer
 pub(super) const STALLED_TIMER_SLACK_NS: u64 = 5_000_000;
 
 /// The smallest share of the wall time a thread must have spent on a CPU
@@ -200,7 +200,7 @@ pub(super) fn emit(tx: &SyncSender<Sample>, c: &Counters, sample: Sample) {
     }
 }
 
-/// What [`Worker::look_blocked`] found.
+/// What [`Services::look_blocked`] found.
 pub(super) enum Look {
     /// Blocked in the kernel: the stack it waits in, and its context word.
     Waiting(Arc<[u64]>, u64),

@@ -1,8 +1,9 @@
-//! How a tick learns each thread's stack: timer captures harvested from
-//! their slots, a signal to a thread without a timer (or whose timer is
-//! late: the nudge), a read of where a blocked thread waits, binding and
-//! releasing the kernel resources a thread is sampled with, and settling
-//! everything in flight when the sampler pauses.
+//! How a tick learns each thread's stack, as methods of the sampler's
+//! [`Services`] given the thread: timer captures harvested from its slots,
+//! a signal to a thread without a timer (or whose timer is late: the
+//! nudge), a read of where a blocked thread waits, binding the kernel
+//! resources a thread is sampled with; and settling everything in flight
+//! when the sampler pauses.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,11 +15,12 @@ use super::answers::{
 use super::denied::{Capability, Refusal, is_denial};
 use super::state::Awaited;
 use super::stats::Counters;
-use super::worker::Worker;
+use super::threads::Tracked;
+use super::worker::{Services, Worker};
 use crate::sys::{self, Slot};
 
-impl Worker {
-    /// Brings the timer of thread `idx` forward when it is inside a request
+impl Services {
+    /// Brings the timer of thread `t` forward when it is inside a request
     /// of which no stack was captured yet (on any thread): its next capture
     /// comes after `NUDGE_AFTER` of its CPU time rather than after what is
     /// left of the current period. Otherwise a short request on a thread
@@ -29,9 +31,8 @@ impl Worker {
     /// sampled more than once per period of its wall time. Repeated at every
     /// tick that finds the thread in such a request (the capture may land in
     /// another request the thread polls in between), at most once per tick.
-    pub(super) fn nudge(&mut self, idx: usize, c: &Counters) {
+    pub(super) fn nudge(&mut self, t: &mut Tracked, c: &Counters) {
         let period = self.period;
-        let t = self.threads.get_mut(idx);
         let (Some(slot), Some(timer)) = (t.word_slot, &t.timer) else {
             return;
         };
@@ -55,19 +56,18 @@ impl Worker {
         }
     }
 
-    /// Whether thread `idx`, seen running (its CPU clock at `cpu`) with no
+    /// Whether thread `t`, seen running (its CPU clock at `cpu`) with no
     /// capture at the tick at `ts`, has run more than a period and
     /// [`STALLED_TIMER_SLACK_NS`] of CPU time since its latest capture or
     /// wait, busy for at least one [`STALLED_TIMER_MIN_SHARE`]th of that
     /// time.
-    pub(super) fn timer_overdue(&mut self, idx: usize, cpu: u64, ts: u64) -> bool {
+    pub(super) fn timer_overdue(&self, t: &mut Tracked, cpu: u64, ts: u64) -> bool {
         let after_ns = self.period.as_nanos() as u64 + STALLED_TIMER_SLACK_NS;
-        let t = self.threads.get_mut(idx);
         t.timer_armed && overdue(&mut t.ran_uncaptured_from, cpu, ts, after_ns)
     }
 
-    /// Takes the capture the timer of thread `idx` owes: found running
-    /// and overdue ([`Worker::timer_overdue`]) at two ticks in a row
+    /// Takes the capture the timer of thread `t` owes: found running
+    /// and overdue ([`Services::timer_overdue`]) at two ticks in a row
     /// without waiting in the kernel in between, its timer expired and not
     /// fired. The kernel checks a thread's CPU timers only at its ticks,
     /// and a busy scheduler that switches threads between ticks (slices
@@ -75,12 +75,11 @@ impl Worker {
     /// hundreds of milliseconds of its CPU time (BENCHMARKS §4, "CPU-time
     /// timers the kernel does not fire"). The sampler then signals it, as it
     /// signals a thread without a timer, and the timer starts a new period.
-    pub(super) fn catch_stalled_timer(&mut self, idx: usize, now: Instant, c: &Counters) {
+    pub(super) fn catch_stalled_timer(&mut self, t: &mut Tracked, now: Instant, c: &Counters) {
         if self.denied.signals.is_some() || self.denied.timers.is_some() {
             return;
         }
         let period = self.period;
-        let t = self.threads.get_mut(idx);
         // The signal must never reach a thread as it enters a wait: a timed
         // wait it interrupts fails with `EINTR` even with `SA_RESTART`, and
         // the kernel says a thread is running until it sleeps, system call
@@ -117,7 +116,6 @@ impl Worker {
         // Looked at once more right before the signal: a thread that
         // entered a wait since the look (the timer calls above take
         // microseconds) is left alone. One read of a kept file.
-        let t = self.threads.get_mut(idx);
         if t.syscall_file.read_syscall(t.info.tid) != Some(sys::SyscallState::Running) {
             return;
         }
@@ -129,8 +127,7 @@ impl Worker {
 
     /// A thread without a timer: signalled from here whenever its CPU clock
     /// moved, its previous stack repeated otherwise.
-    pub(super) fn untimed(&mut self, idx: usize, tick_ts: u64, now: Instant, c: &Counters) {
-        let t = self.threads.get_mut(idx);
+    pub(super) fn untimed(&mut self, t: &mut Tracked, tick_ts: u64, now: Instant, c: &Counters) {
         if awaited(t, now, c) == Awaited::Pending {
             return;
         }
@@ -155,28 +152,27 @@ impl Worker {
                 t.cpu_seen_ns = cpu;
                 // A thread blocked in the kernel is read from here; only one
                 // seen running is signalled (see `SamplerConfig::cpu_timers`).
-                match self.look_blocked(idx, c) {
+                match self.look_blocked(t, c) {
                     Look::Waiting(stack, context) => {
-                        let t = self.threads.get_mut(idx);
                         t.last_stack = Some(stack.clone());
                         t.last_context = context;
                         emit_for(&self.tx, c, t, tick_ts, stack, context, false);
                     }
-                    Look::Running => self.signal_running(idx, now, c),
-                    Look::Gone => self.threads.get_mut(idx).gone = true,
+                    Look::Running => self.signal_running(t, now, c),
+                    Look::Gone => t.gone = true,
                 }
             }
         }
     }
 
-    /// Signals thread `idx`, which has no timer and was seen running, for a
+    /// Signals thread `t`, which has no timer and was seen running, for a
     /// capture; not when the kernel refused such signals before.
-    fn signal_running(&mut self, idx: usize, now: Instant, c: &Counters) {
+    fn signal_running(&mut self, t: &mut Tracked, now: Instant, c: &Counters) {
         if self.denied.signals.is_some() {
             c.dropped_signal_failed.add(1);
             return;
         }
-        if let Some(errno) = request(self.threads.get_mut(idx), true, now, c) {
+        if let Some(errno) = request(t, true, now, c) {
             self.refused(Capability::Signals, "rt_tgsigqueueinfo", errno, c);
         }
     }
@@ -184,9 +180,8 @@ impl Worker {
     /// Probes, on the sampler thread (a seccomp filter belongs to a thread
     /// and those it creates), the system calls the sampler captures stacks
     /// with, and says which the kernel refuses (see `denied`).
-    pub(super) fn probe_capabilities(&mut self) {
-        let shared = Arc::clone(&self.shared);
-        self.probe_except(None, &shared.counters);
+    pub(super) fn probe_capabilities(&mut self, c: &Counters) {
+        self.probe_except(None, c);
         self.denied.started = true;
         self.denied.report();
     }
@@ -251,12 +246,11 @@ impl Worker {
         }
     }
 
-    /// Learns where thread `idx` waits, if it is blocked in the kernel,
+    /// Learns where thread `t` waits, if it is blocked in the kernel,
     /// without interrupting it (see `sys::TaskFile`): the stack it
     /// waits in and the context word it publishes.
-    pub(super) fn look_blocked(&mut self, idx: usize, c: &Counters) -> Look {
+    pub(super) fn look_blocked(&mut self, t: &mut Tracked, c: &Counters) -> Look {
         let cap = self.config.stack_copy_bytes;
-        let t = self.threads.get_mut(idx);
         let tid = t.info.tid;
         let word_slot = t.word_slot;
         let known_bounds = t.stack_bounds;
@@ -276,10 +270,10 @@ impl Worker {
             _ => {
                 // Blocked in the kernel, its stack pointer is on its stack:
                 // its bounds are learned here, before its first capture.
-                let mapping = self.threads.stack_mapping(sp as usize);
+                let mapping = self.maps.holding(sp as usize);
                 if let Some(bounds) = mapping {
                     if known_bounds.is_none() {
-                        self.threads.set_bounds(idx, bounds);
+                        t.set_bounds(bounds);
                     }
                 }
                 mapping.map(|(_, hi)| hi)
@@ -314,19 +308,18 @@ impl Worker {
         );
         c.unwind_ns.add(start.elapsed().as_nanos() as u64);
         c.waits_read.add(1);
-        self.threads.get_mut(idx).blocked_at = Some((sp, pc));
+        t.blocked_at = Some((sp, pc));
         Look::Waiting(Arc::from(&self.frames[..]), context)
     }
 
     /// Gives a thread its slot and timer, and arms the timer, if not done
     /// yet. Returns false if the thread has no slot (counted).
-    pub(super) fn bind(&mut self, idx: usize, c: &Counters) -> bool {
+    pub(super) fn bind(&mut self, t: &mut Tracked, c: &Counters) -> bool {
         let cap = self.config.stack_copy_bytes;
         let period = self.period;
         // Once refused, timers are not asked for again.
         let timers = self.config.cpu_timers && self.denied.timers.is_none();
         let mut refusal = None;
-        let t = self.threads.get_mut(idx);
         if t.capture_slot.is_none() {
             let Some(slot) = Slot::acquire(cap) else {
                 c.dropped_no_slot.add(1);
@@ -386,19 +379,18 @@ impl Worker {
         true
     }
 
-    /// Reads the thread's slot if the handler filled it, emits what it
-    /// holds, and re-arms it.
-    pub(super) fn harvest(&mut self, idx: usize, c: &Counters) -> Harvested {
+    /// Reads the thread's slots if the handler filled them, emits what
+    /// they hold, and re-arms them; `tick_no` is the tick's period.
+    pub(super) fn harvest(&mut self, t: &mut Tracked, tick_no: u64, c: &Counters) -> Harvested {
         // The older capture first, when both slots are full.
-        let t = self.threads.get_mut(idx);
         let slots = [t.capture_slot, t.capture_slot2];
         let filled = |s: Option<&'static Slot>| s.and_then(|s| s.filled_at());
         let order = match (filled(slots[0]), filled(slots[1])) {
             (Some(a), Some(b)) if b < a => [1, 0],
             _ => [0, 1],
         };
-        let first = self.harvest_slot(idx, slots[order[0]], c);
-        let second = self.harvest_slot(idx, slots[order[1]], c);
+        let first = self.harvest_slot(t, slots[order[0]], tick_no, c);
+        let second = self.harvest_slot(t, slots[order[1]], tick_no, c);
         match (first, second) {
             (Harvested::Running(a), Harvested::Running(b)) => Harvested::Running2(a, b),
             (Harvested::Running(a), _) | (_, Harvested::Running(a)) => Harvested::Running(a),
@@ -408,11 +400,12 @@ impl Worker {
         }
     }
 
-    /// [`Worker::harvest`] for one of the thread's slots.
+    /// [`Services::harvest`] for one of the thread's slots.
     pub(super) fn harvest_slot(
         &mut self,
-        idx: usize,
+        t: &mut Tracked,
         slot: Option<&'static Slot>,
+        tick_no: u64,
         c: &Counters,
     ) -> Harvested {
         let Some(slot) = slot else {
@@ -436,12 +429,10 @@ impl Worker {
             let sp = cap.regs.sp as usize;
             // Bounds just learned, or learned through the thread's other slot
             // after this one was armed: spent, the next capture counts.
-            let stale = self
-                .threads
-                .get_mut(idx)
+            let stale = t
                 .stack_bounds
                 .is_some_and(|(lo, hi)| (lo..hi).contains(&sp));
-            if self.threads.learn_bounds(idx, sp) || stale {
+            if t.learn_bounds(self.maps.holding(sp)) || stale {
                 keep = false;
             } else {
                 self.frames.clear();
@@ -449,7 +440,6 @@ impl Worker {
                 c.samples_off_stack.add(1);
             }
         }
-        let t = self.threads.get_mut(idx);
         let (lo, hi) = t.stack_bounds.unwrap_or((0, 0));
         filled.rearm(lo, hi);
         // Any capture proves the thread takes the signal again. A timer
@@ -479,19 +469,26 @@ impl Worker {
         // it ran): the same answer as last time means asking less often (up
         // to once a second at 101 Hz), another one at every chance again.
         let answer = t.place.found_waiting(stack, cap.context, false);
-        t.schedule.answered(answer, self.tick_no, MAX_ASK_EVERY);
+        t.schedule.answered(answer, tick_no, MAX_ASK_EVERY);
         Harvested::Parked
     }
+}
 
+impl Worker {
     /// Stops the timers, waits briefly for requests in flight, and records
     /// every thread's held fills (the sampler is pausing or stopping).
     pub(super) fn settle(&mut self) {
-        self.unwinder.new_tick();
-        let shared = Arc::clone(&self.shared);
+        let Worker {
+            threads,
+            services,
+            shared,
+            tick_no,
+            ..
+        } = self;
+        services.unwinder.new_tick();
         let c = &shared.counters;
-        for idx in 0..self.threads.len() {
-            let refused_before = self.denied.timers.is_some();
-            let t = self.threads.get_mut(idx);
+        for t in threads.iter_mut() {
+            let refused_before = services.denied.timers.is_some();
             let Some(timer) = t.timer.as_ref().filter(|_| t.timer_armed) else {
                 continue;
             };
@@ -506,15 +503,14 @@ impl Worker {
                 // does not fire while the sampler pauses.
                 t.timer = None;
                 if let Some(errno) = errno {
-                    self.refused(Capability::Timers, "timer_settime", errno, c);
+                    services.refused(Capability::Timers, "timer_settime", errno, c);
                 }
             }
         }
         let until = Instant::now() + Duration::from_millis(20);
         loop {
             let seen = sys::completion_seq();
-            let waiting = (0..self.threads.len()).any(|i| {
-                let t = self.threads.get_mut(i);
+            let waiting = threads.iter_mut().any(|t| {
                 t.asking.is_asked()
                     && [t.capture_slot, t.capture_slot2]
                         .into_iter()
@@ -527,12 +523,12 @@ impl Worker {
             }
             sys::wait_completion(seen, until - now);
         }
-        for idx in 0..self.threads.len() {
-            if self.threads.get_mut(idx).gone || self.threads.get_mut(idx).capture_slot.is_none() {
+        let period_ns = services.period.as_nanos() as u64;
+        for t in threads.iter_mut() {
+            if t.gone || t.capture_slot.is_none() {
                 continue;
             }
-            let harvested = self.harvest(idx, c);
-            let t = self.threads.get_mut(idx);
+            let harvested = services.harvest(t, *tick_no, c);
             t.asking.forget();
             for sample in harvested.running() {
                 t.ledger.push_sample(sample);
@@ -541,13 +537,7 @@ impl Worker {
             if alive {
                 t.ledger.alive_ns = u64::MAX;
             }
-            flush(
-                &self.tx,
-                c,
-                t,
-                Flush::Leaving,
-                self.period.as_nanos() as u64,
-            );
+            flush(&services.tx, c, t, Flush::Leaving, period_ns);
             // Fills after the thread was last seen alive are dropped.
             t.ledger.clear();
             if alive {

@@ -29,14 +29,14 @@
 //!   decided in one place (`step`), its system calls behind a trait the
 //!   sampler thread implements;
 //! - a thread's stack bounds are learned before its first capture (see
-//!   `ThreadTable::refresh_word_slots` and [`Worker::look_blocked`]), and
+//!   `ThreadTable::refresh_word_slots` and [`Services::look_blocked`]), and
 //!   a thread found in a request with no capture yet has its timer brought
-//!   forward ([`Worker::nudge`]);
+//!   forward ([`Services::nudge`]);
 //! - where the thread waits is read without interrupting it (a signal would
 //!   make its `poll`, `nanosleep`, timed `futex` wait… fail with `EINTR`):
 //!   the kernel shows the stack pointer and program counter of a thread
 //!   blocked in a system call, and the sampler copies and unwinds its stack
-//!   ([`Worker::look_blocked`]). It looks once the thread has stayed off the
+//!   ([`Services::look_blocked`]). It looks once the thread has stayed off the
 //!   CPU for a whole tick after running, or, for a thread that never waits
 //!   that long, every `step::PROBE_EVERY` periods at most; while the answers stay
 //!   the same, less and less often (down to every `MAX_ASK_EVERY` periods);
@@ -220,7 +220,7 @@ impl Sampler {
                 let mut worker = Worker::new(config, tx, thread_shared);
                 // Before the sampler counts as started: what the kernel
                 // refuses is said (and counted) by then.
-                worker.probe_capabilities();
+                worker.services.probe_capabilities(&worker.shared.counters);
                 let _ = ready_tx.send(());
                 worker.run();
             })

@@ -1,6 +1,6 @@
 //! Which requests (by context word) have had a stack captured, on any
 //! thread: a thread inside a request that has none yet gets its timer
-//! brought forward (see `Worker::nudge`). Bounded: the oldest requests are
+//! brought forward (see `Services::nudge`). Bounded: the oldest requests are
 //! forgotten first.
 
 /// The requests a stack was captured in lately, by context word.

@@ -88,7 +88,7 @@ counters! {
     timers_nudged,
     /// Captures the sampler thread asked a running thread for because its
     /// timer had expired and the kernel had not fired it for more than a
-    /// period of the thread's CPU time (see `Worker::catch_stalled_timer`).
+    /// period of the thread's CPU time (see `Services::catch_stalled_timer`).
     timers_stalled,
     /// Threads added to the sampler's table when they entered their first
     /// profiled request, before the thread listing would have found them.

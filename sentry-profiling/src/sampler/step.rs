@@ -12,7 +12,7 @@
 //!
 //! 1. A thread without a capture slot is skipped (counted). One without a
 //!    CPU-time timer lets go what it held and is sampled the untimed way
-//!    (`Worker::untimed`).
+//!    (`Services::untimed`).
 //! 2. Its captures (and stand-ins for periods the kernel counted without
 //!    one, where its counts are not read) take their period slots, and
 //!    every slot left free gets a fill. A thread that ran a timer period is

@@ -61,13 +61,13 @@ pub(super) struct Tracked {
     /// Whether the timer is armed (the sampler is not paused).
     pub(super) timer_armed: bool,
     /// Its CPU clock, and the tick's time, when it was first seen running
-    /// after its latest capture or wait (see `Worker::catch_stalled_timer`).
+    /// after its latest capture or wait (see `Services::catch_stalled_timer`).
     pub(super) ran_uncaptured_from: Option<(u64, u64)>,
     /// Its stack pointer and program counter when it was last read blocked
-    /// in the kernel (see `Worker::look_blocked`).
+    /// in the kernel (see `Services::look_blocked`).
     pub(super) blocked_at: Option<(u64, u64)>,
     /// How many times it had waited in the kernel (voluntary context
-    /// switches) when last found overdue (see `Worker::catch_stalled_timer`).
+    /// switches) when last found overdue (see `Services::catch_stalled_timer`).
     pub(super) waits_when_overdue: Option<u64>,
     pub(super) gone: bool,
     /// Its `/proc/self/task/<tid>/syscall` and `schedstat`, kept open
@@ -186,6 +186,73 @@ impl Tracked {
         *self = fresh;
         self.word_slot = word_slot;
     }
+
+    /// Gives it the stack bounds `bounds`, learned without a capture (from
+    /// an address known to be on its stack), and its armed slots with
+    /// them.
+    pub(super) fn set_bounds(&mut self, bounds: (usize, usize)) {
+        if self.stack_bounds == Some(bounds) {
+            return;
+        }
+        self.stack_bounds = Some(bounds);
+        if self.asking.is_asked() {
+            // A signal the sampler sent is awaited: the slot must stay
+            // armed for it (it gets the bounds when re-armed).
+            return;
+        }
+        for slot in [self.capture_slot, self.capture_slot2]
+            .into_iter()
+            .flatten()
+        {
+            slot.set_bounds(bounds.0, bounds.1);
+        }
+    }
+
+    /// Sets its stack bounds from `found`, the mapping that holds the stack
+    /// pointer of a capture taken off its known stack. Returns true when
+    /// the bounds changed and the capture should be discarded: the thread
+    /// is then signalled again at the next tick.
+    pub(super) fn learn_bounds(&mut self, found: Option<(usize, usize)>) -> bool {
+        match found {
+            Some(bounds) if self.stack_bounds != Some(bounds) => {
+                self.stack_bounds = Some(bounds);
+                if self.retried {
+                    return false;
+                }
+                self.retried = true;
+                // The capture was spent learning the bounds; the next one
+                // counts.
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The process's writable private mappings, where thread stacks are, read
+/// from `/proc/self/maps` when an address is in none of them (at most every
+/// 5 ms).
+#[derive(Debug, Default)]
+pub(super) struct StackMaps {
+    maps: StackMappings,
+    read_at: Option<Instant>,
+}
+
+impl StackMaps {
+    /// The mapping that holds `sp`.
+    pub(super) fn holding(&mut self, sp: usize) -> Option<(usize, usize)> {
+        let mut found = self.maps.find(sp);
+        if found.is_none()
+            && self
+                .read_at
+                .is_none_or(|t| t.elapsed() > Duration::from_millis(5))
+        {
+            self.maps = sys::stack_mappings();
+            self.read_at = Some(Instant::now());
+            found = self.maps.find(sp);
+        }
+        found
+    }
 }
 
 /// All tracked threads.
@@ -195,8 +262,6 @@ pub(super) struct ThreadTable {
     by_tid: HashMap<i32, usize>,
     last_list: Option<Instant>,
     last_names: Option<Instant>,
-    maps: StackMappings,
-    maps_read: Option<Instant>,
     /// `crate::context::claims()` when word slots (where threads publish their context words) were last looked up.
     claims_seen: u64,
     /// Where the thread list is read from, and the last list read.
@@ -205,12 +270,9 @@ pub(super) struct ThreadTable {
 }
 
 impl ThreadTable {
-    pub(super) fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub(super) fn get_mut(&mut self, idx: usize) -> &mut Tracked {
-        &mut self.entries[idx]
+    /// Every thread, in the order they were found.
+    pub(super) fn iter_mut(&mut self) -> std::slice::IterMut<'_, Tracked> {
+        self.entries.iter_mut()
     }
 
     /// Whether the thread list (every 100 ms) and names (every second, and
@@ -296,7 +358,7 @@ impl ThreadTable {
     /// listing, and every thread that publishes a context word gets its
     /// stack bounds from the address it left with its slot, so its first
     /// timer capture already holds its stack.
-    pub(super) fn refresh_word_slots(&mut self, counters: &Counters) {
+    pub(super) fn refresh_word_slots(&mut self, counters: &Counters, maps: &mut StackMaps) {
         let claims = crate::context::claims();
         if claims == self.claims_seen {
             return;
@@ -321,8 +383,7 @@ impl ThreadTable {
                 self.entries.push(t);
             }
         }
-        for idx in 0..self.entries.len() {
-            let t = &self.entries[idx];
+        for t in &mut self.entries {
             if t.stack_bounds.is_some() {
                 continue;
             }
@@ -332,75 +393,10 @@ impl ThreadTable {
             else {
                 continue;
             };
-            if let Some(bounds) = self.stack_mapping(hint) {
-                self.set_bounds(idx, bounds);
+            if let Some(bounds) = maps.holding(hint) {
+                t.set_bounds(bounds);
             }
         }
-    }
-
-    /// Gives thread `idx` the stack bounds `bounds`, learned without a
-    /// capture (from an address known to be on its stack), and its armed
-    /// slots with them.
-    pub(super) fn set_bounds(&mut self, idx: usize, bounds: (usize, usize)) {
-        let t = &mut self.entries[idx];
-        if t.stack_bounds == Some(bounds) {
-            return;
-        }
-        t.stack_bounds = Some(bounds);
-        if t.asking.is_asked() {
-            // A signal the sampler sent is awaited: the slot must stay
-            // armed for it (it gets the bounds when re-armed).
-            return;
-        }
-        for slot in [t.capture_slot, t.capture_slot2].into_iter().flatten() {
-            slot.set_bounds(bounds.0, bounds.1);
-        }
-    }
-
-    /// Sets a thread's stack bounds from the mapping that holds `sp`.
-    /// Returns true when the bounds changed and the capture should be
-    /// discarded: the thread is then signalled again at the next tick.
-    pub(super) fn learn_bounds(&mut self, idx: usize, sp: usize) -> bool {
-        let mut found = self.maps.find(sp);
-        if found.is_none()
-            && self
-                .maps_read
-                .is_none_or(|t| t.elapsed() > Duration::from_millis(5))
-        {
-            self.maps = sys::stack_mappings();
-            self.maps_read = Some(Instant::now());
-            found = self.maps.find(sp);
-        }
-        let t = &mut self.entries[idx];
-        match found {
-            Some(bounds) if t.stack_bounds != Some(bounds) => {
-                t.stack_bounds = Some(bounds);
-                if t.retried {
-                    return false;
-                }
-                t.retried = true;
-                // The capture was spent learning the bounds; the next one
-                // counts.
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// The stack mapping that holds `sp` (re-reading the mappings at most
-    /// every 5 ms when none does).
-    pub(super) fn stack_mapping(&mut self, sp: usize) -> Option<(usize, usize)> {
-        let mut found = self.maps.find(sp);
-        if found.is_none()
-            && self
-                .maps_read
-                .is_none_or(|t| t.elapsed() > Duration::from_millis(5))
-        {
-            self.maps = sys::stack_mappings();
-            self.maps_read = Some(Instant::now());
-            found = self.maps.find(sp);
-        }
-        found
     }
 
     /// Drops threads that exited, with their timers and slots; each is

@@ -18,7 +18,7 @@ use super::requests::CapturedRequests;
 use super::state::Awaited;
 use super::stats::Counters;
 use super::step::{self, MAX_CATCH_UP};
-use super::threads::{ThreadTable, Tracked};
+use super::threads::{StackMaps, ThreadTable, Tracked};
 use super::{Sample, Shared, own_threads};
 use crate::options::SamplerConfig;
 use crate::sys;
@@ -54,19 +54,12 @@ const LIGHT_DOZE_PERIODS: u32 = 4;
 /// [`LIGHT_DOZE_PERIODS`]; none is shorter than two periods.
 const LIGHT_DOZE_MAX_CHANGES: u64 = crate::context::HISTORY_KEPT * 3 / 4;
 
-/// The sampler thread's state.
+/// The sampler thread's state: the threads it samples, the services a
+/// thread's tick uses, and the loop's own bookkeeping.
 pub(super) struct Worker {
-    pub(super) config: SamplerConfig,
-    pub(super) period: Duration,
-    pub(super) tx: SyncSender<Sample>,
-    pub(super) shared: Arc<Shared>,
     pub(super) threads: ThreadTable,
-    pub(super) unwinder: StackUnwinder,
-    pub(super) frames: Vec<u64>,
-    /// Reused to copy the stacks of threads blocked in the kernel.
-    pub(super) copy_buf: Vec<u8>,
-    /// The requests a stack was captured in (see `Worker::nudge`).
-    pub(super) requests: CapturedRequests,
+    pub(super) services: Services,
+    pub(super) shared: Arc<Shared>,
     /// Sampling periods elapsed so far (ticks run, and ticks missed that a
     /// later tick recorded); thread checks are scheduled in these.
     pub(super) tick_no: u64,
@@ -91,6 +84,24 @@ pub(super) struct Worker {
     /// after a pause): a tick's cost counts from there, its wake-up
     /// included.
     pub(super) cpu_mark: Option<u64>,
+}
+
+/// What a thread's tick uses besides the thread (see `capture`): the
+/// configuration, the unwinder and its buffers, the stack mappings, the
+/// requests with a capture, the refused system calls, and the samples' way
+/// out.
+pub(super) struct Services {
+    pub(super) config: SamplerConfig,
+    pub(super) period: Duration,
+    pub(super) tx: SyncSender<Sample>,
+    pub(super) unwinder: StackUnwinder,
+    pub(super) frames: Vec<u64>,
+    /// Reused to copy the stacks of threads blocked in the kernel.
+    pub(super) copy_buf: Vec<u8>,
+    /// Where thread stacks are mapped (their bounds are learned there).
+    pub(super) maps: StackMaps,
+    /// The requests a stack was captured in (see `Services::nudge`).
+    pub(super) requests: CapturedRequests,
     /// The system calls the kernel refused (see `denied`).
     pub(super) denied: Denials,
 }
@@ -117,28 +128,22 @@ fn clocks_now() -> (u64, Instant) {
     best.map_or_else(|| (sys::realtime_ns(), Instant::now()), |(_, pair)| pair)
 }
 
-/// What one tick stands for.
-struct Tick {
-    /// Sampling periods (more than one when the sampler thread could not
-    /// run on time).
-    periods: u32,
-    /// When it ran (`CLOCK_REALTIME`, as samples are stamped), and the
-    /// latest of its period slots: when it was due.
-    ts: u64,
-    slot_end: u64,
-    now: Instant,
-}
-
 impl Worker {
     pub(super) fn new(config: SamplerConfig, tx: SyncSender<Sample>, shared: Arc<Shared>) -> Self {
         let unwinder = StackUnwinder::new(Arc::clone(&shared.modules));
         Self {
-            period: Duration::from_secs_f64(1.0 / f64::from(config.frequency_hz)),
             threads: ThreadTable::default(),
-            unwinder,
-            frames: Vec::with_capacity(crate::unwind::MAX_FRAMES),
-            copy_buf: Vec::new(),
-            requests: CapturedRequests::default(),
+            services: Services {
+                period: Duration::from_secs_f64(1.0 / f64::from(config.frequency_hz)),
+                unwinder,
+                frames: Vec::with_capacity(crate::unwind::MAX_FRAMES),
+                copy_buf: Vec::new(),
+                maps: StackMaps::default(),
+                requests: CapturedRequests::default(),
+                denied: Denials::new(config.cpu_timers),
+                config,
+                tx,
+            },
             tick_no: 0,
             owed: 0,
             idle_ticks: 0,
@@ -147,9 +152,6 @@ impl Worker {
             request_ran: false,
             light_doze: 0,
             cpu_mark: None,
-            denied: Denials::new(config.cpu_timers),
-            config,
-            tx,
             shared,
         }
     }
@@ -179,7 +181,7 @@ impl Worker {
             self.cpu_mark = Some(cpu_after);
             let c = &self.shared.counters;
             c.tick_cpu_ns.add(cpu_after.saturating_sub(cpu_before));
-            deadline += self.period * (1 + passed);
+            deadline += self.services.period * (1 + passed);
             let idle = self.note_idle(periods, cpu_after);
             if (idle || self.light_doze > 1) && self.doze(idle, seen, &mut deadline) {
                 continue;
@@ -217,7 +219,7 @@ impl Worker {
     /// (`deadline` moved to it, its periods owed).
     fn doze(&mut self, idle: bool, seen: u32, deadline: &mut Instant) -> bool {
         let doze = if idle { DOZE_PERIODS } else { self.light_doze };
-        let until = *deadline + self.period * (doze - 1);
+        let until = *deadline + self.services.period * (doze - 1);
         let now = Instant::now();
         if until > now && !self.shared.stop.load(Ordering::Acquire) {
             if idle {
@@ -242,14 +244,15 @@ impl Worker {
         let now = Instant::now();
         // Periods past the doze's end are late, as for a tick that overran:
         // the thread was not given a core in time.
-        let late = now.saturating_duration_since(until).as_nanos() / self.period.as_nanos().max(1);
+        let late = now.saturating_duration_since(until).as_nanos()
+            / self.services.period.as_nanos().max(1);
         self.shared.counters.ticks_skipped.add(late as u64);
         if now < *deadline {
             return false;
         }
-        let passed =
-            (now.duration_since(*deadline).as_nanos() / self.period.as_nanos().max(1)) as u32;
-        *deadline += self.period * passed;
+        let passed = (now.duration_since(*deadline).as_nanos()
+            / self.services.period.as_nanos().max(1)) as u32;
+        *deadline += self.services.period * passed;
         self.owed = (self.owed + passed).min(MAX_CATCH_UP);
         true
     }
@@ -262,9 +265,9 @@ impl Worker {
         let now = Instant::now();
         if *deadline <= now {
             let behind = now.duration_since(*deadline);
-            let missed = (behind.as_nanos() / self.period.as_nanos().max(1)) as u64 + 1;
+            let missed = (behind.as_nanos() / self.services.period.as_nanos().max(1)) as u64 + 1;
             self.shared.counters.ticks_skipped.add(missed);
-            *deadline += self.period * missed as u32;
+            *deadline += self.services.period * missed as u32;
             self.owed = (self.owed + missed as u32).min(MAX_CATCH_UP);
         }
         while !self.shared.stop.load(Ordering::Acquire) {
@@ -338,8 +341,7 @@ impl Worker {
     fn light_doze_periods(&mut self, periods: u32) -> u32 {
         let mut doze = if self.captured { 0 } else { LIGHT_DOZE_PERIODS };
         let periods = u64::from(periods.max(1));
-        for idx in 0..self.threads.len() {
-            let t = self.threads.get_mut(idx);
+        for t in self.threads.iter_mut() {
             if t.gone {
                 continue;
             }
@@ -378,24 +380,34 @@ impl Worker {
         let (periods, passed, slot_end) = ledger::tick_span(
             std::mem::take(&mut self.owed),
             now.saturating_duration_since(deadline).as_nanos() as u64,
-            self.period.as_nanos() as u64,
+            self.services.period.as_nanos() as u64,
             ts,
             MAX_CATCH_UP + 1,
         );
         c.ticks_skipped.add(u64::from(passed));
         self.tick_no += u64::from(periods);
-        let tick = Tick {
+        let tick = step::TickAt {
+            tick_no: self.tick_no,
             periods,
+            period_ns: self.services.period.as_nanos() as u64,
             ts,
             slot_end,
             now,
         };
         // The module list is read again before this tick's first unwind,
         // if it has one (most ticks of a lightly loaded service do not).
-        self.unwinder.new_tick();
-        self.threads.refresh_word_slots(c);
-        for idx in 0..self.threads.len() {
-            self.tick_thread(idx, &tick, c);
+        self.services.unwinder.new_tick();
+        self.threads.refresh_word_slots(c, &mut self.services.maps);
+        for t in self.threads.iter_mut() {
+            let mut thread = ThreadAt {
+                t,
+                services: &mut self.services,
+                c,
+                tick_no: tick.tick_no,
+            };
+            let done = step::tick(&mut thread, &tick);
+            self.captured |= done.captured;
+            self.request_ran |= done.request_ran;
         }
         self.light_doze = self.light_doze_periods(periods);
         // After the captures: those were taken by the threads the table
@@ -405,8 +417,8 @@ impl Worker {
         // alive) leave with what is known, as when the sampler pauses: a
         // runtime shut down right after a request would otherwise lose
         // that request's last periods, those it spent blocked included.
-        let tx = &self.tx;
-        let period_ns = self.period.as_nanos() as u64;
+        let tx = &self.services.tx;
+        let period_ns = self.services.period.as_nanos() as u64;
         let leaving = |t: &mut super::threads::Tracked| flush(tx, c, t, Flush::Leaving, period_ns);
         if self
             .threads
@@ -417,112 +429,98 @@ impl Worker {
         self.threads.remove_gone(leaving);
         (periods, passed)
     }
-
-    /// One thread's part of a tick (see `step`, whose system calls are
-    /// made through [`ThreadAt`]).
-    fn tick_thread(&mut self, idx: usize, tick: &Tick, c: &Counters) {
-        let at = step::TickAt {
-            tick_no: self.tick_no,
-            periods: tick.periods,
-            period_ns: self.period.as_nanos() as u64,
-            ts: tick.ts,
-            slot_end: tick.slot_end,
-            now: tick.now,
-        };
-        let mut thread = ThreadAt {
-            worker: self,
-            idx,
-            c,
-        };
-        let done = step::tick(&mut thread, &at);
-        self.captured |= done.captured;
-        self.request_ran |= done.request_ran;
-    }
 }
 
-/// Thread `idx` of the worker's table, as `step` sees it: its system calls
-/// and its samples' way out.
+/// One thread of the worker's table as `step` sees it, with the services
+/// that make its system calls and send its samples on.
 struct ThreadAt<'a> {
-    worker: &'a mut Worker,
-    idx: usize,
+    t: &'a mut Tracked,
+    services: &'a mut Services,
     c: &'a Counters,
+    /// The tick's period number.
+    tick_no: u64,
+}
+
+impl ThreadAt<'_> {
+    fn period_ns(&self) -> u64 {
+        self.services.period.as_nanos() as u64
+    }
 }
 
 impl step::Kernel for ThreadAt<'_> {
     fn thread(&mut self) -> &mut Tracked {
-        self.worker.threads.get_mut(self.idx)
+        self.t
     }
 
     fn bind(&mut self) -> bool {
-        self.worker.bind(self.idx, self.c)
+        self.services.bind(self.t, self.c)
     }
 
     fn has_timer(&mut self) -> bool {
-        self.thread().timer.is_some()
+        self.t.timer.is_some()
     }
 
     fn harvest(&mut self) -> Harvested {
-        self.worker.harvest(self.idx, self.c)
+        self.services.harvest(self.t, self.tick_no, self.c)
     }
 
     fn untimed(&mut self, tick: &step::TickAt) {
-        self.worker.untimed(self.idx, tick.ts, tick.now, self.c);
+        self.services.untimed(self.t, tick.ts, tick.now, self.c);
     }
 
     fn nudge(&mut self) {
-        self.worker.nudge(self.idx, self.c);
+        self.services.nudge(self.t, self.c);
     }
 
     fn missed_timer_periods(&mut self) -> u32 {
-        let missed = self.thread().capture_slot.map_or(0, |s| s.take_missed());
+        let missed = self.t.capture_slot.map_or(0, |s| s.take_missed());
         self.c.samples_timer_missed.add(u64::from(missed));
         missed
     }
 
     fn awaited(&mut self, now: Instant) -> Awaited {
-        awaited(self.worker.threads.get_mut(self.idx), now, self.c)
+        awaited(self.t, now, self.c)
     }
 
     fn context_now(&mut self) -> u64 {
-        let t = self.thread();
+        let t = &self.t;
         t.word_slot
             .map_or(0, |s| crate::context::read_for(s, t.info.tid))
     }
 
     fn cpu_ns(&mut self) -> Option<u64> {
-        sys::thread_cpu_time_ns(self.thread().info.tid)
+        sys::thread_cpu_time_ns(self.t.info.tid)
     }
 
     fn blocked_at(&mut self) -> Option<(u64, u64)> {
-        let t = self.thread();
+        let t = &mut self.t;
         blocked_at(t.syscall_file.read_syscall(t.info.tid))
     }
 
     fn look(&mut self) -> Look {
-        self.worker.look_blocked(self.idx, self.c)
+        self.services.look_blocked(self.t, self.c)
     }
 
     fn timer_overdue(&mut self, cpu: u64, ts: u64) -> bool {
-        self.worker.timer_overdue(self.idx, cpu, ts)
+        self.services.timer_overdue(self.t, cpu, ts)
     }
 
     fn catch_stalled_timer(&mut self, now: Instant) {
-        self.worker.catch_stalled_timer(self.idx, now, self.c);
+        self.services.catch_stalled_timer(self.t, now, self.c);
     }
 
     fn read_counts(&mut self) {
-        let period_ns = self.worker.period.as_nanos() as u64;
-        self.thread().read_schedstat(period_ns);
+        let period_ns = self.period_ns();
+        self.t.read_schedstat(period_ns);
     }
 
     fn flush(&mut self, why: Flush) {
-        let period_ns = self.worker.period.as_nanos() as u64;
-        let t = self.worker.threads.get_mut(self.idx);
-        flush(&self.worker.tx, self.c, t, why, period_ns);
+        let period_ns = self.period_ns();
+        flush(&self.services.tx, self.c, self.t, why, period_ns);
     }
 
     fn recycled(&mut self) {
-        self.thread().reset_identity();
+        self.t.reset_identity();
         self.c.threads_recycled.add(1);
     }
 }
