@@ -355,19 +355,21 @@ where
     };
     // A registry look-up each time: asked once.
     let is_root = span.parent().is_none();
+    // Looked up once for starting the root and tagging the span.
+    let session = sentry_profiling::hooks::session();
     // Whether the profiler runs; its id is copied only to write it
     // (every thread shares it, and each copy touches its reference
     // count).
-    let running = if is_root {
-        start_root(
+    let running = match &session {
+        Some(session) if is_root => start_root(
+            session,
             sentry_span.as_ref(),
             lane,
             shared_name,
             known_ids,
             &mut state,
-        )
-    } else {
-        false
+        ),
+        _ => false,
     };
     // A root span without a registered lane (not sampled, not profiled,
     // or refused because too many requests are in flight) stays on its
@@ -381,10 +383,10 @@ where
     } else {
         lane
     };
-    if let Some(s) = &sentry_span
+    if let (Some(s), Some(session)) = (&sentry_span, &session)
         && (running || !is_root)
     {
-        tag_entered(s, outer, http_root, lane, lane_name);
+        tag_entered(session, s, outer, http_root, lane, lane_name);
     }
     drop(ext);
     if let Some(l) = span.extensions_mut().get_mut::<SpanLane>() {
@@ -400,6 +402,7 @@ where
 /// lifecycle), registers its lane (`state.holds_lane`). Returns whether
 /// the profiler runs.
 fn start_root(
+    session: &SessionRef,
     sentry_span: Option<&TransactionOrSpan>,
     lane: u64,
     shared_name: Option<&Arc<str>>,
@@ -412,9 +415,6 @@ fn start_root(
     )]
     let sampled = sentry_span.is_some_and(|s| s.is_sampled());
     let lane_name = shared_name.map(|n| &**n);
-    let Some(session) = sentry_profiling::hooks::session() else {
-        return false;
-    };
     let mut running = false;
     if sampled {
         running = session.root_started(lane, lane_name.unwrap_or_default());
@@ -458,6 +458,7 @@ fn start_root(
 /// under a transaction that was already there (`outer`). A root span seen
 /// while the profiler did not run is not tagged (the caller's check).
 fn tag_entered(
+    session: &SessionRef,
     s: &TransactionOrSpan,
     outer: Option<&Transaction>,
     http_root: bool,
@@ -467,14 +468,11 @@ fn tag_entered(
     if http_root && !(matches!(s, TransactionOrSpan::Span(_)) && outer.is_some()) {
         return;
     }
-    let Some(session) = sentry_profiling::hooks::session() else {
-        return;
-    };
     let Some(profiler_id) = session.running_profiler_id() else {
         return;
     };
     if !http_root {
-        tag_with_thread(&session, s, &profiler_id, lane, lane_name);
+        tag_with_thread(session, s, &profiler_id, lane, lane_name);
     }
     // The root span is a child of a transaction that was already there
     // (tower-http's `TraceLayer` inside `sentry-tower`): the transaction
@@ -483,7 +481,7 @@ fn tag_entered(
     if let (TransactionOrSpan::Span(_), Some(tx)) = (s, outer) {
         let tx = TransactionOrSpan::Transaction(tx.clone());
         if !is_tagged(&tx) {
-            tag_with_thread(&session, &tx, &profiler_id, lane, lane_name);
+            tag_with_thread(session, &tx, &profiler_id, lane, lane_name);
         }
     }
 }
