@@ -179,6 +179,9 @@ fn threads_inside_their_own_signal_handler_are_unwound_through_it() {
                     .max()
                     .map_or(-1.0, |e| (ts - e) as f64 / 1e6);
                 phantom.push(after_end);
+                if std::env::var_os("NESTED_DEBUG").is_some() {
+                    eprintln!("PHANTOM at {:.3}", (ts % 100_000_000_000) as f64 / 1e6);
+                }
             }
         }
         // Leaf first: the handler's function, the handler, the signal
@@ -213,7 +216,12 @@ fn threads_inside_their_own_signal_handler_are_unwound_through_it() {
             SLEPT[10][0].load(Ordering::Relaxed),
             SLEPT[10][1].load(Ordering::Relaxed),
         );
-        eprintln!("sleep 10: {} ms", (e0 - b0) / 1_000_000);
+        eprintln!(
+            "sleep 10: {} ms from {:.3} to {:.3}",
+            (e0 - b0) / 1_000_000,
+            (b0 % 100_000_000_000) as f64 / 1e6,
+            (e0 % 100_000_000_000) as f64 / 1e6
+        );
         for s in samples
             .iter()
             .filter(|s| &**s.thread_name() == "sleep-handler")
@@ -253,18 +261,17 @@ fn threads_inside_their_own_signal_handler_are_unwound_through_it() {
         );
     }
     // The sleeper's handler shown more than 2 ms before its sleep began or
-    // after it returned: a frame that was not on the stack then. After its
-    // wait the thread computes beside the burner, and the periods between
-    // its captures are shown from the kernel's counts, its wait first when
-    // it was found waiting at the reading before. What is left is time the
-    // counts cannot order (a wait and a run between two readings that did
-    // not find it waiting, or a wake-up followed by a wait for a CPU that
-    // a look in between took for the same wait): 6.5 to 9 % of these
-    // samples idle, 9 to 21 % beside four CPU hogs (26 to 29 % idle before
-    // the counts were ordered). At most a quarter.
+    // after it returned: a frame that was not on the stack then. A period
+    // after the thread was captured running again never shows the wait
+    // (its place is no longer known until it is looked at again); the
+    // periods between the wait's last look and that capture are ordered by
+    // the kernel's counts (the wait first, then what it ran and waited for
+    // a CPU), which cannot order a wake-up, a run and a wait for a CPU
+    // between two readings to the period. What is left is that, at the
+    // sleep's end: at most a tenth (BENCHMARKS §9 has the measured shares).
     let shown = in_handler.get("sleep-handler").copied().unwrap_or(0);
     assert!(
-        phantom.len() * 4 <= shown,
+        phantom.len() * 10 <= shown,
         "{} of the {shown} samples showing the sleeper's handler are more than 2 ms outside its sleeps",
         phantom.len()
     );

@@ -211,11 +211,16 @@ pub(super) enum Look {
 }
 
 /// Records where `t` waits, just read from here while it was blocked there
-/// (so verified), at period `tick_no`.
-pub(super) fn learned_waiting(t: &mut Tracked, tick_no: u64, stack: Arc<[u64]>, context: u64) {
+/// (so verified), at the tick of period `tick_no` that ran at `ts`.
+pub(super) fn learned_waiting(
+    t: &mut Tracked,
+    (tick_no, ts): (u64, u64),
+    stack: Arc<[u64]>,
+    context: u64,
+) {
     // A thread that blocks is not one whose timer the kernel keeps missing.
     t.ran_uncaptured_from = None;
-    let answer = t.place.found_waiting(stack, context, true);
+    let answer = t.place.found_waiting(stack, context, true, ts);
     t.schedule.answered(answer, tick_no, MAX_ASK_EVERY);
 }
 

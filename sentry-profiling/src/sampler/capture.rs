@@ -468,7 +468,9 @@ impl Services {
         // The answer to where it waits, taken by a signal (so possibly while
         // it ran): the same answer as last time means asking less often (up
         // to once a second at 101 Hz), another one at every chance again.
-        let answer = t.place.found_waiting(stack, cap.context, false);
+        let answer = t
+            .place
+            .found_waiting(stack, cap.context, false, cap.timestamp_ns);
         t.schedule.answered(answer, tick_no, MAX_ASK_EVERY);
         Harvested::Parked
     }

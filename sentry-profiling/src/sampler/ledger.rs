@@ -229,6 +229,11 @@ pub(super) struct FillPlace {
     /// Whether it ran since it was last found anywhere (its place is a
     /// guess, or not known).
     pub(super) ran: bool,
+    /// When the thread was first captured running after it was last found
+    /// where `stack` shows: it had left that place then, so no fill later
+    /// than this shows `stack` (they show what the kernel counted, see
+    /// [`Ledger::settle`], or that it waited where it was not read).
+    pub(super) left_ns: Option<u64>,
 }
 
 /// What leaves a thread's ledger.
@@ -715,31 +720,24 @@ impl Ledger {
         self.pending.clear();
     }
 
-    /// Lets the held samples leave from the oldest while they may: a sample
-    /// of running code always; a fill once the thread is known alive at its
-    /// time and where it stands is known (not being asked), or a later
-    /// sample of running code is queued (it then leaves with the place last
-    /// learned, filed under no request). With more than [`MAX_PENDING`]
-    /// held, the oldest leaves whatever it waits for. A fill without any
-    /// stack to show is dropped.
     /// Whether a held fill (of the slot at `timestamp_ns`, standing
-    /// `at_tick`) may leave now, as far as what is known of it goes (see
-    /// [`Ledger::drain`]; `later_samples`: samples of running code queued
-    /// after it). Not past the moment the thread was last known alive. A
-    /// fill known to stand in a request, or inside one and where the thread
-    /// stands is known by now (waiting for a CPU, blocked), may leave.
-    /// Inside one and not known yet, it waits for the next look, as a fill
-    /// of an unknown place does: a thread that blocked early in a poll
-    /// shows where it blocked, not that no stack was captured. So may one
-    /// the kernel's count of the thread's waits for a CPU covers.
+    /// `at_tick`, where the thread stands at `place`) may leave now, as far
+    /// as what is known of it goes (see [`Ledger::drain`]; `later_samples`:
+    /// samples of running code queued after it). Not past the moment the
+    /// thread was last known alive. A fill known to stand in a request, or
+    /// inside one and where the thread stands is known by now (waiting for
+    /// a CPU, blocked), may leave. Inside one and not known yet, it waits
+    /// for the next look, as a fill of an unknown place does: a thread that
+    /// blocked early in a poll shows where it blocked, not that no stack
+    /// was captured. So may one the kernel's count of the thread's waits
+    /// for a CPU covers.
     fn fill_may_leave(
         &self,
-        timestamp_ns: u64,
-        at_tick: &AtTick,
+        (timestamp_ns, at_tick): (u64, &AtTick),
+        place: &FillPlace,
         view: &DrainView,
         later_samples: usize,
     ) -> bool {
-        let place = &view.place;
         let standing = matches!(at_tick, AtTick::In(..) | AtTick::Ran(..))
             || (matches!(at_tick, AtTick::InRequest(_)) && place.known)
             || (place.ran && self.cpu_wait_ns >= (view.period_ns / 2) as i64);
@@ -748,10 +746,33 @@ impl Ledger {
         !blocked
     }
 
+    /// Lets the held samples leave from the oldest while they may: a sample
+    /// of running code always; a fill once the thread is known alive at its
+    /// time and where it stands is known (not being asked), or a later
+    /// sample of running code is queued (it then leaves with the place last
+    /// learned, filed under no request). A fill later than the thread's
+    /// first capture since it was found where `view.place` shows
+    /// (`FillPlace::left_ns`) does not show that place: where it stands is
+    /// not known. With more than [`MAX_PENDING`] held, the oldest leaves
+    /// whatever it waits for. A fill without any stack to show is dropped.
     pub(super) fn drain(&mut self, view: &DrainView, mut out: impl FnMut(Out)) {
-        let place = &view.place;
         let force = view.force;
-        let mut later_samples = if place.known || force {
+        // Where fills after the thread left its place stand: not known.
+        let left = view.place.left_ns.map(|at| {
+            let moved = FillPlace {
+                stack: Some(super::periods::synthetic(crate::frames::UNCAPTURED_FRAME)),
+                context: 0,
+                known: false,
+                ran: true,
+                left_ns: None,
+            };
+            (at, moved)
+        });
+        let place_at = |timestamp_ns: u64| match &left {
+            Some((at, moved)) if *at < timestamp_ns => (moved, true),
+            _ => (&view.place, false),
+        };
+        let mut later_samples = if (view.place.known && left.is_none()) || force {
             0
         } else {
             self.pending
@@ -767,7 +788,12 @@ impl Ledger {
                 at_tick,
                 ..
             } = front
-                && !self.fill_may_leave(*timestamp_ns, at_tick, view, later_samples)
+                && !self.fill_may_leave(
+                    (*timestamp_ns, at_tick),
+                    place_at(*timestamp_ns).0,
+                    view,
+                    later_samples,
+                )
                 && !overfull
             {
                 break;
@@ -792,11 +818,12 @@ impl Ledger {
                 } => (timestamp_ns, at_tick),
             };
             let guessed = matches!(at_tick, AtTick::Outside | AtTick::Unknown);
+            let (place, stale) = place_at(timestamp_ns);
             let shown = shown_in_fill(at_tick, place, force);
             let Some((stack, context, ran)) = shown else {
                 continue;
             };
-            let (stack, context) = if guessed && blocked_first > 0 {
+            let (stack, context) = if guessed && !stale && blocked_first > 0 {
                 // Blocked where it last waited, before it ran.
                 blocked_first -= 1;
                 (stack, context)
@@ -863,6 +890,7 @@ mod tests {
             context: 7,
             known,
             ran: false,
+            left_ns: None,
         };
         // In the request the thread is found standing in: where it stands.
         let shown = shown_in_fill(AtTick::InRequest(7), &place(true), false);
@@ -922,6 +950,7 @@ mod tests {
             context,
             known: true,
             ran: false,
+            left_ns: None,
         }
     }
 
@@ -931,6 +960,7 @@ mod tests {
         FillPlace {
             stack: Some(Arc::from(&[crate::frames::UNCAPTURED_FRAME][..])),
             ran: true,
+            left_ns: None,
             ..FillPlace::default()
         }
     }
@@ -1409,6 +1439,7 @@ mod tests {
             context: 4,
             known: false,
             ran: true,
+            left_ns: None,
         };
         let mut l = Ledger::default();
         l.push_fill(100, None, AtTick::Unknown);
@@ -1677,6 +1708,61 @@ mod tests {
         l.alive_ns = 1_000;
         let got = drain(&mut l, &view(known(WAITING, 0)));
         assert_eq!(got, [(300, WAITING, 0, true)]);
+    }
+
+    #[test]
+    fn a_fill_after_a_capture_newer_than_the_wait_never_shows_that_wait() {
+        // Found waiting in 9 before 100; woke, was captured running at 200
+        // (it returned from the wait), ran 100 of CPU time more and
+        // blocked. Its place is the old wait, a guess.
+        let unc = crate::frames::UNCAPTURED_FRAME;
+        let unread = crate::frames::WAITING_UNREAD_FRAME;
+        let guess = || FillPlace {
+            stack: Some(stack(9)),
+            context: 0,
+            known: true,
+            ran: true,
+            left_ns: Some(200),
+        };
+        let story = || {
+            let mut l = Ledger {
+                began_waiting: true,
+                ..Ledger::default()
+            };
+            l.counting_from_now(0);
+            l.push_fill(100, None, AtTick::Outside);
+            l.push_sample(sample(200, 1, 0));
+            l.captured(200, &stack(1), 0, 150);
+            for slot in [300, 400, 500] {
+                l.push_fill(slot, None, AtTick::Outside);
+            }
+            l.alive_ns = 600;
+            l.counted_to_ns = 600;
+            l.kernel_counted(200, 0, P, 0);
+            l
+        };
+        let frames = |got: Vec<(u64, u64, u64, bool)>| got.iter().map(|g| g.1).collect::<Vec<_>>();
+        // Before the capture, the wait it was found in may stand; after
+        // it, where it stands is not known: those fills wait for a look.
+        let mut l = story();
+        assert_eq!(frames(drain(&mut l, &view(guess()))), [9, 1]);
+        // Found blocked in 7 then: what it ran, then that wait.
+        assert_eq!(frames(drain(&mut l, &view(known(7, 0)))), [unc, 7, 7]);
+        // Gone before a look (what it held leaves, what it ran first):
+        // after the capture, a wait whose place was not read. Never the old
+        // wait: its code had returned.
+        let leaving = DrainView {
+            force: true,
+            ..view(guess())
+        };
+        let got = frames(drain(&mut story(), &leaving));
+        assert_eq!(got, [unc, 1, unread, unread, unread]);
+        // Found waiting there again after the capture: shown there.
+        let mut l = Ledger::default();
+        l.captured(200, &stack(1), 0, 150);
+        l.push_fill(300, None, AtTick::Outside);
+        l.alive_ns = 600;
+        assert_eq!(drain(&mut l, &view(known(9, 0))), [(300, 9, 0, true)]);
     }
 
     #[test]

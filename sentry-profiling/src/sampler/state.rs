@@ -21,6 +21,24 @@ pub(super) struct Wait {
     /// blocked, or confirmed by a CPU clock that did not move since), not
     /// while it ran.
     pub(super) verified: bool,
+    /// When it was last known to stand there (`CLOCK_REALTIME`, ns): found
+    /// or confirmed.
+    pub(super) found_ns: u64,
+    /// When it was first captured running since (see
+    /// [`Whereabouts::captured_running`]): no later moment shows this
+    /// stack until it is found there again.
+    pub(super) left_ns: Option<u64>,
+}
+
+impl Wait {
+    /// Found there again at `now_ns` (it did not run since, or is blocked
+    /// at the same stack pointer and instruction).
+    fn confirmed(&mut self, now_ns: u64) {
+        if now_ns > self.found_ns {
+            self.found_ns = now_ns;
+            self.left_ns = None;
+        }
+    }
 }
 
 /// Where the thread stands now, when it does not run.
@@ -61,19 +79,36 @@ impl Whereabouts {
         !matches!(self.now, Standing::Unknown)
     }
 
+    /// Captured running at `ts`: a place it was found waiting in before
+    /// that, it had left by then.
+    pub(super) fn captured_running(&mut self, ts: u64) {
+        if let Some(w) = &mut self.wait
+            && ts > w.found_ns
+            && w.left_ns.is_none_or(|left| ts < left)
+        {
+            w.left_ns = Some(ts);
+        }
+    }
+
+    /// Whether it was found runnable without a core, and has not run since.
+    pub(super) fn is_preempted(&self) -> bool {
+        matches!(self.now, Standing::Preempted(_))
+    }
+
     /// A capture of running code: where it stood is no longer current.
     pub(super) fn ran(&mut self) {
         self.now = Standing::Unknown;
     }
 
-    /// Found waiting in `stack` with `context` published: by a signal's
-    /// answer (`verified` false: it may have been taken while running) or
-    /// read from here while it was blocked (`verified`).
+    /// Found waiting in `stack` with `context` published at `found_ns`: by
+    /// a signal's answer (`verified` false: it may have been taken while
+    /// running) or read from here while it was blocked (`verified`).
     pub(super) fn found_waiting(
         &mut self,
         stack: Arc<[u64]>,
         context: u64,
         verified: bool,
+        found_ns: u64,
     ) -> Answer {
         let (stack, answer) = match &self.wait {
             Some(old) if *old.stack == *stack => (old.stack.clone(), Answer::Same),
@@ -83,6 +118,8 @@ impl Whereabouts {
             stack,
             context,
             verified,
+            found_ns,
+            left_ns: None,
         });
         self.now = Standing::Waiting;
         answer
@@ -100,20 +137,25 @@ impl Whereabouts {
         self.now = Standing::Unknown;
     }
 
-    /// It gave the same answer the last times it was asked: taken to wait
-    /// there again, without asking.
-    pub(super) fn assume_waiting(&mut self) {
-        if self.wait.is_some() {
+    /// It gave the same answer the last times it was asked, and the kernel
+    /// shows it blocked at the same stack pointer and instruction at
+    /// `now_ns`: taken to wait there again, without asking.
+    pub(super) fn assume_waiting(&mut self, now_ns: u64) {
+        if let Some(w) = &mut self.wait {
+            w.confirmed(now_ns);
             self.now = Standing::Waiting;
         }
     }
 
-    /// Its CPU clock did not move for a whole tick: a place it was found
-    /// waiting in is confirmed (it did not run since).
-    pub(super) fn stayed_off(&mut self) {
+    /// Its CPU clock did not move for a whole tick ending at `now_ns`: a
+    /// place it was found waiting in is confirmed (it did not run since).
+    pub(super) fn stayed_off(&mut self, now_ns: u64) {
         let waiting = matches!(self.now, Standing::Waiting);
         if let Some(w) = &mut self.wait {
             w.verified = waiting;
+            if waiting {
+                w.confirmed(now_ns);
+            }
         }
     }
 
@@ -136,7 +178,9 @@ impl Whereabouts {
     /// while that is current and verified); where it last waited, not known
     /// to be there now (the kernel's counts then show what it ran and
     /// waited for a CPU in them, see `Ledger::settle`: what is left is
-    /// time it was blocked, most often where it was found blocked before);
+    /// time it was blocked, most often where it was found blocked before),
+    /// and only up to the first capture of it running since (later fills
+    /// wait for a look, see `FillPlace::left_ns`);
     /// never found waiting, ran without a stack captured (no earlier
     /// capture stands in: its code may have moved on).
     pub(super) fn fill_place(&self) -> super::ledger::FillPlace {
@@ -147,14 +191,19 @@ impl Whereabouts {
                 context: *context,
                 known: true,
                 ran: false,
+                left_ns: None,
             },
             (now, Some(w)) => {
                 let current = matches!(now, Standing::Waiting);
                 FillPlace {
                     stack: Some(w.stack.clone()),
                     context: if current && w.verified { w.context } else { 0 },
-                    known: current || w.context == 0,
+                    // A guess outside any request stands until it is
+                    // known to be wrong: the thread was captured running
+                    // since (its fills after that wait for a look).
+                    known: current || (w.context == 0 && w.left_ns.is_none()),
                     ran: !current,
+                    left_ns: w.left_ns,
                 }
             }
             (_, None) => FillPlace {
@@ -162,6 +211,7 @@ impl Whereabouts {
                 context: 0,
                 known: false,
                 ran: true,
+                left_ns: None,
             },
         }
     }
@@ -370,33 +420,33 @@ mod tests {
         let mut w = Whereabouts::default();
         assert!(!w.is_current());
         // Answered a signal: current, not verified (filed under no request).
-        assert_eq!(w.found_waiting(stack(1), 7, false), Answer::New);
+        assert_eq!(w.found_waiting(stack(1), 7, false, 1), Answer::New);
         let p = w.fill_place();
         assert_eq!(
             (p.stack.as_deref(), p.context, p.known),
             (Some(&[1][..]), 0, true)
         );
         // Its clock stayed: verified, filed under request 7.
-        w.stayed_off();
+        w.stayed_off(2);
         assert_eq!(w.fill_place().context, 7);
         // Read while blocked, same place: verified at once.
         let mut w = Whereabouts::default();
-        w.found_waiting(stack(1), 7, true);
-        assert_eq!(w.found_waiting(stack(1), 7, true), Answer::Same);
+        w.found_waiting(stack(1), 7, true, 1);
+        assert_eq!(w.found_waiting(stack(1), 7, true, 1), Answer::Same);
         assert_eq!(w.fill_place().context, 7);
         // It ran since: the place is a guess, its request not claimed.
         w.ran();
         let p = w.fill_place();
         assert_eq!((p.context, p.known), (0, false));
         // Not asked again (it gave the same answer): taken to wait there.
-        w.assume_waiting();
+        w.assume_waiting(3);
         assert!(w.is_current());
     }
 
     #[test]
     fn a_preempted_thread_waits_for_a_cpu_in_the_request_it_publishes() {
         let mut w = Whereabouts::default();
-        w.found_waiting(stack(1), 0, true);
+        w.found_waiting(stack(1), 0, true, 1);
         w.found_preempted(5);
         let p = w.fill_place();
         assert_eq!(
@@ -427,7 +477,7 @@ mod tests {
         );
         // Seen waiting once: its place is not known now, its last wait
         // the guess (which the kernel's counts correct).
-        w.found_waiting(stack(1), 0, true);
+        w.found_waiting(stack(1), 0, true, 1);
         w.ran_uncaptured();
         assert!(!w.is_current());
         assert_eq!(w.fill_place().stack.as_deref(), Some(&[1][..]));

@@ -16,7 +16,9 @@
 //! 2. Its captures (and stand-ins for periods the kernel counted without
 //!    one, where its counts are not read) take their period slots, and
 //!    every slot left free gets a fill. A thread that ran a timer period is
-//!    then done: what it held leaves with the kernel's counts.
+//!    then done: what it held leaves with the kernel's counts. Its first
+//!    capture since it was found waiting marks that wait left: no later
+//!    fill shows it until it is found there again.
 //! 3. A thread whose signal's answer is awaited is left alone (its capture
 //!    decides); one given up on lets go what it held.
 //! 4. Its clock is read when due (every tick after it ran, less often the
@@ -204,6 +206,9 @@ fn record_periods(k: &mut impl Kernel, harvested: Harvested, tick: &TickAt) -> b
         return false;
     }
     t.ran_uncaptured_from = None;
+    if let Some(&(first, ..)) = captures.first() {
+        t.place.captured_running(first);
+    }
     // Alive and running: what was held until the capture leaves with what
     // was known until then, and what the kernel counted since the previous
     // reading.
@@ -275,7 +280,7 @@ fn ran_uncaptured(k: &mut impl Kernel, cpu: Option<u64>, in_request: bool, tick:
     if responsive && (probe || in_request || overdue) {
         match k.look() {
             Look::Waiting(stack, context) => {
-                learned_waiting(k.thread(), tick.tick_no, stack, context);
+                learned_waiting(k.thread(), (tick.tick_no, tick.ts), stack, context);
             }
             Look::Running if overdue => k.catch_stalled_timer(tick.now),
             _ => {}
@@ -288,20 +293,31 @@ fn stayed_off_cpu(k: &mut impl Kernel, in_request: bool, tick: &TickAt) {
     let t = k.thread();
     t.ledger.alive_ns = t.ledger.alive_ns.max(tick.ts);
     let unresponsive = t.asking.is_unresponsive();
-    if !t.place.is_current() && !unresponsive && !in_request && !t.schedule.ask_due(tick.tick_no) {
+    let preempted = t.place.is_preempted();
+    let may_assume = !in_request && !t.schedule.ask_due(tick.tick_no);
+    if !unresponsive && (preempted || (!t.place.is_current() && may_assume)) {
         // It waited in the same place the last times it was asked: taken
         // to be there again if the kernel shows it blocked at the same
-        // stack pointer and instruction (no stack copied). Runnable but
-        // not given a core, or blocked elsewhere, it is looked at below.
+        // stack pointer and instruction (no stack copied). Found runnable
+        // without a core at the last look, it still is unless the kernel
+        // shows it blocked now (a thread that runs for less than the clock
+        // tells, woken and blocking again, may have been found between
+        // the two). Runnable but not given a core, or blocked elsewhere,
+        // it is looked at below.
         let at = k.blocked_at();
         let t = k.thread();
-        if at.is_some_and(|at| Some(at) == t.blocked_at) {
-            t.place.assume_waiting();
+        if let Some(at) = at {
+            if may_assume && Some(at) == t.blocked_at {
+                t.place.assume_waiting(tick.ts);
+            }
+            if t.place.is_preempted() {
+                t.place.ran_uncaptured();
+            }
         }
     }
     let t = k.thread();
     if t.place.is_current() || unresponsive {
-        t.place.stayed_off();
+        t.place.stayed_off(tick.ts);
         t.schedule.stayed_off(MAX_CHECK_EVERY);
         return;
     }
@@ -310,7 +326,7 @@ fn stayed_off_cpu(k: &mut impl Kernel, in_request: bool, tick: &TickAt) {
     // cores). Learn which, and where it waits.
     match k.look() {
         Look::Waiting(stack, context) => {
-            learned_waiting(k.thread(), tick.tick_no, stack, context);
+            learned_waiting(k.thread(), (tick.tick_no, tick.ts), stack, context);
         }
         Look::Running => {
             let context_now = k.context_now();
@@ -458,6 +474,8 @@ mod tests {
         shows: Shows,
         tick_no: u64,
         ts: u64,
+        /// How long before its tick a capture was taken.
+        capture_ago: u64,
         start: Instant,
         did: Vec<String>,
         tx: SyncSender<Sample>,
@@ -481,7 +499,7 @@ mod tests {
         fn harvest(&mut self) -> Harvested {
             match self.shows.captured {
                 Some(leaf) => {
-                    let ts = self.ts - PERIOD / 4;
+                    let ts = self.ts - self.capture_ago;
                     let stack = Arc::from(&[leaf][..]);
                     Harvested::Running(sample_of(&self.t, ts, stack, self.shows.word, false))
                 }
@@ -575,6 +593,7 @@ mod tests {
                 shows: blocked(0, 0),
                 tick_no: 0,
                 ts: 0,
+                capture_ago: PERIOD / 4,
                 start: Instant::now(),
                 did: Vec::new(),
                 tx,
@@ -586,14 +605,20 @@ mod tests {
         /// One tick at which the kernel `shows` the thread so. Returns what
         /// the tick did, and the leaf frame of each sample that left.
         fn tick(&mut self, shows: Shows) -> (Vec<String>, Vec<u64>) {
-            self.tick_no += 1;
+            self.late_tick(shows, 1)
+        }
+
+        /// [`Story::tick`] for a tick that stands for `periods` periods
+        /// (the sampler thread ran late).
+        fn late_tick(&mut self, shows: Shows, periods: u32) -> (Vec<String>, Vec<u64>) {
+            self.tick_no += u64::from(periods);
             self.shows = shows;
             let ts = self.tick_no * PERIOD;
             self.ts = ts;
             self.did.clear();
             let at = TickAt {
                 tick_no: self.tick_no,
-                periods: 1,
+                periods,
                 period_ns: PERIOD,
                 ts,
                 slot_end: ts,
@@ -723,10 +748,23 @@ mod tests {
         let (did3, left) = s.tick(preempted);
         assert_eq!(did3, did(&["clock", "look", "let go Looked"]));
         assert_eq!(left, vec![crate::frames::WAITING_FOR_CPU_FRAME; 2]);
-        // Found so, it is not asked again while its clock stays.
+        // Found so, it is not asked again while its clock stays and the
+        // kernel shows it runnable.
+        let still = did(&["clock", "where blocked", "let go Looked"]);
         assert_eq!(
             s.tick(preempted),
-            (did_looked(), vec![crate::frames::WAITING_FOR_CPU_FRAME])
+            (still, vec![crate::frames::WAITING_FOR_CPU_FRAME])
+        );
+        // It got a core for less than its clock tells and blocked in B:
+        // it is looked at when its clock is read next (tick 6), and shown
+        // waiting there, not for a CPU.
+        assert_eq!(s.tick(blocked(WAIT_B, 3 * MS)), (did(&[]), vec![]));
+        assert_eq!(
+            s.tick(blocked(WAIT_B, 3 * MS)),
+            (
+                did(&["clock", "where blocked", "look", "let go Looked"]),
+                vec![WAIT_B, WAIT_B]
+            )
         );
     }
 
@@ -815,5 +853,33 @@ mod tests {
             s.tick(blocked(WAIT_A, 32 * MS)),
             (did_looked(), vec![WAIT_A, WAIT_A])
         );
+    }
+
+    #[test]
+    fn a_thread_captured_since_its_wait_is_not_shown_there_after_the_capture() {
+        const BUSY: u64 = 0xC0;
+        let mut s = Story::new();
+        assert_eq!(s.tick(blocked(WAIT_A, 0)).1, vec![WAIT_A]);
+        // A late tick (periods 2 and 3): it woke, was captured running
+        // early in period 2, ran a period and blocked elsewhere. Period 2
+        // is its capture; period 3 came after it left the wait it was
+        // found in, and waits for a look.
+        s.capture_ago = PERIOD * 5 / 4;
+        let mut woke = running(PERIOD);
+        woke.captured = Some(BUSY);
+        let (did3, left) = s.late_tick(woke, 2);
+        assert_eq!(did3, did(&["counts", "let go Ran"]));
+        assert_eq!(left, vec![BUSY]);
+        // The next tick reads its clock (it ran since the last reading)
+        // and, a thread that ran now and then, looks where it is: blocked
+        // in B, which period 3 shows (period 4 waits a tick, as it may be
+        // parking somewhere new; it leaves with period 5).
+        let (did4, left) = s.tick(blocked(WAIT_B, PERIOD));
+        assert_eq!(
+            did4,
+            did(&["clock", "counts", "let go Ran", "look", "let go Looked"])
+        );
+        assert_eq!(left, vec![WAIT_B]);
+        assert_eq!(s.tick(blocked(WAIT_B, PERIOD)).1, vec![WAIT_B, WAIT_B]);
     }
 }
