@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use sentry_profiling::hooks::{Chunk, ChunkMeta, encode_chunk};
+use sentry_profiling::hooks::workspace::{Chunk, ChunkMeta, encode_chunk};
 use sentry_profiling::{ModuleSet, Sample, Sampler, SamplerConfig, Symbolizer};
 use sentry_profiling_benches::{at_depth, spin_for};
 
@@ -60,8 +60,9 @@ fn benches(c: &mut Criterion) {
     for s in &samples {
         chunk.push(s);
     }
-    let key =
-        |_: usize, s: &sentry_profiling::hooks::ChunkSample| Some((u64::from(s.thread_id), None));
+    let key = |_: usize, s: &sentry_profiling::hooks::workspace::ChunkSample| {
+        Some((u64::from(s.thread_id), None))
+    };
 
     let mut group = c.benchmark_group("per_sample");
     group.throughput(Throughput::Elements(samples.len() as u64));

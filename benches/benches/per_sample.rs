@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use sentry_profiling::hooks::{Chunk, ChunkMeta, encode_chunk};
+use sentry_profiling::hooks::workspace::{Chunk, ChunkMeta, encode_chunk};
 use sentry_profiling::{ModuleSet, Sampler, SamplerConfig, SamplerStats};
 use sentry_profiling_benches::{at_depth, spin};
 

@@ -12,7 +12,7 @@ use rustc_hash::{FxBuildHasher, FxHashSet};
 use sentry_core::protocol::{SpanId, TraceId, Value};
 use sentry_core::{Hub, Transaction, TransactionOrSpan};
 use sentry_profiling::ThreadAttribution;
-use sentry_profiling::hooks::{LaneLink, SessionRef, is_lane, new_lane};
+use sentry_profiling::hooks::{Request, SessionRef, is_lane};
 use tracing::Subscriber;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -53,11 +53,14 @@ impl<S> std::fmt::Debug for ProfilingLayer<S> {
     }
 }
 
-/// The lane a span belongs to: its root span's (see
-/// `sentry_profiling::hooks::new_lane`), set when the span is created.
+/// The lane a span belongs to: its root span's request's (see
+/// `sentry_profiling::hooks::Request`), set when the span is created.
 #[derive(Debug)]
 struct SpanLane {
     lane: u64,
+    /// The request a root span stands for (its lane, and what it holds of
+    /// the profiler until the span closes); only on root spans.
+    request: Option<Request>,
     /// The root span's display name (its `otel.name` field, else its
     /// static name), shared with this thread's other requests of that name
     /// (see [`intern`]); only on root spans.
@@ -69,20 +72,9 @@ struct SpanLane {
     /// That transaction's trace and span ids, when `http_layer()` knew them
     /// (see [`HttpRoot::ids`]); only on root spans.
     ids: Option<(TraceId, SpanId)>,
-    /// What the layer decided at the span's first entry; `None` before it.
-    /// Kept here rather than as an extension of its own: each extension is
-    /// a boxed allocation and a map insertion on every request.
-    state: Option<SpanState>,
-}
-
-/// What the layer decided at a span's first entry.
-#[derive(Debug, Clone, Copy)]
-struct SpanState {
-    /// This root span started the profiler (trace lifecycle); it must stop
-    /// it when it closes.
-    holds_profiler: bool,
-    /// This root span registered its lane; it must end it when it closes.
-    holds_lane: bool,
+    /// Whether the layer decided at the span's first entry (see
+    /// [`first_entry`]).
+    entered: bool,
 }
 
 /// The spans entered on one thread that set its context word, innermost
@@ -240,11 +232,11 @@ pub(crate) fn tag_with_thread(
         // profiling keeps every lane (the profiler thread gives each at
         // least two samples), so it does without these keys.
         span.set_data(
-            sentry_profiling::hooks::OS_THREAD_ID,
+            sentry_profiling::hooks::keys::OS_THREAD_ID,
             Value::String(sentry_profiling::hooks::current_thread_id().to_string()),
         );
         span.set_data(
-            sentry_profiling::hooks::OS_THREAD_NAME,
+            sentry_profiling::hooks::keys::OS_THREAD_NAME,
             Value::String(thread_name()),
         );
     }
@@ -255,7 +247,7 @@ pub(crate) fn tag_with_thread(
         TransactionOrSpan::Transaction(_) => {
             if session.transaction_profiled(lane, lane_name.unwrap_or_default()) {
                 span.set_data(
-                    sentry_profiling::hooks::TRANSACTION_PROFILE_MARKER,
+                    sentry_profiling::hooks::keys::TRANSACTION_PROFILE_MARKER,
                     Value::Bool(true),
                 );
             }
@@ -266,7 +258,7 @@ pub(crate) fn tag_with_thread(
 /// Whether a transaction tagged with `lane` by [`tag_with_thread`] would
 /// carry just the lane and its name (lanes on, `lane` one, no transaction
 /// profiles), which the transport can as well write on it (see
-/// `sentry_profiling::hooks::finish_handed`).
+/// `sentry_profiling::hooks::handover::finish_handed`).
 pub(crate) fn lane_is_handed(session: &SessionRef, lane: u64) -> bool {
     is_lane(lane)
         && session.attribution() == ThreadAttribution::Lanes
@@ -333,10 +325,6 @@ fn first_entry<S>(span: &tracing_subscriber::registry::SpanRef<'_, S>, id: &Id, 
 where
     S: for<'a> LookupSpan<'a>,
 {
-    let mut state = SpanState {
-        holds_profiler: false,
-        holds_lane: false,
-    };
     let ext = span.extensions();
     let own = ext.get::<SpanLane>();
     let shared_name = own.and_then(|l| l.name.as_ref());
@@ -353,28 +341,27 @@ where
         Some(tx) if http_root => Some(TransactionOrSpan::Transaction(tx.clone())),
         _ => Hub::current().configure_scope(|scope| scope.get_span()),
     };
-    // A registry look-up each time: asked once.
-    let is_root = span.parent().is_none();
-    // Looked up once for starting the root and tagging the span.
+    // Only root spans hold a request.
+    let request = own.and_then(|l| l.request.as_ref());
+    // Looked up once for starting the request and tagging the span.
     let session = sentry_profiling::hooks::session();
     // Whether the profiler runs; its id is copied only to write it
     // (every thread shares it, and each copy touches its reference
     // count).
-    let running = match &session {
-        Some(session) if is_root => start_root(
+    let running = match (&session, request) {
+        (Some(session), Some(request)) => start_root(
             session,
             sentry_span.as_ref(),
-            lane,
+            request,
             shared_name,
             known_ids,
-            &mut state,
         ),
         _ => false,
     };
     // A root span without a registered lane (not sampled, not profiled,
     // or refused because too many requests are in flight) stays on its
     // OS threads: its word is 0, and its later children are left alone.
-    let lane = if is_root && !state.holds_lane {
+    let lane = if request.is_some_and(|r| !r.holds_lane()) {
         let word = CONTEXT_STACK.with(|s| s.borrow_mut().replace(id.into_u64(), 0));
         if let Some(word) = word {
             sentry_profiling::hooks::set_thread_context(word);
@@ -384,7 +371,7 @@ where
         lane
     };
     if let (Some(s), Some(session)) = (&sentry_span, &session)
-        && (running || !is_root)
+        && (running || request.is_none())
     {
         tag_entered(session, s, outer, http_root, lane, lane_name);
     }
@@ -393,59 +380,43 @@ where
         if lane == 0 {
             l.lane = 0;
         }
-        l.state = Some(state);
+        l.entered = true;
     }
 }
 
-/// A root span's first entry: a sampled one starts the profiler (trace
-/// lifecycle; `state.holds_profiler`) and, while the profiler runs (either
-/// lifecycle), registers its lane (`state.holds_lane`). Returns whether
-/// the profiler runs.
+/// A root span's first entry: begins its request (see
+/// `sentry_profiling::hooks::Request::begin`), sampled if the Sentry span
+/// or transaction it runs under is. Returns whether the profiler runs.
 fn start_root(
     session: &SessionRef,
     sentry_span: Option<&TransactionOrSpan>,
-    lane: u64,
+    request: &Request,
     shared_name: Option<&Arc<str>>,
     known_ids: Option<(TraceId, SpanId)>,
-    state: &mut SpanState,
 ) -> bool {
     #[expect(
         deprecated,
         reason = "`true` reliably means the transaction will be sent, which is what the trace lifecycle needs"
     )]
     let sampled = sentry_span.is_some_and(|s| s.is_sampled());
-    let lane_name = shared_name.map(|n| &**n);
-    let mut running = false;
-    if sampled {
-        running = session.root_started(lane, lane_name.unwrap_or_default());
-        state.holds_profiler = running;
-    }
-    if !running {
-        running = session.is_running();
-    }
-    if sampled
-        && running
-        && let Some(s) = sentry_span
-    {
+    let unnamed: Arc<str>;
+    let name = match shared_name {
+        Some(name) => name,
+        None => {
+            unnamed = Arc::from("");
+            &unnamed
+        }
+    };
+    request.begin(session, sampled, name, || match (known_ids, sentry_span) {
+        (Some(ids), _) => ids,
         // A child span's trace context is its transaction's: the link
         // names the transaction, the request's root span.
-        let (trace_id, span_id) = match known_ids {
-            Some(ids) => ids,
-            None => {
-                let ctx = s.get_trace_context();
-                (ctx.trace_id, ctx.span_id)
-            }
-        };
-        state.holds_lane = session.lane_started(
-            lane,
-            LaneLink {
-                name: shared_name.cloned().unwrap_or_default(),
-                trace_id,
-                span_id,
-            },
-        );
-    }
-    running
+        (None, Some(s)) => {
+            let ctx = s.get_trace_context();
+            (ctx.trace_id, ctx.span_id)
+        }
+        (None, None) => Default::default(),
+    })
 }
 
 /// Tags the Sentry span or transaction `s` a request's span was first
@@ -552,22 +523,25 @@ where
                         )
                     }
                 };
+                let request = Request::new();
                 span.extensions_mut().insert(SpanLane {
-                    lane: new_lane(),
+                    lane: request.lane(),
+                    request: Some(request),
                     name: Some(name),
                     transaction,
                     ids,
-                    state: None,
+                    entered: false,
                 });
                 return;
             }
         };
         span.extensions_mut().insert(SpanLane {
             lane,
+            request: None,
             name: None,
             transaction: None,
             ids: None,
-            state: None,
+            entered: false,
         });
     }
 
@@ -583,7 +557,7 @@ where
                 self.enter_outside_requests(id);
                 return;
             };
-            (l.lane, l.state.is_some())
+            (l.lane, l.entered)
         };
         let set = CONTEXT_STACK.with(|s| {
             let mut s = s.borrow_mut();
@@ -610,24 +584,12 @@ where
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(&id) else { return };
-        let ext = span.extensions();
-        let Some(l) = ext.get::<SpanLane>() else {
-            return;
-        };
-        let Some(state) = l.state else {
-            return;
-        };
-        if !(state.holds_lane || state.holds_profiler) {
-            return;
-        }
-        let Some(session) = sentry_profiling::hooks::session() else {
-            return;
-        };
-        if state.holds_lane {
-            session.lane_finished(l.lane);
-        }
-        if state.holds_profiler {
-            session.root_finished();
+        if let Some(request) = span
+            .extensions()
+            .get::<SpanLane>()
+            .and_then(|l| l.request.as_ref())
+        {
+            request.finish();
         }
     }
 }

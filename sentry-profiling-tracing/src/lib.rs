@@ -55,7 +55,7 @@ mod spawn;
 /// transaction (and on the child span of a [`ProfiledExt::profiled`]
 /// future): why it waited, in milliseconds, and how it was polled.
 pub mod data {
-    pub use sentry_profiling::hooks::{
+    pub use sentry_profiling::hooks::keys::{
         AWAITING, CPU_WAIT, LONG_POLLS, LONGEST_POLL, LONGEST_POLL_START, POLLED, POLLS, QUEUED,
     };
 }

@@ -9,7 +9,7 @@
 //! downstream call, a timer).
 //!
 //! Two things use that. Each poll's wake time travels with the context word
-//! the poll's span publishes (`hooks::set_poll_woken`), so the profiler
+//! the poll's span publishes (`hooks::poll::set_started`), so the profiler
 //! thread draws the request's waits as `(queued for a Tokio worker)` and
 //! `(awaiting)` in its lane; and the future keeps per-request totals
 //! ([`PollTotals`]), which go on the request's transaction (or child span)
@@ -51,7 +51,7 @@ impl Wake for WakeState {
         if self.woken_ns.load(Ordering::Relaxed) == 0 {
             let _ = self.woken_ns.compare_exchange(
                 0,
-                hooks::wall_ns().max(hooks::NOT_WOKEN + 1),
+                hooks::wall_ns().max(hooks::poll::NOT_WOKEN + 1),
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             );
@@ -130,8 +130,8 @@ impl PollTotals {
 
     /// The totals as they go on a transaction or span, the request having
     /// ended at `end_ns`; `None` before the first poll.
-    pub(crate) fn snapshot(&self, end_ns: u64) -> Option<hooks::PollTotals> {
-        (self.polls > 0).then(|| hooks::PollTotals {
+    pub(crate) fn snapshot(&self, end_ns: u64) -> Option<hooks::handover::PollTotals> {
+        (self.polls > 0).then(|| hooks::handover::PollTotals {
             polls: self.polls,
             polled_ns: self.polled_ns,
             queued_ns: self.queued_ns,
@@ -225,17 +225,17 @@ impl PollTracker {
         if let Some(from) = queued_from {
             self.totals.queued_ns += start.saturating_sub(from);
         }
-        hooks::set_poll_started(queued_from.unwrap_or(hooks::NOT_WOKEN), start);
+        hooks::poll::set_started(queued_from.unwrap_or(hooks::poll::NOT_WOKEN), start);
         let waker = self
             .waker
             .get_or_insert_with(|| Waker::from(Arc::clone(&self.state)));
         let mut inner_cx = Context::from_waker(waker);
-        hooks::take_last_published_ns();
+        hooks::poll::take_last_published_ns();
         let out = enter(&mut inner_cx);
-        hooks::set_poll_woken(0);
+        hooks::poll::set_started(0, 0);
         // The span's exit published the thread's word back, and read the
         // clock then: the poll's end (read here only when it did not).
-        let end = match hooks::take_last_published_ns() {
+        let end = match hooks::poll::take_last_published_ns() {
             0 => hooks::wall_ns(),
             published => published.max(start),
         };
@@ -289,17 +289,17 @@ mod tests {
     fn the_measured_totals_are_the_ones_recorded() {
         // (`CPU_WAIT` is set by the transport, for a profiled request.)
         let recorded = [
-            hooks::POLLS,
-            hooks::POLLED,
-            hooks::QUEUED,
-            hooks::AWAITING,
-            hooks::LONGEST_POLL,
-            hooks::CPU_WAIT,
+            hooks::keys::POLLS,
+            hooks::keys::POLLED,
+            hooks::keys::QUEUED,
+            hooks::keys::AWAITING,
+            hooks::keys::LONGEST_POLL,
+            hooks::keys::CPU_WAIT,
         ];
-        for (name, _) in hooks::TOKIO_MEASUREMENTS {
+        for (name, _) in hooks::keys::TOKIO_MEASUREMENTS {
             assert!(recorded.contains(&name), "{name}");
         }
-        assert_eq!(recorded.len(), hooks::TOKIO_MEASUREMENTS.len());
+        assert_eq!(recorded.len(), hooks::keys::TOKIO_MEASUREMENTS.len());
     }
 
     #[test]

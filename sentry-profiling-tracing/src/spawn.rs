@@ -45,9 +45,9 @@ where
     tokio::task::spawn_blocking(move || {
         // From the spawn to the start on a blocking thread, the work was
         // queued; the word the span publishes carries that.
-        sentry_profiling::hooks::set_poll_woken(spawned_ns);
+        sentry_profiling::hooks::poll::set_started(spawned_ns, 0);
         let _entered = span.enter();
-        sentry_profiling::hooks::set_poll_woken(0);
+        sentry_profiling::hooks::poll::set_started(0, 0);
         f()
     })
 }

@@ -132,6 +132,7 @@ mod json_link;
 mod lanes;
 mod options;
 mod own_line;
+mod request;
 #[cfg(profiling_supported)]
 mod sampler;
 #[cfg(not(profiling_supported))]

@@ -402,14 +402,16 @@ fn profiles_sampler_garbage() {
     assert!(!profiled(2, "negative"));
     assert!(profiled(3, "huge"));
     // Transaction-based mode samples whenever a profiled root is active.
-    assert!(
-        sentry_profiling::hooks::session()
-            .unwrap()
-            .root_started(3, "huge")
-    );
+    let request = sentry_profiling::hooks::Request::new();
+    assert!(request.begin(
+        &sentry_profiling::hooks::session().unwrap(),
+        true,
+        &std::sync::Arc::from("huge"),
+        Default::default,
+    ));
     bad_input_busy(Duration::from_millis(300));
     wait_for_samples();
-    sentry_profiling::hooks::session().unwrap().root_finished();
+    request.finish();
     report_state();
     drop(guard);
 }

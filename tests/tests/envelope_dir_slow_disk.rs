@@ -67,7 +67,8 @@ fn a_slow_envelope_directory_costs_requests_nothing() {
         options,
         sentry_profiling_examples::router(),
         |addr, _| async move {
-            let set_delay = |d| sentry_profiling::hooks::set_envelope_dir_write_delay(&slowed, d);
+            let set_delay =
+                |d| sentry_profiling::hooks::workspace::set_envelope_dir_write_delay(&slowed, d);
             timed_requests(addr, 5).await;
             let (mut fast, mut slow) = (Vec::new(), Vec::new());
             for _ in 0..ROUNDS {

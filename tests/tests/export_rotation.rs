@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use prost::Message;
-use sentry_profiling::hooks::pprof_proto::Profile;
+use sentry_profiling::hooks::workspace::pprof_proto::Profile;
 use sentry_profiling::{EnvelopeDirTransport, ProfileLifecycle, ProfilingIntegration};
 use sentry_profiling_tests::{http_get, local_settings, run_service_with};
 

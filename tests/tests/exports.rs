@@ -11,7 +11,7 @@ use std::process::Command;
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value;
 use prost::Message;
-use sentry_profiling::hooks::pprof_proto::Profile;
+use sentry_profiling::hooks::workspace::pprof_proto::Profile;
 use sentry_profiling_examples::{OTLP_FILE, PPROF_FILE};
 use sentry_profiling_tests::{
     http_get, local_settings, read_envelope_dir, run_example_service, split_items,

@@ -9,7 +9,7 @@
 //! wrote no data keys for them), except for a request with long polls,
 //! whose long-poll keys exist only as data and bring the rest with them.
 
-use sentry_profiling::hooks::TOKIO_MEASUREMENTS;
+use sentry_profiling::hooks::keys::TOKIO_MEASUREMENTS;
 use sentry_profiling_tests::fake_sentry::FakeSentry;
 use sentry_profiling_tests::{
     SENTRY_CUSTOM_MEASUREMENT_LIMIT, http_get, link_problem, measurement_violations,

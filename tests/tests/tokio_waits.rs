@@ -370,7 +370,7 @@ fn options(dir: &std::path::Path) -> sentry::ClientOptions {
 /// Of the pprof export's samples of requests whose stack holds `function`,
 /// how many carry the long-poll label, and how many do not.
 fn long_poll_labels(path: &std::path::Path, function: &str) -> (i64, i64) {
-    use sentry_profiling::hooks::pprof_proto::Profile;
+    use sentry_profiling::hooks::workspace::pprof_proto::Profile;
     use std::io::Read as _;
     let mut raw = Vec::new();
     flate2::read::GzDecoder::new(std::fs::File::open(path).expect("the pprof export"))

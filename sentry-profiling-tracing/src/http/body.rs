@@ -15,7 +15,7 @@ use http_body::{Body, Frame, SizeHint};
 use sentry_core::protocol::SpanStatus;
 use sentry_core::{Hub, Transaction, TransactionOrSpan};
 
-use sentry_profiling::hooks::{HandedLane, Handover};
+use sentry_profiling::hooks::handover::{HandedLane, Handover};
 
 use crate::poll::PollTracker;
 
@@ -108,7 +108,7 @@ impl RequestScope {
     /// entered.
     ///
     /// The poll totals and the lane are handed to the transport with the
-    /// transaction (`hooks::finish_handed`) rather than written on it: the
+    /// transaction (`hooks::handover::finish_handed`) rather than written on it: the
     /// crate's own transaction sender writes them on its thread (the
     /// totals as measurements), and any other transport adds them after
     /// the SDK has copied the transaction's trace context.
@@ -120,18 +120,13 @@ impl RequestScope {
             lane,
             ..
         } = self;
-        sentry_profiling::hooks::take_lane_finished_ns();
         drop(span);
         if let Some(tx) = transaction {
             if let Some(status) = status {
                 tx.set_status(status);
             }
-            // Closing the root span ended its lane and read the clock then:
-            // the request's end (read here only when it did not).
-            let end_ns = match sentry_profiling::hooks::take_lane_finished_ns() {
-                0 => sentry_profiling::hooks::wall_ns(),
-                end_ns => end_ns,
-            };
+            // The request's end: its root span closed (its lane ended).
+            let end_ns = sentry_profiling::hooks::wall_ns();
             let handover = Handover {
                 totals: tracker.and_then(|t| t.totals().snapshot(end_ns)),
                 lane,
@@ -139,7 +134,7 @@ impl RequestScope {
             if handover.totals.is_none() && handover.lane.is_none() {
                 tx.finish();
             } else {
-                sentry_profiling::hooks::finish_handed(handover, || tx.finish());
+                sentry_profiling::hooks::handover::finish_handed(handover, || tx.finish());
             }
         }
     }

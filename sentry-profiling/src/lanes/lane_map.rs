@@ -1,6 +1,6 @@
 //! The lane table's storage: lanes by id, in a ring indexed by the id.
 //!
-//! Lane ids are handed out in sequence (see [`super::new_lane`]), so the
+//! Lane ids are handed out in sequence (see [`super::next_lane`]), so the
 //! lanes the profiler thread holds are mostly a run of consecutive ids: the
 //! requests of the last chunk or two. A ring indexed by `id - base` finds a
 //! lane without hashing, and a new request's lane lands next to the one

@@ -66,17 +66,9 @@ pub const NOT_WOKEN: u64 = 1;
 
 static NEXT_LANE: AtomicU64 = AtomicU64::new(LANE_BASE);
 
-/// Allocates a new lane id.
-pub fn new_lane() -> u64 {
-    let lane = NEXT_LANE.fetch_add(1, Ordering::Relaxed);
-    // A lane begins when its root span is created (see `hooks::SessionRef::lane_started`).
-    LANE_CREATED.with(|c| c.set((lane, now_ns())));
-    lane
-}
-
-thread_local! {
-    /// The lane this thread last allocated, and when.
-    pub(crate) static LANE_CREATED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+/// Allocates a new lane id (a request's, made when its root span is created).
+pub(crate) fn next_lane() -> u64 {
+    NEXT_LANE.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A lane's life, as the tracing layer reports it.
@@ -204,14 +196,14 @@ pub(crate) struct PollsRead {
 
 /// What a lane stands for: its root span, by name and Sentry ids.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct LaneLink {
+pub(crate) struct LaneLink {
     /// The root span's display name (the transaction's name).
-    pub name: Arc<str>,
+    pub(crate) name: Arc<str>,
     /// The trace id. Kept as the SDK's id (16 bytes, no allocation on the
     /// request's thread); written as hex only by the exports that use it.
-    pub trace_id: sentry_core::protocol::TraceId,
+    pub(crate) trace_id: sentry_core::protocol::TraceId,
     /// The root span's id (the transaction's span id).
-    pub span_id: sentry_core::protocol::SpanId,
+    pub(crate) span_id: sentry_core::protocol::SpanId,
 }
 
 /// Wall-clock time in nanoseconds since the Unix epoch (the samples' clock).

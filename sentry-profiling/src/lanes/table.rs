@@ -782,7 +782,7 @@ impl LaneFills<'_> {
 mod tests {
     use super::*;
     use crate::frames::UNCAPTURED_FRAME;
-    use crate::lanes::new_lane;
+    use crate::lanes::next_lane as new_lane;
     use crate::sampler::Sample;
 
     fn sample(ts: u64, tid: i32, context: u64) -> Sample {

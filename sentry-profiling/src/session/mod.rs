@@ -44,7 +44,7 @@ use crate::export::{ExportTarget, FileRetention};
 use crate::lanes::{LaneLink, LaneRegistry};
 use crate::options::{ProfileLifecycle, SamplerConfig};
 use crate::sampler::{SamplerControl, SamplerStats};
-use profiler_thread::Request;
+use profiler_thread::Command;
 use sink::ChunkSink;
 use stats::Counters;
 pub(crate) use stats::DeliveryCounters;
@@ -130,7 +130,7 @@ pub(crate) struct Session {
     sink: Mutex<Option<Arc<dyn ChunkSink>>>,
     delivery: Arc<DeliveryCounters>,
     control: OnceLock<SamplerControl>,
-    requests: Mutex<Option<Sender<Request>>>,
+    commands: Mutex<Option<Sender<Command>>>,
     /// Lanes registered by application threads, read by the profiler thread.
     lanes: LaneRegistry,
     v1_queue: OnceLock<std::sync::mpsc::SyncSender<Box<dyn PendingProfile>>>,
@@ -162,7 +162,7 @@ impl Session {
             sink: Mutex::new(None),
             delivery: Arc::default(),
             control: OnceLock::new(),
-            requests: Mutex::new(None),
+            commands: Mutex::new(None),
             lanes: LaneRegistry::default(),
             v1_queue: OnceLock::new(),
             thread: Mutex::new(None),
@@ -204,7 +204,7 @@ impl Session {
             return;
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        *self.requests.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        *self.commands.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
         let Some(lane_rx) = self.lanes.open() else {
             return;
         };
@@ -467,7 +467,7 @@ impl Session {
             // The profiler thread stayed in the parent: nothing to wait for.
             return true;
         }
-        self.request(Request::Flush, timeout)
+        self.command(Command::Flush, timeout)
     }
 
     /// Stops profiling for good, sending the last chunk; waits up to `timeout`.
@@ -480,7 +480,7 @@ impl Session {
         if self.shut_down.swap(true, Ordering::AcqRel) {
             return true;
         }
-        let done = self.request(Request::Shutdown, timeout);
+        let done = self.command(Command::Shutdown, timeout);
         if done {
             if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
                 let _ = t.join();
@@ -501,10 +501,10 @@ impl Session {
         done
     }
 
-    fn request(&self, make: fn(Sender<()>) -> Request, timeout: Duration) -> bool {
+    fn command(&self, make: fn(Sender<()>) -> Command, timeout: Duration) -> bool {
         let (ack_tx, ack_rx) = std::sync::mpsc::channel();
         let sent = self
-            .requests
+            .commands
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
@@ -547,8 +547,14 @@ mod tests {
             "attribution.rs",
         ];
         // Spelled in pieces, so that this test does not find itself.
-        let glue = ["transport", "transaction_profile", "integration", "hooks"]
-            .map(|m| format!("crate::{m}"));
+        let glue = [
+            "transport",
+            "transaction_profile",
+            "integration",
+            "hooks",
+            "request",
+        ]
+        .map(|m| format!("crate::{m}"));
         let mut files = Vec::new();
         for c in core {
             collect(&src.join(c), &mut files);

@@ -1,7 +1,7 @@
 //! The profiler thread: creates the sampler (paused), then takes its
 //! samples every [`PROFILER_TICK`], and drives the chunk writer (which
 //! pauses the sampler at the end of a chunk when no root span is active);
-//! answers flush and shutdown requests. The lanes' events are read every
+//! answers flush and shutdown commands. The lanes' events are read every
 //! sampling period while requests come and go: by the sampler thread at
 //! each tick while it ticks, else by this thread (see `lane_desk`).
 
@@ -44,7 +44,7 @@ const PROFILER_IDLE_TICK: Duration = Duration::from_secs(1);
 const QUIET_READS_BEFORE_SLEEPING: u32 = 3;
 
 /// What an application thread asks of the profiler thread.
-pub(super) enum Request {
+pub(super) enum Command {
     Flush(Sender<()>),
     Shutdown(Sender<()>),
 }
@@ -53,7 +53,7 @@ impl Session {
     /// The profiler thread.
     pub(super) fn run(
         self: Arc<Self>,
-        requests: Receiver<Request>,
+        commands: Receiver<Command>,
         lane_events: LaneReader,
         v1_requests: Receiver<Box<dyn PendingProfile>>,
         ready: Sender<()>,
@@ -72,13 +72,13 @@ impl Session {
         // Reads in a row that found nothing (no lane event, no poll).
         let mut quiet_reads = 0u32;
         loop {
-            match requests.try_recv() {
-                Ok(Request::Flush(ack)) => {
+            match commands.try_recv() {
+                Ok(Command::Flush(ack)) => {
                     builder.drain(&sampler);
                     builder.finish(&sampler);
                     let _ = ack.send(());
                 }
-                Ok(Request::Shutdown(ack)) => {
+                Ok(Command::Shutdown(ack)) => {
                     let modules = sampler.modules();
                     let (stats, rest) = sampler.stop_and_drain();
                     for s in &rest {

@@ -110,7 +110,7 @@ struct Shared {
     /// instead of writing it.
     abandoned: AtomicBool,
     /// A pause before each write, in nanoseconds, that tests set to play a
-    /// slow disk (see `crate::hooks::set_envelope_dir_write_delay`).
+    /// slow disk (see `crate::hooks::workspace::set_envelope_dir_write_delay`).
     write_delay_ns: AtomicU64,
 }
 

@@ -1,0 +1,147 @@
+//! A request as the profiler sees it: one sampled root span (a
+//! transaction), from its creation to its close, as one object the tracing
+//! layer keeps with the span. It owns what the request holds of the
+//! session (a hold on the trace lifecycle, its lane) and gives both back
+//! when it finishes or is dropped, whichever comes first.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use sentry_core::protocol::{SpanId, TraceId};
+
+use crate::hooks::SessionRef;
+use crate::lanes::{LaneLink, now_ns};
+
+/// [`Request::held`]: it began (its first entry was decided).
+const BEGUN: u8 = 1;
+/// It holds the trace lifecycle (the profiler runs for it).
+const HOLDS_PROFILER: u8 = 2;
+/// Its lane is registered: its samples are filed under it.
+const HOLDS_LANE: u8 = 4;
+/// It finished: nothing is held any more.
+const FINISHED: u8 = 8;
+
+/// One request (see the module's doc). Made when its root span is created
+/// ([`Request::new`]), begun at the span's first entry
+/// ([`Request::begin`]), finished when the span closes
+/// ([`Request::finish`], or its drop).
+#[derive(Debug)]
+pub struct Request {
+    /// Its lane id: the context word its spans publish while it holds the
+    /// lane.
+    lane: u64,
+    /// When its root span was created, and on which thread.
+    created_ns: u64,
+    created_on: u64,
+    /// What it holds (the flags above). Atomic so that the span's shared
+    /// extensions can hold it: only the thread that runs the span's
+    /// callbacks changes it.
+    held: AtomicU8,
+}
+
+impl Request {
+    /// A root span is created now, on this thread: a new lane id.
+    pub fn new() -> Self {
+        Self {
+            lane: crate::lanes::next_lane(),
+            created_ns: now_ns(),
+            created_on: crate::thread_word::current_thread_id(),
+            held: AtomicU8::new(0),
+        }
+    }
+
+    /// Its lane id (whether or not the lane is registered).
+    pub fn lane(&self) -> u64 {
+        self.lane
+    }
+
+    /// Whether its lane is registered (see [`Request::begin`]).
+    pub fn holds_lane(&self) -> bool {
+        self.held.load(Ordering::Relaxed) & HOLDS_LANE != 0
+    }
+
+    /// Its root span is entered for the first time, `sampled` if its Sentry
+    /// transaction is, named `name`, in `session`. Returns whether the
+    /// profiler runs now (either lifecycle); only the first call does
+    /// anything.
+    ///
+    /// A sampled request holds the trace lifecycle (the profiler runs for
+    /// it) and, while the profiler runs, registers its lane, named and
+    /// linked to the trace and span `ids` returns (read only then). The
+    /// lane begins when the root span was created, or, created on another
+    /// thread, now: before the profiler resumes, which wakes the sampler
+    /// thread, and on a busy machine that can take this thread's core for
+    /// a while, which the lane must cover. A lane refused (too many
+    /// requests in flight, counted in
+    /// [`ProfilerStats::lane_registrations_refused`](crate::ProfilerStats))
+    /// leaves the request on its OS threads: [`Request::holds_lane`] says
+    /// so, and its spans must publish 0, not the lane.
+    pub fn begin(
+        &self,
+        session: &SessionRef,
+        sampled: bool,
+        name: &Arc<str>,
+        ids: impl FnOnce() -> (TraceId, SpanId),
+    ) -> bool {
+        if self.held.load(Ordering::Relaxed) != 0 {
+            return session.is_running();
+        }
+        let start_ns = if self.created_on == crate::thread_word::current_thread_id() {
+            self.created_ns
+        } else {
+            now_ns()
+        };
+        let mut held = BEGUN;
+        // Counted by the session only when it returns true, so the hold
+        // is given back once, at the finish.
+        let holds_profiler = sampled && session.0.root_started(self.lane, name);
+        if holds_profiler {
+            held |= HOLDS_PROFILER;
+        }
+        let running = holds_profiler || session.is_running();
+        if sampled && running {
+            let (trace_id, span_id) = ids();
+            let link = LaneLink {
+                name: Arc::clone(name),
+                trace_id,
+                span_id,
+            };
+            if session.0.lane_started(self.lane, link, start_ns) {
+                held |= HOLDS_LANE;
+            }
+        }
+        self.held.store(held, Ordering::Relaxed);
+        running
+    }
+
+    /// Its root span closed: gives back what it holds (its lane ends now,
+    /// and its hold on the trace lifecycle). Never blocks; only the first
+    /// call (or the drop) does anything.
+    pub fn finish(&self) {
+        let held = self.held.swap(FINISHED, Ordering::Relaxed);
+        if held & (HOLDS_PROFILER | HOLDS_LANE) == 0 || held & FINISHED != 0 {
+            return;
+        }
+        let Some(session) = crate::hooks::session() else {
+            return;
+        };
+        if held & HOLDS_LANE != 0 {
+            session.0.lane_finished(self.lane, now_ns());
+        }
+        if held & HOLDS_PROFILER != 0 {
+            session.0.root_finished();
+        }
+    }
+}
+
+impl Default for Request {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
