@@ -757,17 +757,7 @@ impl Ledger {
     /// whatever it waits for. A fill without any stack to show is dropped.
     pub(super) fn drain(&mut self, view: &DrainView, mut out: impl FnMut(Out)) {
         let force = view.force;
-        // Where fills after the thread left its place stand: not known.
-        let left = view.place.left_ns.map(|at| {
-            let moved = FillPlace {
-                stack: Some(super::periods::synthetic(crate::frames::UNCAPTURED_FRAME)),
-                context: 0,
-                known: false,
-                ran: true,
-                left_ns: None,
-            };
-            (at, moved)
-        });
+        let left = view.place.left_ns.map(|at| (at, FillPlace::left()));
         let place_at = |timestamp_ns: u64| match &left {
             Some((at, moved)) if *at < timestamp_ns => (moved, true),
             _ => (&view.place, false),
@@ -775,10 +765,7 @@ impl Ledger {
         let mut later_samples = if (view.place.known && left.is_none()) || force {
             0
         } else {
-            self.pending
-                .iter()
-                .filter(|p| matches!(p, Pending::Sample(_)))
-                .count()
+            self.samples_queued()
         };
         let mut blocked_first = self.blocked_first(view);
         while let Some(front) = self.pending.front() {
@@ -804,10 +791,7 @@ impl Ledger {
             let (timestamp_ns, at_tick) = match item {
                 Pending::Sample(sample) => {
                     later_samples = later_samples.saturating_sub(1);
-                    // Strictly after what left before (two queued at one
-                    // moment).
-                    let ts = sample.timestamp_ns().max(self.emitted_ns + 1);
-                    self.emitted_ns = ts;
+                    let ts = self.stamp(sample.timestamp_ns());
                     out(Out::Sample(sample.at(ts)));
                     continue;
                 }
@@ -830,13 +814,40 @@ impl Ledger {
             } else {
                 self.settle(stack, context, ran, view.period_ns)
             };
-            let timestamp_ns = timestamp_ns.max(self.emitted_ns + 1);
-            self.emitted_ns = timestamp_ns;
             out(Out::Fill {
-                timestamp_ns,
+                timestamp_ns: self.stamp(timestamp_ns),
                 stack,
                 context,
             });
+        }
+    }
+
+    /// How many samples of running code are held.
+    fn samples_queued(&self) -> usize {
+        self.pending
+            .iter()
+            .filter(|p| matches!(p, Pending::Sample(_)))
+            .count()
+    }
+
+    /// The time a sample leaving now at `timestamp_ns` is stamped with:
+    /// strictly after what left before (two queued at one moment).
+    fn stamp(&mut self, timestamp_ns: u64) -> u64 {
+        self.emitted_ns = timestamp_ns.max(self.emitted_ns + 1);
+        self.emitted_ns
+    }
+}
+
+impl FillPlace {
+    /// Where a thread stands after it left the place it was found in (see
+    /// [`FillPlace::left_ns`]): not known; it ran since.
+    fn left() -> Self {
+        Self {
+            stack: Some(super::periods::synthetic(crate::frames::UNCAPTURED_FRAME)),
+            context: 0,
+            known: false,
+            ran: true,
+            left_ns: None,
         }
     }
 }

@@ -84,6 +84,9 @@ pub(super) trait Kernel {
     fn awaited(&mut self, now: Instant) -> Awaited;
     /// The context word it publishes now (0 without a word slot).
     fn context_now(&mut self) -> u64;
+    /// The context word it had published at `ts` (`None`: it has no word
+    /// slot; `Some(None)`: not known that far back).
+    fn word_at(&mut self, ts: u64) -> Option<Option<u64>>;
     /// Its CPU clock (`None`: it exited).
     fn cpu_ns(&mut self) -> Option<u64>;
     /// The stack pointer and program counter the kernel shows it blocked
@@ -193,7 +196,8 @@ fn record_periods(k: &mut impl Kernel, harvested: Harvested, tick: &TickAt) -> b
     let placed = t
         .ledger
         .place_tick(slots, &running, period_ns / 2, period_ns);
-    t.fill_free_slots(placed.free);
+    fill_free_slots(k, placed.free);
+    let t = k.thread();
     // Two captures at most this far apart have the thread running through
     // the time between them (the timer counted that much CPU time in it,
     // to half a period): the fills between show the nearer capture (see
@@ -386,17 +390,16 @@ impl Tracked {
             running.push(self.ledger.push_sample(sample));
         }
     }
+}
 
-    /// Gives every period slot no sample took a fill, with the context word
-    /// the thread had published at the slot (the sampler may run late).
-    fn fill_free_slots(&mut self, free: Vec<u64>) {
-        for slot in free {
-            let word = self
-                .word_slot
-                .map(|s| crate::context::word_at(s, self.info.tid, slot));
-            let at_tick = periods::standing(word, &self.place.known());
-            self.ledger.push_fill(slot, word, at_tick);
-        }
+/// Gives every period slot no sample took a fill, with the context word
+/// the thread had published at the slot (the sampler may run late).
+fn fill_free_slots(k: &mut impl Kernel, free: Vec<u64>) {
+    for slot in free {
+        let word = k.word_at(slot);
+        let t = k.thread();
+        let at_tick = periods::standing(word, &t.place.known());
+        t.ledger.push_fill(slot, word, at_tick);
     }
 }
 
@@ -523,6 +526,12 @@ mod tests {
 
         fn context_now(&mut self) -> u64 {
             self.shows.word
+        }
+
+        fn word_at(&mut self, _ts: u64) -> Option<Option<u64>> {
+            // The story's thread has no word slot: its fills stand where
+            // the thread is found.
+            None
         }
 
         fn cpu_ns(&mut self) -> Option<u64> {

@@ -488,6 +488,12 @@ impl step::Kernel for ThreadAt<'_> {
             .map_or(0, |s| crate::context::read_for(s, t.info.tid))
     }
 
+    fn word_at(&mut self, ts: u64) -> Option<Option<u64>> {
+        let t = &self.t;
+        t.word_slot
+            .map(|s| crate::context::word_at(s, t.info.tid, ts))
+    }
+
     fn cpu_ns(&mut self) -> Option<u64> {
         sys::thread_cpu_time_ns(self.t.info.tid)
     }
