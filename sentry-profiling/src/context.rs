@@ -27,9 +27,8 @@ const NONE: u32 = u32::MAX - 1;
 /// how many times it was published. One cache line per slot: kept in two
 /// packed arrays, neighbouring slots (a runtime's workers claim theirs one
 /// after the other) shared lines, and each worker's publication took the
-/// line from the core of the worker publishing beside it: with two
-/// threads publishing at once, 198 ns per publication instead of 41
-/// (`context_publish` bench).
+/// line from the core of the worker publishing beside it (the
+/// `context_publish` bench measures both layouts).
 #[repr(align(64))]
 struct Published {
     word: AtomicU64,

@@ -210,8 +210,7 @@ pub(crate) struct LaneLink {
 ///
 /// Read with `clock_gettime` directly: a request reads it several times on
 /// its worker, and `SystemTime`'s checked subtraction and `Duration`
-/// conversion were about 60 instructions a read more (`cargo xtask
-/// instructions`, cachegrind's per-function counts).
+/// conversion add work to every read.
 #[inline]
 pub(crate) fn now_ns() -> u64 {
     #[cfg(profiling_supported)]

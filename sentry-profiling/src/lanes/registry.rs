@@ -362,9 +362,9 @@ impl LaneReader {
         });
         // By lane, each lane's in the order taken: a start read from the
         // queue finds its lane's end here, and the two are applied one
-        // after the other. (Every start before every end allocated each
-        // lane before any was freed, and the allocator then took its slow
-        // paths: 0.3 µs a request on the profiler thread.)
+        // after the other, so each lane's memory is freed before the next
+        // is allocated (every start before every end keeps the allocator
+        // on its slow paths).
         self.taken
             .sort_unstable_by_key(|&(lane, order, _)| (lane, order));
         let mut tally = Tally::default();

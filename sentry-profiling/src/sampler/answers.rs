@@ -52,9 +52,10 @@ pub(super) const STALLED_TIMER_MIN_SHARE: u64 = 8;
 /// The thread's clock is read at the tick that signals it, so the signal
 /// delivery, the handler and the return from it (a few microseconds) are
 /// counted against the next tick. Without this margin a parked thread would
-/// look busy at every tick because it was sampled at the previous one. A timer wake-up that goes straight back to sleep costs
-/// about 30 µs here, and also stays below it: such a thread is back where
-/// its last stack was taken. 50 µs is 0.5 % of a 101 Hz period.
+/// look busy at every tick because it was sampled at the previous one. A
+/// timer wake-up that goes straight back to sleep stays below it too: such
+/// a thread is back where its last stack was taken. 50 µs is 0.5 % of a
+/// 101 Hz period.
 pub(super) const IDLE_CPU_SLACK_NS: u64 = 50_000;
 
 /// What a harvested capture was.

@@ -2,10 +2,9 @@
 //! the local default when no DSN is configured.
 //!
 //! The thread that sends an envelope (a Tokio worker finishing a
-//! transaction) only queues it. One file per envelope is not free: at about
-//! 1,000 requests a second, creating those files took 48 % of the workers'
-//! CPU in ext4 code when the writes were made on the sending thread, and a
-//! slow or stalled disk would have stalled the requests with them. So a
+//! transaction) only queues it. One file per envelope is not free: creating
+//! it is file-system work the request's thread must not pay for, and a
+//! slow or stalled disk must not stall the requests. So a
 //! thread of the transport's own serialises and writes the envelopes, as
 //! Sentry's own transports send from a background thread. The queue is
 //! bounded; when it is full an envelope is dropped and counted rather than

@@ -42,9 +42,9 @@
 //! Anywhere else (an alternate signal stack, a coroutine's stack) it uses
 //! `process_vm_readv` on our own process, which stops at the first unmapped
 //! page and returns what it copied. That system call takes the address
-//! space's lock, so it can wait behind `mmap`s of other threads: in the
-//! stress run it cost 165 µs per sample against 2.2 µs for `memcpy`, which
-//! is why it is not used everywhere. Where a seccomp policy forbids it
+//! space's lock, so it can wait behind `mmap`s of other threads (far slower
+//! than `memcpy` under load; BENCHMARKS has the figures), which is why it
+//! is not used everywhere. Where a seccomp policy forbids it
 //! (probed once, at installation), the handler falls back to `memcpy`.
 //!
 //! Slots are leaked on purpose: a signal that arrives late, after its sampler
