@@ -86,6 +86,10 @@ impl Request {
         if self.held.load(Ordering::Relaxed) != 0 {
             return session.is_running();
         }
+        if !sampled {
+            self.held.store(BEGUN, Ordering::Relaxed);
+            return session.is_running();
+        }
         let start_ns = if self.created_on == crate::thread_word::current_thread_id() {
             self.created_ns
         } else {
@@ -94,12 +98,12 @@ impl Request {
         let mut held = BEGUN;
         // Counted by the session only when it returns true, so the hold
         // is given back once, at the finish.
-        let holds_profiler = sampled && session.0.root_started(self.lane, name);
+        let holds_profiler = session.0.root_started(self.lane, name);
         if holds_profiler {
             held |= HOLDS_PROFILER;
         }
         let running = holds_profiler || session.is_running();
-        if sampled && running {
+        if running {
             let (trace_id, span_id) = ids();
             let link = LaneLink {
                 name: Arc::clone(name),
@@ -119,7 +123,7 @@ impl Request {
     /// call (or the drop) does anything.
     pub fn finish(&self) {
         let held = self.held.swap(FINISHED, Ordering::Relaxed);
-        if held & (HOLDS_PROFILER | HOLDS_LANE) == 0 || held & FINISHED != 0 {
+        if held & (HOLDS_PROFILER | HOLDS_LANE) == 0 {
             return;
         }
         let Some(session) = crate::hooks::session() else {

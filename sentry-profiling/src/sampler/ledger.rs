@@ -757,7 +757,7 @@ impl Ledger {
     /// whatever it waits for. A fill without any stack to show is dropped.
     pub(super) fn drain(&mut self, view: &DrainView, mut out: impl FnMut(Out)) {
         let force = view.force;
-        let left = view.place.left_ns.map(|at| (at, FillPlace::left()));
+        let left = view.place.left_ns.map(|at| (at, FillPlace::unknown()));
         let place_at = |timestamp_ns: u64| match &left {
             Some((at, moved)) if *at < timestamp_ns => (moved, true),
             _ => (&view.place, false),
@@ -839,9 +839,11 @@ impl Ledger {
 }
 
 impl FillPlace {
-    /// Where a thread stands after it left the place it was found in (see
-    /// [`FillPlace::left_ns`]): not known; it ran since.
-    fn left() -> Self {
+    /// Where a thread stands that ran since it was last found anywhere
+    /// and has no known wait to guess (never found waiting, or it left the
+    /// place it was found in, see [`FillPlace::left_ns`]): not known; its
+    /// fills show what the kernel counted, never a stack.
+    pub(super) fn unknown() -> Self {
         Self {
             stack: Some(super::periods::synthetic(crate::frames::UNCAPTURED_FRAME)),
             context: 0,
@@ -968,12 +970,7 @@ mod tests {
     /// Where a thread never found waiting, that ran since, stands: not
     /// known (as `Whereabouts::fill_place` says).
     fn ran() -> FillPlace {
-        FillPlace {
-            stack: Some(Arc::from(&[crate::frames::UNCAPTURED_FRAME][..])),
-            ran: true,
-            left_ns: None,
-            ..FillPlace::default()
-        }
+        FillPlace::unknown()
     }
 
     /// Drains and returns (timestamp, first frame, context, fill?).

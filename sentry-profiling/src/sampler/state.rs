@@ -206,13 +206,7 @@ impl Whereabouts {
                     left_ns: w.left_ns,
                 }
             }
-            (_, None) => FillPlace {
-                stack: Some(synthetic(crate::frames::UNCAPTURED_FRAME)),
-                context: 0,
-                known: false,
-                ran: true,
-                left_ns: None,
-            },
+            (_, None) => FillPlace::unknown(),
         }
     }
 }
