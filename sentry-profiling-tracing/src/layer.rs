@@ -170,10 +170,10 @@ thread_local! {
 const MAX_INTERNED_NAMES: usize = 512;
 
 /// A root span's name, shared: a request's name goes into its lane link
-/// (which the profiler thread keeps until its chunk is written) and is
+/// (which the chunk thread keeps until its chunk is written) and is
 /// read again at its first entry, and a service has few distinct names, so
 /// each thread keeps one copy of each instead of allocating it per request
-/// (and having the profiler thread free it).
+/// (and having the chunk thread free it).
 pub(crate) fn intern(name: &str) -> Arc<str> {
     NAMES.with_borrow_mut(|names| {
         if let Some(n) = names.get(name) {
@@ -229,7 +229,7 @@ pub(crate) fn tag_with_thread(
     if lanes && is_lane(lane) && session.transaction_profiling() {
         // For transaction profiles: a request too short for its lane to get
         // two samples is linked by this OS thread instead. Continuous
-        // profiling keeps every lane (the profiler thread gives each at
+        // profiling keeps every lane (the chunk thread gives each at
         // least two samples), so it does without these keys.
         span.set_data(
             sentry_profiling::hooks::keys::OS_THREAD_ID,

@@ -170,7 +170,7 @@ thread_local! {
 /// Says when the instrumented future this thread is about to poll was
 /// woken (`CLOCK_REALTIME`, ns; 1: it was not woken, as for its first
 /// poll): the next word this thread publishes (the request's, as the poll
-/// enters its span) carries it, so the profiler thread knows how long the
+/// enters its span) carries it, so the chunk thread knows how long the
 /// request waited for a worker before that poll. `start_ns` is when the
 /// poll began, if the caller read the clock for it (else 0): the
 /// publication is stamped with it instead of reading the clock again. 0

@@ -1,4 +1,4 @@
-//! Destinations besides Sentry, fed by the profiler thread with each
+//! Destinations besides Sentry, fed by the chunk thread with each
 //! finished chunk: a pprof file and an OTLP file (each chunk written as it
 //! finishes, into files rotated like log files, see [`FileRetention`]), and
 //! an OTLP/HTTP endpoint (one request per chunk).

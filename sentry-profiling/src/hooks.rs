@@ -142,7 +142,7 @@ pub fn wall_ns() -> u64 {
 
 /// The stamps of an instrumented future's polls: when it was woken and
 /// when each poll began and ended, carried by the context words its span
-/// publishes, so the profiler thread shows the time from a wake to its poll
+/// publishes, so the chunk thread shows the time from a wake to its poll
 /// as queued.
 pub mod poll {
     pub use crate::lanes::NOT_WOKEN;

@@ -4,7 +4,7 @@
 //! With `profiles_sample_rate` or `profiles_sampler` set, each sampled
 //! transaction is profile-sampled when it starts; the one sampler runs while
 //! any such transaction is active. When the transaction's envelope reaches
-//! the transport, it is handed to the profiler thread (never blocking the
+//! the transport, it is handed to the chunk thread (never blocking the
 //! application), which waits until the samples up to the transaction's end
 //! have arrived, cuts the transaction's window out of its rolling sample
 //! buffer (filed by lane, as chunks are), validates the profile as Relay
@@ -32,7 +32,7 @@ pub(crate) const V1_MARKER: &str = "sentry_profiling.profile_v1";
 pub(crate) const MAX_V1_DURATION: Duration = Duration::from_secs(30);
 /// Largest V1 profile Relay accepts.
 const MAX_V1_BYTES: usize = 50 * 1024 * 1024;
-/// How long the profiler thread waits for samples up to a transaction's end.
+/// How long the chunk thread waits for samples up to a transaction's end.
 pub(crate) const V1_SETTLE: Duration = Duration::from_millis(150);
 
 /// A transaction envelope waiting for its profile.

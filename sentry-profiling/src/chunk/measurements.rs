@@ -4,10 +4,10 @@
 //!
 //! CPU time is the process's CPU clock (`CLOCK_PROCESS_CPUTIME_ID`, one
 //! system call, nanoseconds), resident memory the second field of
-//! `/proc/self/statm` (pages): both cheap, since the profiler thread takes
+//! `/proc/self/statm` (pages): both cheap, since the chunk thread takes
 //! them ten times a second for as long as the sampler runs, idle service
 //! included (`status`, which the kernel formats line by line, and `stat`
-//! cost several times more, and were most of the profiler thread's time in
+//! cost several times more, and were most of the chunk thread's time in
 //! an idle service). CPU usage is the share of one core the whole process
 //! used since the previous measurement (100 = one core busy). Where the
 //! sampler is not supported (no chunks), or `/proc` is missing, nothing is

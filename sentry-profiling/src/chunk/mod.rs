@@ -2,7 +2,7 @@
 //! chunk holds each distinct stack once however many samples repeat it.
 //!
 //! A chunk covers at most [`crate::options::MAX_CHUNK_DURATION`] of sample
-//! time; the profiler thread closes it then, on stop, flush and shutdown.
+//! time; the chunk thread closes it then, on stop, flush and shutdown.
 
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The lane table's storage: lanes by id, in a ring indexed by the id.
 //!
 //! Lane ids are handed out in sequence (see [`super::next_lane`]), so the
-//! lanes the profiler thread holds are mostly a run of consecutive ids: the
+//! lanes the chunk thread holds are mostly a run of consecutive ids: the
 //! requests of the last chunk or two. A ring indexed by `id - base` finds a
 //! lane without hashing, and a new request's lane lands next to the one
 //! before it, in memory the reader touched last (a hash table spreads
@@ -120,7 +120,7 @@ impl<T> LaneMap<T> {
         // the lane before it whenever that one is kept (a linked request
         // waits for its chunk; a short one after it is forgotten at once),
         // as the next insert put the same places back: thousands of
-        // instructions a request on the profiler thread once every other
+        // instructions a request on the chunk thread once every other
         // request was linked.
         self.trim_front();
         Some(*lane)

@@ -30,8 +30,8 @@
 //!   events of its life ([`LaneEvent`]);
 //! - [`registry`]: how a request registers its lane and reports its end
 //!   from an application thread (bounded, never blocking), and how the
-//!   profiler thread reads them;
-//! - [`table`]: the profiler thread's table of lanes: their windows,
+//!   chunk thread reads them;
+//! - [`table`]: the chunk thread's table of lanes: their windows,
 //!   expiry, fill-ins and end samples, the caps on both, and which thread
 //!   key each sample of a chunk is filed under (what the encoders read).
 //!
@@ -75,7 +75,7 @@ pub(crate) fn next_lane() -> u64 {
 #[derive(Debug, Clone)]
 pub(crate) enum LaneEvent {
     /// A sampled root span was entered for the first time. The link
-    /// travels by value: the profiler thread allocates the lane's copy
+    /// travels by value: the chunk thread allocates the lane's copy
     /// itself, so that nothing the request's worker allocates is freed on
     /// another thread (see [`Lanes::apply`]).
     Started {
@@ -131,11 +131,11 @@ pub(crate) fn min_poll_ns(period_ns: u64) -> u64 {
     period_ns / 10
 }
 
-/// Where [`read_polls`] left off.
+/// Where [`read_changes`] left off.
 #[cfg(profiling_supported)]
 pub(crate) type ChangeCursor = crate::context::ChangeCursor;
 
-/// Where [`read_polls`] left off (nothing publishes context words here).
+/// Where [`read_changes`] left off (nothing publishes context words here).
 #[cfg(not(profiling_supported))]
 #[derive(Debug, Default)]
 pub(crate) struct ChangeCursor;
@@ -148,49 +148,47 @@ impl ChangeCursor {
     }
 }
 
-/// Reads every thread's context-word changes since the previous call into
-/// the lanes' polls (keeping those of `min_poll_ns` or longer, see
-/// [`Lanes::apply_change`]); returns how many changes it read and how many
-/// polls were lost (changes overwritten before they were read, or polls
-/// beyond a lane's bound).
-pub(crate) fn read_polls(
+/// Appends every thread's context-word changes since the previous call to
+/// `out`, keeping at most `room` in it (the rest counted as lost), for
+/// [`Lanes::apply_change`] to make polls of later, on another thread.
+pub(crate) fn read_changes(
     cursor: &mut ChangeCursor,
-    lanes: &mut Lanes,
-    min_poll_ns: u64,
+    out: &mut Vec<Change>,
+    room: usize,
 ) -> PollsRead {
     #[cfg(profiling_supported)]
     {
-        let (mut changes, mut beyond_bound) = (0, 0);
-        let lost = crate::context::read_changes(cursor, |tid, from, to, at_ns, woken_ns| {
-            let change = Change {
-                tid,
-                from,
-                to,
-                at_ns,
-                woken_ns,
-            };
-            changes += 1;
-            beyond_bound += u64::from(!lanes.apply_change(change, min_poll_ns));
+        let mut read = PollsRead::default();
+        let overwritten = crate::context::read_changes(cursor, |tid, from, to, at_ns, woken_ns| {
+            read.changes += 1;
+            if out.len() < room {
+                out.push(Change {
+                    tid,
+                    from,
+                    to,
+                    at_ns,
+                    woken_ns,
+                });
+            } else {
+                read.lost += 1;
+            }
         });
-        PollsRead {
-            changes,
-            lost: lost + beyond_bound,
-        }
+        read.lost += overwritten;
+        read
     }
     #[cfg(not(profiling_supported))]
     {
-        let _ = (cursor, lanes, min_poll_ns);
+        let _ = (cursor, out, room);
         PollsRead::default()
     }
 }
 
-/// What one [`read_polls`] found.
+/// What one [`read_changes`] found.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct PollsRead {
     /// Context-word changes read.
     pub(crate) changes: u64,
-    /// Changes overwritten before they were read, or past the lane table's
-    /// bound.
+    /// Changes overwritten before they were read, or past the room given.
     pub(crate) lost: u64,
 }
 

@@ -1,5 +1,5 @@
 //! Registering lanes from application threads, and reading them on the
-//! profiler thread.
+//! chunk thread.
 //!
 //! An application thread (the tracing layer) reports a lane's start
 //! through a bounded queue, and its end (and the transport its
@@ -27,27 +27,25 @@
 //! the request's. Starts stay in the queue: through the threads' rings they cost the
 //! workers no less under `perf` (see BENCHMARKS.md).
 //!
-//! The profiler thread reads the queue every sampling period while the
-//! sampler runs or lanes are in flight ([`read_interval`]; a request wakes
-//! nobody: the first root span after a pause resumes the sampler and wakes
-//! the reader once), so a finished request is known as finished (and its
-//! places freed) within one period, except while a chunk
-//! is being written; it also reads it before any chunk or profile is
-//! written, so no chunk is ever written without the ends it covers.
+//! The chunk thread reads the queue each time the sampler thread hands it
+//! a batch of samples (every 100 ms while it samples; at once when lanes
+//! pile up) and before any chunk or profile is written, so no chunk is ever
+//! written without the ends it covers. A request wakes nobody: only a
+//! pile-up, a refusal, or the first lane while the sampler thread dozes
+//! wakes it ([`LaneRegistry::set_wake`]).
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
 
 use super::ring::{self, Writer};
 use super::{LaneEvent, LaneLink, Lanes};
 
-/// Lane events waiting for the profiler thread, at most.
+/// Lane events waiting for the chunk thread, at most.
 pub(crate) const LANE_QUEUE: usize = 16_384;
 
-/// Lanes registered whose end the profiler thread has not read yet, at
+/// Lanes registered whose end the chunk thread has not read yet, at
 /// most. Each such lane holds two places in the lane queue (its start and
 /// its end), so the queue never refuses an event. A request past this bound
 /// (that many requests in flight at once) is not given a lane: its samples
@@ -62,17 +60,9 @@ const RING_LEN: usize = 256;
 /// Ends read after which the reader gives their places back, at most.
 const RELEASE_BATCH: usize = 256;
 
-/// Lanes in flight from which the profiler thread is woken at once to read
-/// the lane queue.
-const LANES_HIGH_WATER: usize = MAX_LANES_IN_FLIGHT / 4;
-
-/// How long the profiler thread may wait before it reads the lane queue
-/// again: one sampling period while the sampler runs or any lane is in
-/// flight (a finished request is then known within one period), else
-/// `idle`.
-pub(crate) fn read_interval(busy: bool, period: Duration, idle: Duration) -> Duration {
-    if busy { period.min(idle) } else { idle }
-}
+/// Lanes in flight from which the lane queue is read at once (the sampler
+/// thread hands the chunk thread its batch at its next tick).
+pub(crate) const LANES_HIGH_WATER: usize = MAX_LANES_IN_FLIGHT / 4;
 
 /// The registry's counters (see [`crate::ProfilerStats`]).
 #[derive(Debug, Default)]
@@ -92,12 +82,12 @@ pub(crate) struct LaneRegistry {
     /// Lanes holding places in the queue (see [`MAX_LANES_IN_FLIGHT`]):
     /// written at every registration, so on a line of its own.
     in_flight: crate::own_line::OwnLine<AtomicUsize>,
-    /// The reader, woken when lanes pile up, or by the first lane after it
-    /// went to sleep past a period.
-    reader: OnceLock<std::thread::Thread>,
-    /// The reader sleeps longer than a period (it found nothing to read for
-    /// a while): the next lane wakes it.
-    reader_asleep: AtomicBool,
+    /// Wakes the sampler thread: when lanes pile up, or for the first lane
+    /// while it dozes.
+    wake: OnceLock<Wake>,
+    /// The sampler thread dozes (the application idled): the next lane
+    /// wakes it.
+    asleep: AtomicBool,
     /// This registry's number (given when it is opened): a thread's ring
     /// belongs to one registry.
     number: OnceLock<u64>,
@@ -106,6 +96,15 @@ pub(crate) struct LaneRegistry {
     new_rings: Mutex<Vec<ring::Reader<Closing>>>,
     new_rings_waiting: AtomicBool,
     pub(crate) counters: RegistryCounters,
+}
+
+/// How to wake the sampler thread (see [`LaneRegistry::set_wake`]).
+struct Wake(Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for Wake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Wake")
+    }
 }
 
 /// What an application thread reports through its ring.
@@ -211,9 +210,9 @@ impl LaneRegistry {
         }
     }
 
-    /// Records the thread that reads the queue.
-    pub(crate) fn set_reader(&self, thread: std::thread::Thread) {
-        let _ = self.reader.set(thread);
+    /// Records how to wake the sampler thread (set once).
+    pub(crate) fn set_wake(&self, wake: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.wake.set(Wake(wake));
     }
 
     /// Lanes registered so far: each holds its places until they are given
@@ -246,18 +245,20 @@ impl LaneRegistry {
             });
         let Ok(before) = reserved else {
             c.refused.fetch_add(1, Ordering::Relaxed);
-            self.wake_reader();
+            self.wake();
             return false;
         };
-        // The reader reads the queue every sampling period while requests
-        // come and go, so a request wakes nobody; only a pile-up does, or
-        // the first request after the reader found nothing for a while and
-        // went to sleep past a period (one wake-up per quiet spell).
+        // The sampler thread reads the threads' words every period while it
+        // ticks, so a request wakes nobody; only a pile-up does, or the
+        // first request while it dozes (one wake-up per quiet spell). The
+        // flag is read after the reservation above, a full barrier, and so
+        // after this thread published the request's word: a sampler that
+        // raised it after this read finds the word (see
+        // `LaneRegistry::set_asleep`).
         if before + 1 == LANES_HIGH_WATER
-            || (self.reader_asleep.load(Ordering::Relaxed)
-                && self.reader_asleep.swap(false, Ordering::AcqRel))
+            || (self.asleep.load(Ordering::SeqCst) && self.asleep.swap(false, Ordering::AcqRel))
         {
-            self.wake_reader();
+            self.wake();
         }
         let event = LaneEvent::Started {
             lane,
@@ -282,10 +283,15 @@ impl LaneRegistry {
         }
     }
 
-    /// The reader is about to sleep past a period (`true`), or is awake
-    /// again (`false`).
-    pub(crate) fn set_reader_asleep(&self, asleep: bool) {
-        self.reader_asleep.store(asleep, Ordering::Release);
+    /// The sampler thread is about to doze (`true`), or is awake again
+    /// (`false`). After raising the flag it reads the threads' words again:
+    /// a lane registered before the flag was seen had its word published
+    /// by then.
+    pub(crate) fn set_asleep(&self, asleep: bool) {
+        self.asleep.store(asleep, Ordering::SeqCst);
+        if asleep {
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
     }
 
     /// Reports the window of the transaction of `lane` (see
@@ -318,15 +324,15 @@ impl LaneRegistry {
             });
     }
 
-    /// Wakes the profiler thread (which reads the queue).
-    pub(crate) fn wake_reader(&self) {
-        if let Some(t) = self.reader.get() {
-            t.unpark();
+    /// Wakes the sampler thread.
+    fn wake(&self) {
+        if let Some(wake) = self.wake.get() {
+            (wake.0)();
         }
     }
 }
 
-/// The profiler thread's side of the lane queue.
+/// The chunk thread's side of the lane queue.
 #[derive(Debug)]
 pub(crate) struct LaneReader {
     events: Receiver<LaneEvent>,
@@ -444,16 +450,6 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ends_are_read_every_period_while_lanes_are_in_flight() {
-        let period = Duration::from_millis(10);
-        let idle = Duration::from_millis(100);
-        assert_eq!(read_interval(false, period, idle), idle);
-        assert_eq!(read_interval(true, period, idle), period);
-        // A period longer than the idle tick never slows reading down.
-        assert_eq!(read_interval(true, Duration::from_secs(1), idle), idle);
-    }
 
     #[test]
     fn lanes_reserve_their_end_and_refuse_past_the_bound() {

@@ -1,7 +1,7 @@
-//! The profiler thread's table of lanes: each lane's window (start, and end
+//! The chunk thread's table of lanes: each lane's window (start, and end
 //! once known), expiry of lanes left open, `(suspended)` fill-ins and end
 //! samples with their caps, and the thread key each sample of a chunk is
-//! filed under. Pure data: the profiler thread owns it, nothing else
+//! filed under. Pure data: the chunk thread owns it, nothing else
 //! touches it, and every rule here is unit-tested without a sampler.
 
 use rustc_hash::FxHashMap as HashMap;
@@ -158,7 +158,7 @@ impl Held {
     }
 }
 
-/// The lanes the profiler thread knows about.
+/// The lanes the chunk thread knows about.
 #[derive(Debug, Default)]
 pub(crate) struct Lanes {
     pub(super) lanes: super::lane_map::LaneMap<Lane>,
@@ -314,7 +314,7 @@ impl Lanes {
     }
 
     /// Records a change of a thread's context word (see
-    /// [`super::read_polls`]): the thread stopped polling the request it
+    /// [`super::read_changes`]): the thread stopped polling the request it
     /// left, and began polling the one it entered. A finished poll shorter
     /// than `min_poll_ns` is not kept: its edges would move what Sentry
     /// shows by less than that, and a request that only hands work on (a
@@ -442,7 +442,7 @@ impl Lanes {
     }
 
     /// [`Lanes::fill_suspended`] from `from_ns` instead of the chunk's first
-    /// sample: the profiler thread passes the end of what its previous chunk
+    /// sample: the chunk thread passes the end of what its previous chunk
     /// covered, so a lane that started while the sampler was still getting
     /// its first samples (a busy machine can take many milliseconds) is
     /// filled from its own start, as it would be at any later moment.

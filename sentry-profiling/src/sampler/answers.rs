@@ -5,10 +5,10 @@
 //! importing neither.
 
 use std::sync::Arc;
-use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
 use super::Sample;
+use super::consumer::Consumer;
 use super::ledger;
 use super::state::Awaited;
 use super::stats::Counters;
@@ -110,19 +110,19 @@ pub(super) enum Flush {
 /// Lets `t`'s held samples leave while they may (see `Ledger::drain`).
 /// `period_ns` is the sampling period.
 pub(super) fn flush(
-    tx: &SyncSender<Sample>,
+    out: &mut dyn Consumer,
     c: &Counters,
     t: &mut Tracked,
     why: Flush,
     period_ns: u64,
 ) {
-    let_go(tx, c, t, why, period_ns, |t| t.read_schedstat(period_ns));
+    let_go(out, c, t, why, period_ns, |t| t.read_schedstat(period_ns));
 }
 
 /// [`flush`], with the kernel's counts read by `read_counts` when the
 /// ledger needs them first.
 pub(super) fn let_go(
-    tx: &SyncSender<Sample>,
+    out: &mut dyn Consumer,
     c: &Counters,
     t: &mut Tracked,
     why: Flush,
@@ -141,8 +141,8 @@ pub(super) fn let_go(
         period_ns,
     };
     let (tid, name, start) = (t.info.tid, &t.name, t.info.start_time);
-    t.ledger.drain(&view, |out| match out {
-        ledger::Out::Sample(sample) => emit(tx, c, sample),
+    t.ledger.drain(&view, |left| match left {
+        ledger::Out::Sample(sample) => emit(out, c, sample),
         ledger::Out::Fill {
             timestamp_ns,
             stack,
@@ -156,14 +156,14 @@ pub(super) fn let_go(
             }
             let sample = Sample::new(timestamp_ns, tid, name.clone(), stack, context, true)
                 .with_thread_start(start);
-            emit(tx, c, sample);
+            emit(out, c, sample);
         }
     });
 }
 
 /// Emits one sample of thread `t`.
 pub(super) fn emit_for(
-    tx: &SyncSender<Sample>,
+    out: &mut dyn Consumer,
     c: &Counters,
     t: &Tracked,
     timestamp_ns: u64,
@@ -171,7 +171,7 @@ pub(super) fn emit_for(
     context: u64,
     repeated: bool,
 ) {
-    emit(tx, c, sample_of(t, timestamp_ns, stack, context, repeated));
+    emit(out, c, sample_of(t, timestamp_ns, stack, context, repeated));
 }
 
 /// A sample of thread `t`.
@@ -193,11 +193,11 @@ pub(super) fn sample_of(
     .with_thread_start(t.info.start_time)
 }
 
-pub(super) fn emit(tx: &SyncSender<Sample>, c: &Counters, sample: Sample) {
-    match tx.try_send(sample) {
-        Ok(()) => c.samples_emitted.add(1),
-        Err(TrySendError::Full(_)) => c.dropped_queue_full.add(1),
-        Err(TrySendError::Disconnected(_)) => c.dropped_queue_full.add(1),
+pub(super) fn emit(out: &mut dyn Consumer, c: &Counters, sample: Sample) {
+    if out.take(sample) {
+        c.samples_emitted.add(1);
+    } else {
+        c.dropped_queue_full.add(1);
     }
 }
 

@@ -146,7 +146,7 @@ impl Services {
             {
                 let context = t.word_slot.map_or(0, crate::context::read);
                 c.samples_idle.add(1);
-                emit_for(&self.tx, c, t, tick_ts, stack, context, true);
+                emit_for(&mut *self.out, c, t, tick_ts, stack, context, true);
             }
             _ => {
                 t.cpu_seen_ns = cpu;
@@ -156,7 +156,7 @@ impl Services {
                     Look::Waiting(stack, context) => {
                         t.last_stack = Some(stack.clone());
                         t.last_context = context;
-                        emit_for(&self.tx, c, t, tick_ts, stack, context, false);
+                        emit_for(&mut *self.out, c, t, tick_ts, stack, context, false);
                     }
                     Look::Running => self.signal_running(t, now, c),
                     Look::Gone => t.gone = true,
@@ -539,7 +539,7 @@ impl Worker {
             if alive {
                 t.ledger.alive_ns = u64::MAX;
             }
-            flush(&services.tx, c, t, Flush::Leaving, period_ns);
+            flush(&mut *services.out, c, t, Flush::Leaving, period_ns);
             // Fills after the thread was last seen alive are dropped.
             t.ledger.clear();
             if alive {

@@ -1,7 +1,9 @@
 //! The sampler: a dedicated thread that ticks against absolute deadlines,
-//! harvests what the signal handler captured, unwinds it and emits
-//! [`Sample`]s into a bounded queue, one per thread per sampling period
-//! (wall-clock semantics), each thread's in time order.
+//! harvests what the signal handler captured, unwinds it and hands
+//! [`Sample`]s to the consumer it owns (a bounded queue for a standalone
+//! [`Sampler`], the session's intake for a profiling session), one per
+//! thread per sampling period (wall-clock semantics), each thread's in time
+//! order.
 //!
 //! Running threads sample themselves: each has a CPU-time timer
 //! ([`sys::CpuTimer`]) whose signal the kernel raises on the thread's own
@@ -69,6 +71,7 @@
 
 mod answers;
 mod capture;
+mod consumer;
 mod denied;
 mod ledger;
 mod periods;
@@ -86,6 +89,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub(crate) use consumer::Consumer;
 pub use sample::Sample;
 pub use stats::SamplerStats;
 
@@ -135,30 +139,6 @@ struct Shared {
     pub(super) active: AtomicBool,
     pub(super) counters: Counters,
     pub(super) modules: SharedModules,
-    /// True while the sampler thread dozes (the application idle): its
-    /// samples come in batches a doze apart, so their reader may sleep as
-    /// long.
-    pub(super) dozing: AtomicBool,
-    /// The thread that reads the samples, woken when a doze ends early (the
-    /// application runs again) so it reads at its usual pace at once.
-    pub(super) reader: std::sync::OnceLock<std::thread::Thread>,
-    /// Run by the sampler thread after each tick (see
-    /// [`Sampler::set_tick_hook`]).
-    pub(super) tick_hook: std::sync::OnceLock<TickHook>,
-    /// True while the reader sleeps past the next period, counting on the
-    /// tick hook: the sampler wakes it when the hook stops running.
-    pub(super) reader_relies: AtomicBool,
-}
-
-/// Work the sampler thread does after each of its ticks; returns whether
-/// the application did something the sampler should look at before it
-/// dozes (see [`Sampler::set_tick_hook`]).
-pub(crate) struct TickHook(pub(crate) Box<dyn Fn() -> bool + Send + Sync>);
-
-impl std::fmt::Debug for TickHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TickHook")
-    }
 }
 
 /// A running sampler. Dropping it stops the sampler thread.
@@ -176,7 +156,9 @@ impl std::fmt::Debug for TickHook {
 #[derive(Debug)]
 pub struct Sampler {
     shared: Arc<Shared>,
-    rx: Receiver<Sample>,
+    /// The queue's reading end (`None`: the samples go to a consumer of
+    /// the crate's, see [`Sampler::start_feeding`]).
+    rx: Option<Receiver<Sample>>,
     thread: Option<JoinHandle<()>>,
     signal: i32,
 }
@@ -185,31 +167,46 @@ impl Sampler {
     /// Installs the signal handler (once per process) and starts the sampler
     /// thread.
     pub fn start(config: SamplerConfig) -> Result<Self, Error> {
-        Self::start_with(config, true)
+        Self::start_with(config, true, None)
     }
 
     /// Like [`Sampler::start`], but sends no signal until [`Sampler::resume`].
     pub fn start_paused(config: SamplerConfig) -> Result<Self, Error> {
-        Self::start_with(config, false)
+        Self::start_with(config, false, None)
     }
 
-    fn start_with(config: SamplerConfig, active: bool) -> Result<Self, Error> {
+    /// Like [`Sampler::start_paused`], with the samples handed to `out` on
+    /// the sampler thread instead of a queue (`try_iter` finds none).
+    pub(crate) fn start_feeding(
+        config: SamplerConfig,
+        out: Box<dyn Consumer>,
+    ) -> Result<Self, Error> {
+        Self::start_with(config, false, Some(out))
+    }
+
+    fn start_with(
+        config: SamplerConfig,
+        active: bool,
+        out: Option<Box<dyn Consumer>>,
+    ) -> Result<Self, Error> {
         let config = config.validated()?;
         sys::watch_fork();
         if sys::in_forked_child() {
             return Err(Error::ForkedChild);
         }
         let setup = sys::install_handler(config.signal).map_err(Error::Signal)?;
-        let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_capacity);
+        let (out, rx): (Box<dyn Consumer>, _) = match out {
+            Some(out) => (out, None),
+            None => {
+                let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_capacity);
+                (Box::new(tx), Some(rx))
+            }
+        };
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             active: AtomicBool::new(active),
             counters: Counters::default(),
             modules: Arc::new(arc_swap::ArcSwap::from_pointee(ModuleSet::default())),
-            dozing: AtomicBool::new(false),
-            reader: std::sync::OnceLock::new(),
-            tick_hook: std::sync::OnceLock::new(),
-            reader_relies: AtomicBool::new(false),
         });
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread_shared = Arc::clone(&shared);
@@ -217,7 +214,7 @@ impl Sampler {
             .name("sentry-profiler".into())
             .spawn(move || {
                 let _own = register_own_thread();
-                let mut worker = Worker::new(config, tx, thread_shared);
+                let mut worker = Worker::new(config, out, thread_shared);
                 // Before the sampler counts as started: what the kernel
                 // refuses is said (and counted) by then.
                 worker.services.probe_capabilities(&worker.shared.counters);
@@ -243,12 +240,12 @@ impl Sampler {
 
     /// Samples taken so far that nobody has received yet.
     pub fn try_iter(&self) -> impl Iterator<Item = Sample> + '_ {
-        self.rx.try_iter()
+        self.rx.iter().flat_map(Receiver::try_iter)
     }
 
     /// Waits up to `timeout` for the next sample.
     pub fn recv_timeout(&self, timeout: Duration) -> Option<Sample> {
-        self.rx.recv_timeout(timeout).ok()
+        self.rx.as_ref()?.recv_timeout(timeout).ok()
     }
 
     /// The modules loaded in the process, as last seen by the sampler.
@@ -280,63 +277,6 @@ impl Sampler {
         self.control().is_active()
     }
 
-    /// Whether the sampler thread dozes: the application has been idle, and
-    /// samples come in batches up to about half a second apart.
-    pub(crate) fn is_dozing(&self) -> bool {
-        self.shared.dozing.load(Ordering::Acquire)
-    }
-
-    /// Ends the sampler thread's doze, if it dozes: a request has just
-    /// begun after a quiet spell, and a request that blocks its worker
-    /// (in a system call, using no CPU time, so no timer capture would
-    /// wake the sampler) must be looked at from its start.
-    pub(crate) fn end_doze(&self) {
-        if self.is_dozing() {
-            sys::wake_completion_waiters();
-        }
-    }
-
-    /// Names the thread that reads the samples: it is woken when a doze
-    /// ends early (see [`Sampler::is_dozing`]), and when the sampler stops
-    /// running its tick hook (a doze begins, or it pauses).
-    pub(crate) fn set_reader(&self, reader: std::thread::Thread) {
-        let _ = self.shared.reader.set(reader);
-    }
-
-    /// Work for the sampler thread to do after each tick, which the reader
-    /// would otherwise wake up for every period (the lanes' events): one
-    /// wake-up a period instead of two. Set once.
-    ///
-    /// The hook returns true when it read something (a request began, or a
-    /// thread entered or left one): the sampler then does not begin a doze
-    /// after this tick. A request that began after the tick looked at its
-    /// worker may be blocking it already, using no CPU time (so no timer
-    /// capture would end the doze), and the reader, which wakes a dozing
-    /// sampler when it reads such events, will not see the ones the hook
-    /// took.
-    pub(crate) fn set_tick_hook(&self, hook: Box<dyn Fn() -> bool + Send + Sync>) {
-        let _ = self.shared.tick_hook.set(TickHook(hook));
-    }
-
-    /// Whether the sampler thread runs the tick hook every period now: it
-    /// has one, runs, and does not doze. When that stops, it wakes the
-    /// reader.
-    pub(crate) fn reads_lanes(&self) -> bool {
-        self.shared.tick_hook.get().is_some() && self.is_active() && !self.is_dozing()
-    }
-
-    /// For the reader: sleeps up to `wait` while the tick hook runs every
-    /// period, and returns at once when it stops (or if it does not run).
-    pub(crate) fn sleep_while_reading_lanes(&self, wait: Duration) {
-        self.shared.reader_relies.store(true, Ordering::SeqCst);
-        // Checked after the flag is up: a doze or pause that began before
-        // it would not wake this thread.
-        if self.reads_lanes() {
-            std::thread::park_timeout(wait);
-        }
-        self.shared.reader_relies.store(false, Ordering::SeqCst);
-    }
-
     /// Counters so far.
     pub fn stats(&self) -> SamplerStats {
         self.shared.counters.snapshot()
@@ -348,13 +288,6 @@ impl Sampler {
     pub fn stop(mut self) -> SamplerStats {
         self.shutdown();
         self.stats()
-    }
-
-    /// Stops the thread and hands back the queue and final counters.
-    pub(crate) fn stop_and_drain(mut self) -> (SamplerStats, Vec<Sample>) {
-        self.shutdown();
-        let rest = self.rx.try_iter().collect();
-        (self.stats(), rest)
     }
 
     fn shutdown(&mut self) {
@@ -410,6 +343,24 @@ impl SamplerControl {
     /// Whether the sampler is sampling (started and not paused).
     pub fn is_active(&self) -> bool {
         self.shared.active.load(Ordering::SeqCst) && !self.shared.stop.load(Ordering::Acquire)
+    }
+
+    /// Wakes the sampler thread for its consumer, whether it is paused
+    /// (see [`Consumer::paused`]) or dozing (see [`Consumer::dozing`]); its
+    /// ticks keep their pace.
+    pub(crate) fn wake(&self) {
+        sys::wake_completion_waiters();
+        if let Some(t) = &self.thread {
+            t.unpark();
+        }
+    }
+
+    /// Stops the sampler thread for good: it settles what it holds, hands
+    /// it to its consumer ([`Consumer::stopped`]) and ends. Whoever owns
+    /// the [`Sampler`] then joins it.
+    pub(crate) fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.wake();
     }
 
     /// The sampler's counters.

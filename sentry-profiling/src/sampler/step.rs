@@ -576,7 +576,7 @@ mod tests {
         fn flush(&mut self, why: Flush) {
             self.did.push(format!("let go {why:?}"));
             let counted = self.counted();
-            let_go(&self.tx, &self.c, &mut self.t, why, PERIOD, counted);
+            let_go(&mut self.tx, &self.c, &mut self.t, why, PERIOD, counted);
         }
 
         fn recycled(&mut self) {

@@ -1,6 +1,9 @@
 //! The sampler on platforms without one: the same API, and
 //! [`Sampler::start`] returns [`Error::Unsupported`].
 
+#[path = "consumer.rs"]
+#[expect(dead_code, reason = "no sampler thread calls a consumer here")]
+mod consumer;
 #[path = "sample.rs"]
 #[cfg_attr(
     not(test),
@@ -14,6 +17,7 @@ mod stats;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use consumer::Consumer;
 pub use sample::Sample;
 pub use stats::SamplerStats;
 
@@ -45,6 +49,14 @@ impl Sampler {
 
     /// Always fails: this platform is not supported.
     pub fn start_paused(config: SamplerConfig) -> Result<Self, Error> {
+        Self::start(config)
+    }
+
+    /// Always fails: this platform is not supported.
+    pub(crate) fn start_feeding(
+        config: SamplerConfig,
+        _out: Box<dyn Consumer>,
+    ) -> Result<Self, Error> {
         Self::start(config)
     }
 
@@ -88,28 +100,6 @@ impl Sampler {
         self.control().is_active()
     }
 
-    /// Never dozing.
-    pub(crate) fn is_dozing(&self) -> bool {
-        false
-    }
-
-    /// No-op: it never dozes.
-    pub(crate) fn end_doze(&self) {}
-
-    /// No-op: nothing is sampled.
-    pub(crate) fn set_reader(&self, _reader: std::thread::Thread) {}
-
-    /// No sampler thread to run it: dropped.
-    pub(crate) fn set_tick_hook(&self, _hook: Box<dyn Fn() -> bool + Send + Sync>) {}
-
-    /// No sampler thread reads the lanes here: the reader does.
-    pub(crate) fn reads_lanes(&self) -> bool {
-        false
-    }
-
-    /// Returns at once (see [`Sampler::reads_lanes`]).
-    pub(crate) fn sleep_while_reading_lanes(&self, _wait: Duration) {}
-
     /// Zero counters.
     pub fn stats(&self) -> SamplerStats {
         self.control().stats()
@@ -118,10 +108,6 @@ impl Sampler {
     /// Zero counters.
     pub fn stop(self) -> SamplerStats {
         SamplerStats::default()
-    }
-
-    pub(crate) fn stop_and_drain(self) -> (SamplerStats, Vec<Sample>) {
-        (SamplerStats::default(), Vec::new())
     }
 }
 
@@ -164,4 +150,10 @@ impl SamplerControl {
     pub fn stats(&self) -> SamplerStats {
         SamplerStats::default()
     }
+
+    /// No-op.
+    pub(crate) fn wake(&self) {}
+
+    /// No-op.
+    pub(crate) fn stop(&self) {}
 }

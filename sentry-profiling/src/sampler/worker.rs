@@ -3,15 +3,16 @@
 //! thread is in a request), and each tick's work on every tracked
 //! thread: the step that decides it (`step`) run with [`ThreadAt`], which
 //! makes its system calls (harvesting timer captures, reading CPU clocks
-//! and `/proc`, signalling, unwinding) and sends the samples that leave,
-//! in time order, through the sample queue.
+//! and `/proc`, signalling, unwinding) and hands the samples that leave,
+//! in time order, to its [`Consumer`], which it also runs after each tick,
+//! before a doze and while paused.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant};
 
 use super::answers::{Flush, Harvested, Look, awaited, flush};
+use super::consumer::Consumer;
 use super::denied::Denials;
 use super::ledger;
 use super::requests::CapturedRequests;
@@ -19,7 +20,7 @@ use super::state::Awaited;
 use super::stats::Counters;
 use super::step::{self, MAX_CATCH_UP};
 use super::threads::{StackMaps, ThreadTable, Tracked};
-use super::{Sample, Shared, own_threads};
+use super::{Shared, own_threads};
 use crate::options::SamplerConfig;
 use crate::sys;
 use crate::unwind::StackUnwinder;
@@ -88,12 +89,12 @@ pub(super) struct Worker {
 
 /// What a thread's tick uses besides the thread (see `capture`): the
 /// configuration, the unwinder and its buffers, the stack mappings, the
-/// requests with a capture, the refused system calls, and the samples' way
-/// out.
+/// requests with a capture, the refused system calls, and where the
+/// samples go.
 pub(super) struct Services {
     pub(super) config: SamplerConfig,
     pub(super) period: Duration,
-    pub(super) tx: SyncSender<Sample>,
+    pub(super) out: Box<dyn Consumer>,
     pub(super) unwinder: StackUnwinder,
     pub(super) frames: Vec<u64>,
     /// Reused to copy the stacks of threads blocked in the kernel.
@@ -129,7 +130,7 @@ fn clocks_now() -> (u64, Instant) {
 }
 
 impl Worker {
-    pub(super) fn new(config: SamplerConfig, tx: SyncSender<Sample>, shared: Arc<Shared>) -> Self {
+    pub(super) fn new(config: SamplerConfig, out: Box<dyn Consumer>, shared: Arc<Shared>) -> Self {
         let unwinder = StackUnwinder::new(Arc::clone(&shared.modules));
         Self {
             threads: ThreadTable::default(),
@@ -142,7 +143,7 @@ impl Worker {
                 requests: CapturedRequests::default(),
                 denied: Denials::new(config.cpu_timers),
                 config,
-                tx,
+                out,
             },
             tick_no: 0,
             owed: 0,
@@ -169,9 +170,7 @@ impl Worker {
             // thread was harvested, ends a doze that follows at once.
             let seen = sys::completion_seq();
             let (periods, passed) = self.tick(deadline);
-            if let Some(hook) = self.shared.tick_hook.get()
-                && (hook.0)()
-            {
+            if self.services.out.ticked() {
                 // A request began, or a thread entered or left one, since
                 // the tick before, perhaps after this tick looked at its
                 // thread: look at it again before dozing.
@@ -189,6 +188,7 @@ impl Worker {
             self.wait_until(&mut deadline);
         }
         self.settle();
+        self.services.out.stopped();
         self.threads.release_all();
     }
 
@@ -198,14 +198,14 @@ impl Worker {
         self.settle();
         self.owed = 0;
         self.cpu_mark = None;
-        // The tick hook stops with the ticks: its work is the reader's again.
-        self.wake_reader();
+        self.services.out.paused();
         while !self.shared.active.load(Ordering::Acquire)
             && !self.shared.stop.load(Ordering::Acquire)
         {
-            // `resume` and `stop` unpark this thread: the timeout only
-            // bounds an idle process's wake-ups.
+            // `resume`, `wake` and `stop` unpark this thread: the timeout
+            // only bounds an idle process's wake-ups.
             std::thread::park_timeout(Duration::from_secs(2));
+            self.services.out.paused();
         }
     }
 
@@ -223,22 +223,16 @@ impl Worker {
         let now = Instant::now();
         if until > now && !self.shared.stop.load(Ordering::Acquire) {
             if idle {
-                // Long enough for the reader to read the lanes itself
-                // meanwhile.
-                self.shared.dozing.store(true, Ordering::Release);
-                self.wake_reader();
+                if !self.services.out.dozing() {
+                    // A thread entered or left a request meanwhile.
+                    return false;
+                }
             } else {
                 self.shared.counters.light_dozes.add(1);
             }
             sys::wait_completion(seen, until - now);
             if idle {
-                self.shared.dozing.store(false, Ordering::Release);
-                if Instant::now() < until {
-                    // A thread ran: the reader goes back to its pace.
-                    if let Some(reader) = self.shared.reader.get() {
-                        reader.unpark();
-                    }
-                }
+                self.services.out.woke();
             }
         }
         let now = Instant::now();
@@ -276,20 +270,6 @@ impl Worker {
                 break;
             }
             std::thread::park_timeout(*deadline - now);
-        }
-    }
-
-    /// Wakes the reader when the tick hook stops running every period (a
-    /// doze begins, or the sampler pauses): it reads the lanes itself then.
-    fn wake_reader(&self) {
-        // Pairs with the reader's flag-then-check (see
-        // `Sampler::sleep_while_reading_lanes`): the doze or pause is
-        // visible to it, or its flag is to this thread.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.shared.reader_relies.load(Ordering::SeqCst)
-            && let Some(reader) = self.shared.reader.get()
-        {
-            reader.unpark();
         }
     }
 
@@ -417,14 +397,15 @@ impl Worker {
         // alive) leave with what is known, as when the sampler pauses: a
         // runtime shut down right after a request would otherwise lose
         // that request's last periods, those it spent blocked included.
-        let tx = &self.services.tx;
+        let out = &mut self.services.out;
         let period_ns = self.services.period.as_nanos() as u64;
-        let leaving = |t: &mut super::threads::Tracked| flush(tx, c, t, Flush::Leaving, period_ns);
+        let mut leaving =
+            |t: &mut super::threads::Tracked| flush(&mut **out, c, t, Flush::Leaving, period_ns);
         if self
             .threads
             .refresh_due(self.idle_ticks >= IDLE_TICKS_BEFORE_DOZING)
         {
-            self.threads.refresh(&own_threads(), c, leaving);
+            self.threads.refresh(&own_threads(), c, &mut leaving);
         }
         self.threads.remove_gone(leaving);
         (periods, passed)
@@ -522,7 +503,7 @@ impl step::Kernel for ThreadAt<'_> {
 
     fn flush(&mut self, why: Flush) {
         let period_ns = self.period_ns();
-        flush(&self.services.tx, self.c, self.t, why, period_ns);
+        flush(&mut *self.services.out, self.c, self.t, why, period_ns);
     }
 
     fn recycled(&mut self) {

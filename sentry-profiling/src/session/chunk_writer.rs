@@ -1,13 +1,15 @@
-//! The chunk in progress on the profiler thread: samples go in, and when
-//! the chunk is due (its duration, or as many finished requests as one
-//! chunk holds) its lanes are filled in, it is encoded, exported and handed
-//! to the session's sink.
+//! The chunk in progress on the chunk thread: the sampler thread's batches
+//! go in (samples, and the context-word changes that make the lanes'
+//! polls), and when the chunk is due (its duration, or as many finished
+//! requests as one chunk holds) its lanes are filled in, it is encoded,
+//! exported and handed to the session's sink.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::Session;
-use super::lane_desk::{SharedDesk, lock};
+use super::intake::Batch;
+use super::lane_desk::LaneDesk;
 use super::sink::Handed;
 use super::v1::{V1_HISTORY, V1Context, V1Drop, V1State};
 use crate::attribution::ThreadAttribution;
@@ -15,8 +17,8 @@ use crate::chunk::Chunk;
 use crate::encode::sentry_chunk::{ChunkMeta, EncodedChunk, encode_chunk};
 use crate::encode::view::ProfileView;
 use crate::export::{ExportCounts, Exporter};
-use crate::lanes::{Lanes, now_ns};
-use crate::sampler::{Sample, Sampler};
+use crate::lanes::now_ns;
+use crate::sampler::Sample;
 use crate::symbolize::Symbolizer;
 use crate::unwind::ModuleSet;
 
@@ -30,34 +32,35 @@ const MAX_FILL_LEAD_NS: u64 = 2_000_000_000;
 /// duration.
 const MAX_FINISHED_LANES_PER_CHUNK: usize = 4_096;
 
-/// Profiler ticks without an active root span after which transaction
-/// profiling pauses the sampler (a second).
-const V1_IDLE_TICKS: u32 = 10;
+/// How long transaction profiling keeps sampling without an active root
+/// span before it pauses the sampler.
+const V1_IDLE: Duration = Duration::from_secs(1);
 
 /// Most finished lanes kept for transaction profiles (their history is
 /// half a minute; at 10,000 requests a second that would be 350,000).
 const MAX_V1_FINISHED_LANES: usize = 16_384;
 
-/// The profiler thread's chunk in progress.
+/// The chunk thread's chunk in progress, and the lane table.
 pub(super) struct ChunkWriter<'a> {
     pub(super) session: &'a Session,
     pub(super) meta: ChunkMeta,
     pub(super) chunk: Chunk,
     pub(super) symbolizer: Option<Symbolizer>,
     pub(super) chunk_duration: Duration,
-    /// The lane table, which the sampler thread reads into too.
-    pub(super) desk: SharedDesk,
+    pub(super) desk: LaneDesk,
     pub(super) attribution: ThreadAttribution,
     pub(super) period_ns: u64,
     /// Where the last chunk's lane fill-ins ended.
     pub(super) filled_until_ns: u64,
+    /// Up to when the lanes' polls are known (the last batch's reading of
+    /// the context words): a chunk's fill-ins end there.
+    pub(super) known_until_ns: u64,
     pub(super) meter: crate::chunk::ProcessMeter,
     pub(super) exporters: Vec<Exporter>,
     pub(super) service_name: String,
     pub(super) v1: Option<V1State>,
-    /// Profiler ticks in a row with no root span active (transaction
-    /// profiles).
-    pub(super) idle_ticks: u32,
+    /// Since when no root span was active (transaction profiles).
+    pub(super) idle_since: Option<Instant>,
 }
 
 impl ChunkWriter<'_> {
@@ -75,20 +78,23 @@ impl ChunkWriter<'_> {
         self.chunk.push(sample);
     }
 
-    pub(super) fn drain(&mut self, sampler: &Sampler) {
+    /// Takes a batch from the sampler thread: the lane queue's events and
+    /// the batch's changes into the lane table, then its samples into the
+    /// chunk. Leaves the batch empty, to be reused.
+    pub(super) fn take(&mut self, batch: &mut Batch, modules: &ModuleSet) {
+        self.desk.read(self.session, &batch.changes);
+        batch.changes.clear();
+        self.known_until_ns = self.known_until_ns.max(batch.read_until_ns);
         self.meter.measure_into(&mut self.chunk);
-        let modules = sampler.modules();
-        for s in sampler.try_iter() {
-            self.push(&s, &modules);
+        for s in batch.samples.drain(..) {
+            self.push(&s, modules);
         }
     }
 
-    /// Takes the lane queue's events into the lane table (every profiler
-    /// tick, and before a chunk or profile is written). Returns how many
-    /// lane events and context-word changes it read: none means nothing
-    /// happened since the last read.
-    pub(super) fn read_lane_events(&mut self) -> u64 {
-        lock(&self.desk).read(self.session)
+    /// Takes the lane queue's events into the lane table (while no batch
+    /// comes, and before a chunk or profile is written).
+    pub(super) fn read_lane_events(&mut self) {
+        self.desk.read(self.session, &[]);
     }
 
     /// Whether the writer holds nothing that time alone would make it
@@ -100,8 +106,8 @@ impl ChunkWriter<'_> {
 
     /// Forgets the lanes that ended before `before` and those open too long
     /// (counted as expired, their places in the lane queue given back).
-    fn prune_lanes(&self, before: u64) {
-        let mut desk = lock(&self.desk);
+    fn prune_lanes(&mut self, before: u64) {
+        let desk = &mut self.desk;
         let expired = desk.lanes.prune(before);
         self.session.lanes.released(expired);
         self.session
@@ -111,7 +117,7 @@ impl ChunkWriter<'_> {
         desk.note_tracked(self.session);
     }
 
-    pub(super) fn rotate_if_due(&mut self, sampler: &Sampler) {
+    pub(super) fn rotate_if_due(&mut self, modules: &ModuleSet) {
         if let Some(v1) = &self.v1 {
             // V1 mode sends no chunks: keep enough history for the longest
             // transaction still waiting, and the longest profile.
@@ -125,22 +131,18 @@ impl ChunkWriter<'_> {
             self.chunk.retain_since(keep_from.min(oldest));
             // Lanes that ended before the history kept are no longer needed.
             self.prune_lanes(keep_from.min(oldest));
-            let capped = lock(&self.desk).lanes.cap_finished(MAX_V1_FINISHED_LANES);
+            let capped = self.desk.lanes.cap_finished(MAX_V1_FINISHED_LANES);
             self.session
                 .counters
                 .lanes_capped
                 .fetch_add(capped as u64, Ordering::Relaxed);
-            let modules = sampler.modules();
-            self.process_v1(&modules, false);
+            self.process_v1(modules, false);
             // No chunk ends in this mode: the sampler pauses once no root
             // span has been active for a while.
             if self.session.roots_active() {
-                self.idle_ticks = 0;
-            } else {
-                self.idle_ticks = self.idle_ticks.saturating_add(1);
-                if self.idle_ticks >= V1_IDLE_TICKS {
-                    self.session.pause_if_idle();
-                }
+                self.idle_since = None;
+            } else if self.idle_since.get_or_insert_with(Instant::now).elapsed() >= V1_IDLE {
+                self.session.pause_if_idle();
             }
             return;
         }
@@ -148,7 +150,7 @@ impl ChunkWriter<'_> {
             return;
         };
         let now = now_ns();
-        let full = lock(&self.desk).lanes.finished() >= MAX_FINISHED_LANES_PER_CHUNK;
+        let full = self.desk.lanes.finished() >= MAX_FINISHED_LANES_PER_CHUNK;
         if full || now.saturating_sub(first) >= self.chunk_duration.as_nanos() as u64 {
             if full {
                 self.session
@@ -156,14 +158,8 @@ impl ChunkWriter<'_> {
                     .chunks_cut_early
                     .fetch_add(1, Ordering::Relaxed);
             }
-            self.drain(sampler);
-            self.finish(sampler);
+            self.finish_with(modules);
         }
-    }
-
-    pub(super) fn finish(&mut self, sampler: &Sampler) {
-        let modules = sampler.modules();
-        self.finish_with(&modules);
     }
 
     fn record_exports(&self, counts: ExportCounts) {
@@ -188,29 +184,27 @@ impl ChunkWriter<'_> {
         // duration, a full lane table, a recycled thread id, a flush).
         self.session.pause_if_idle();
         let mut chunk = self.chunk.take();
-        let now = now_ns();
+        // The lanes' polls are known up to the sampler thread's last
+        // reading of the context words; no sample of the chunk is later.
+        let now = self
+            .known_until_ns
+            .max(chunk.last_timestamp_ns().unwrap_or(0));
         let edges_from = self.filled_until_ns;
-        // Held while the chunk's lanes are filled in and exported (the
-        // sampler thread's reads wait for the next tick meanwhile).
-        let desk = std::sync::Arc::clone(&self.desk);
-        let desk = lock(&desk);
         if self.attribution == ThreadAttribution::Lanes {
-            self.fill_lanes(&desk.lanes, &mut chunk, now);
+            self.fill_lanes(&mut chunk, now);
         }
         if !self.exporters.is_empty() {
-            self.export(&desk.lanes, &chunk, modules);
+            self.export(&chunk, modules);
         }
+        let lanes = &self.desk.lanes;
         if self.attribution == ThreadAttribution::Lanes {
-            let edges = desk
-                .lanes
-                .add_poll_edges(&mut chunk, self.period_ns, edges_from, now);
+            let edges = lanes.add_poll_edges(&mut chunk, self.period_ns, edges_from, now);
             self.session
                 .counters
                 .lane_fill_ins
                 .fetch_add(edges as u64, Ordering::Relaxed);
         }
-        let keys = desk.lanes.thread_keys(&chunk, self.attribution);
-        drop(desk);
+        let keys = lanes.thread_keys(&chunk, self.attribution);
         let keys = crate::encode::synthetic::mark_running_requests(&mut chunk, keys);
         let pieces = encode_chunk(
             &self.meta,
@@ -228,12 +222,15 @@ impl ChunkWriter<'_> {
     /// sample, which can come well after the root span that resumed the
     /// sampler), at most `MAX_FILL_LEAD` before the first sample so the
     /// chunk stays within Relay's span.
-    fn fill_lanes(&mut self, lanes: &Lanes, chunk: &mut Chunk, now: u64) {
+    fn fill_lanes(&mut self, chunk: &mut Chunk, now: u64) {
         let from = chunk
             .first_timestamp_ns()
             .map_or(now, |first| first.saturating_sub(MAX_FILL_LEAD_NS))
             .max(self.filled_until_ns);
-        let filled = lanes.fill_suspended_from(chunk, self.period_ns, from, now);
+        let filled = self
+            .desk
+            .lanes
+            .fill_suspended_from(chunk, self.period_ns, from, now);
         self.filled_until_ns = now;
         let c = &self.session.counters;
         c.lane_fill_ins
@@ -243,10 +240,10 @@ impl ChunkWriter<'_> {
     }
 
     /// Hands the chunk, resolved once, to every exporter (pprof, OTLP).
-    fn export(&mut self, lanes: &Lanes, chunk: &Chunk, modules: &ModuleSet) {
+    fn export(&mut self, chunk: &Chunk, modules: &ModuleSet) {
         let view = ProfileView::build(
             chunk,
-            lanes,
+            &self.desk.lanes,
             modules,
             self.symbolizer.as_mut(),
             self.period_ns,
@@ -299,10 +296,8 @@ impl ChunkWriter<'_> {
         v1.pending = waiting;
         let release = self.meta.release.clone();
         let environment = self.meta.environment.clone();
-        let desk = std::sync::Arc::clone(&self.desk);
-        let desk = lock(&desk);
         let ctx = V1Context {
-            lanes: &desk.lanes,
+            lanes: &self.desk.lanes,
             attribution: self.attribution,
             modules,
             period_ns: self.period_ns,

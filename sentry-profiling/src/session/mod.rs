@@ -3,10 +3,13 @@
 //!
 //! - this file: the session itself, what application threads call (a few
 //!   atomic operations each), and starting and stopping it;
-//! - [`profiler_thread`]: the thread that takes the sampler's samples and
-//!   the lanes' events and drives the chunk writer;
-//! - [`chunk_writer`]: the chunk in progress: fill-ins, encoding, exports,
-//!   handing chunks to the sink;
+//! - [`intake`]: the sampler thread's consumer: takes the samples and the
+//!   threads' context-word changes as they come, and hands them to the
+//!   chunk thread in batches with the flush and shutdown commands;
+//! - [`chunk_thread`]: the thread that creates the sampler and takes those
+//!   batches into the chunk writer;
+//! - [`chunk_writer`] and [`lane_desk`]: the chunk in progress and the lane
+//!   table: fill-ins, encoding, exports, handing chunks to the sink;
 //! - [`v1`]: transaction-based (V1) profiling's part of the profiler
 //!   thread, and the seam ([`v1::PendingProfile`]) through which the Sentry
 //!   glue hands it transactions;
@@ -21,13 +24,14 @@
 //!
 //! Everything an application thread calls here (root span started/finished,
 //! start/stop) is a few atomic operations: the sampler is created paused on
-//! the profiler thread at init (which waits for it, up to two seconds, so
+//! the chunk thread at init (which waits for it, up to two seconds, so
 //! that the first transactions are sampled) and only resumed or paused
 //! afterwards.
 
+mod chunk_thread;
 mod chunk_writer;
+mod intake;
 mod lane_desk;
-mod profiler_thread;
 pub(crate) mod sink;
 mod stats;
 pub(crate) mod v1;
@@ -44,7 +48,7 @@ use crate::export::{ExportTarget, FileRetention};
 use crate::lanes::{LaneLink, LaneRegistry};
 use crate::options::{ProfileLifecycle, SamplerConfig};
 use crate::sampler::{SamplerControl, SamplerStats};
-use profiler_thread::Command;
+use chunk_thread::Command;
 use sink::ChunkSink;
 use stats::Counters;
 pub(crate) use stats::DeliveryCounters;
@@ -131,7 +135,7 @@ pub(crate) struct Session {
     delivery: Arc<DeliveryCounters>,
     control: OnceLock<SamplerControl>,
     commands: Mutex<Option<Sender<Command>>>,
-    /// Lanes registered by application threads, read by the profiler thread.
+    /// Lanes registered by application threads, read by the chunk thread.
     lanes: LaneRegistry,
     v1_queue: OnceLock<std::sync::mpsc::SyncSender<Box<dyn PendingProfile>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -185,7 +189,7 @@ impl Session {
         Arc::clone(&self.delivery)
     }
 
-    /// Starts the session: publishes it and starts the profiler thread with a
+    /// Starts the session: publishes it and starts the chunk thread with a
     /// paused sampler. Called once, from the integration's `setup`.
     pub(crate) fn activate(self: &Arc<Self>, config: SessionConfig, sampled: bool) {
         crate::sys::watch_fork();
@@ -217,7 +221,6 @@ impl Session {
             .spawn(move || this.run(rx, lane_rx, v1_rx, ready_tx));
         match spawned {
             Ok(handle) => {
-                self.lanes.set_reader(handle.thread().clone());
                 *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
                 CURRENT.store(Some(Arc::clone(self)));
                 // Wait for the sampler (its module list takes a while to
@@ -231,7 +234,7 @@ impl Session {
             }
             Err(e) => {
                 eprintln!(
-                    "sentry-profiling: profiling disabled: cannot start the profiler thread: {e}"
+                    "sentry-profiling: profiling disabled: cannot start the chunk thread: {e}"
                 );
                 self.session_sampled.store(false, Ordering::Release);
             }
@@ -269,7 +272,7 @@ impl Session {
     }
 
     /// Whether samples are being taken right now, or will be as soon as the
-    /// sampler (created at init on the profiler thread) is ready.
+    /// sampler (created at init on the chunk thread) is ready.
     pub(crate) fn is_running(&self) -> bool {
         if self.shut_down.load(Ordering::Acquire) || self.profiler_id().is_none() {
             return false;
@@ -298,7 +301,7 @@ impl Session {
     /// In the steady state this is one atomic add and one atomic load: the
     /// sampler keeps running across the gaps between requests (see
     /// [`Session::pause_if_idle`]), so only the first root after a pause
-    /// resumes it, waking the sampler and profiler threads.
+    /// resumes it, waking the sampler thread.
     pub(crate) fn root_started(&self, lane: u64, name: &str) -> bool {
         if self.profiler_id().is_none() || self.shut_down.load(Ordering::Acquire) {
             return false;
@@ -311,14 +314,12 @@ impl Session {
             return false;
         }
         // Sequentially consistent with `pause_if_idle`'s store and load: either
-        // this thread sees the sampler paused, or the profiler thread sees
+        // this thread sees the sampler paused, or the chunk thread sees
         // this root and resumes it.
         self.active_roots.begin();
         if let Some(control) = self.control.get() {
             if !control.is_active() {
                 control.resume();
-                // The profiler thread reads lanes every period from now on.
-                self.lanes.wake_reader();
             }
         }
         true
@@ -334,7 +335,7 @@ impl Session {
         self.active_roots.end();
     }
 
-    /// On the profiler thread, at the end of a chunk (or, for transaction
+    /// On the chunk thread, at the end of a chunk (or, for transaction
     /// profiles, after a second without a root): pauses the sampler when
     /// the trace lifecycle has no root span active. Returns whether it
     /// paused.
@@ -399,9 +400,9 @@ impl Session {
         self.config().and_then(|c| c.v1.as_ref())
     }
 
-    /// V1 mode: hands a transaction to be profiled to the profiler thread,
-    /// or gives its envelope back, without a profile, when the queue is
-    /// full (counted) or no profiler thread runs.
+    /// V1 mode: hands a transaction to be profiled to the chunk thread, or
+    /// gives its envelope back, without a profile, when the queue is full
+    /// (counted) or no chunk thread runs.
     pub(crate) fn v1_enqueue(
         &self,
         pending: Box<dyn PendingProfile>,
@@ -442,7 +443,7 @@ impl Session {
             .map_or_else(ThreadAttribution::default, |c| c.attribution)
     }
 
-    /// Registers a lane with the profiler thread; never blocks. Returns
+    /// Registers a lane with the chunk thread; never blocks. Returns
     /// false (and counts it) when the lane cannot be tracked (see
     /// [`LaneRegistry::started`]).
     pub(crate) fn lane_started(&self, lane: u64, link: LaneLink, start_ns: u64) -> bool {
@@ -464,7 +465,7 @@ impl Session {
     /// Sends the chunk in progress now, waiting up to `timeout`.
     pub(crate) fn flush(&self, timeout: Duration) -> bool {
         if crate::sys::in_forked_child() {
-            // The profiler thread stayed in the parent: nothing to wait for.
+            // The chunk thread stayed in the parent: nothing to wait for.
             return true;
         }
         self.command(Command::Flush, timeout)
@@ -473,7 +474,7 @@ impl Session {
     /// Stops profiling for good, sending the last chunk; waits up to `timeout`.
     pub(crate) fn shutdown(&self, timeout: Duration) -> bool {
         if crate::sys::in_forked_child() {
-            // The profiler thread, and the chunk it was building, belong to
+            // The chunk thread, and the chunk it was building, belong to
             // the parent, which sends them at its own shutdown.
             return true;
         }
@@ -486,8 +487,8 @@ impl Session {
                 let _ = t.join();
             }
         } else {
-            // The profiler thread works on; a process that exits now loses
-            // the chunk it is finishing.
+            // The chunk thread works on; a process that exits now loses the
+            // chunk it is finishing.
             eprintln!(
                 "sentry-profiling: the last profile chunk was not finished within the shutdown \
                  timeout ({timeout:?}); it is lost if the process exits now (a longer \
@@ -501,24 +502,29 @@ impl Session {
         done
     }
 
+    /// Hands a command to the sampler thread's intake (which hands it on
+    /// to the chunk thread with every sample it holds) and waits up to
+    /// `timeout` for the chunk thread's answer. Shutting down stops the
+    /// sampler thread: its last batch carries the command.
     fn command(&self, make: fn(Sender<()>) -> Command, timeout: Duration) -> bool {
         let (ack_tx, ack_rx) = std::sync::mpsc::channel();
+        let command = make(ack_tx);
+        let stop = matches!(command, Command::Shutdown(_));
         let sent = self
             .commands
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .is_some_and(|tx| tx.send(make(ack_tx)).is_ok());
+            .is_some_and(|tx| tx.send(command).is_ok());
         if !sent {
             return true;
         }
-        if let Some(t) = self
-            .thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
-            t.thread().unpark();
+        if let Some(control) = self.control.get() {
+            if stop {
+                control.stop();
+            } else {
+                control.wake();
+            }
         }
         ack_rx.recv_timeout(timeout).is_ok()
     }

@@ -23,7 +23,7 @@ pub(crate) enum Handed {
 }
 
 /// A destination for chunks and V1 envelopes. Implementations never wait
-/// for the network: the profiler thread calls them.
+/// for the network: the chunk thread calls them.
 pub(crate) trait ChunkSink: Send + Sync {
     /// Hands one `profile_chunk` on.
     fn send_chunk(&self, chunk: EncodedChunk) -> Handed;

@@ -62,13 +62,13 @@ pub struct ProfilerStats {
     /// (their samples stay on their OS threads, and their transactions are
     /// tagged with the OS thread).
     pub lane_registrations_refused: u64,
-    /// Lanes registered whose end the profiler thread has not read yet
+    /// Lanes registered whose end the chunk thread has not read yet
     /// (requests in flight, plus those finished since its last read).
     pub lanes_in_flight: u64,
-    /// Lanes the profiler thread holds now: open ones, and finished ones
+    /// Lanes the chunk thread holds now: open ones, and finished ones
     /// whose chunk is not written yet.
     pub lanes_tracked: u64,
-    /// The most lanes the profiler thread held at once.
+    /// The most lanes the chunk thread held at once.
     pub lanes_tracked_max: u64,
     /// Lanes forgotten because they stayed open too long (10 minutes: a
     /// leaked root span, or a lost end).
@@ -88,7 +88,7 @@ pub struct ProfilerStats {
     /// Suspended ticks left without a fill-in because their chunk reached
     /// its bound of fill-ins.
     pub lane_fill_ins_capped: u64,
-    /// Polls of requests whose start or end the profiler thread did not
+    /// Polls of requests whose start or end the chunk thread did not
     /// read in time (a thread changed requests more than 64 times between
     /// two reads), or beyond a lane's bound of polls: those requests are
     /// shown from their samples alone, without the exact edges of those

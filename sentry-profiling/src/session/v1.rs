@@ -136,7 +136,7 @@ pub(crate) trait PendingProfile: Send + std::fmt::Debug {
     ) -> (Envelope, Option<V1Drop>);
 }
 
-/// What building a V1 profile needs from the profiler thread.
+/// What building a V1 profile needs from the chunk thread.
 pub(crate) struct V1Context<'a> {
     pub(crate) lanes: &'a Lanes,
     pub(crate) attribution: ThreadAttribution,
@@ -147,7 +147,7 @@ pub(crate) struct V1Context<'a> {
     pub(crate) os_version: &'a str,
 }
 
-/// The profiler thread's transaction-based (V1) work.
+/// The chunk thread's transaction-based (V1) work.
 pub(super) struct V1State {
     pub(super) requests: Receiver<Box<dyn PendingProfile>>,
     pub(super) pending: Vec<Box<dyn PendingProfile>>,

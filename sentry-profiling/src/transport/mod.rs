@@ -253,7 +253,7 @@ impl Transport for ProfilingTransport {
             return;
         }
         if self.runtime.v1().is_some() {
-            // Transaction-based profiling: the profiler thread attaches the
+            // Transaction-based profiling: the chunk thread attaches the
             // profile and sends the envelope on. (No lane is handed: the
             // tracing layer tags these transactions itself.)
             let link = Link {
@@ -288,7 +288,7 @@ impl Transport for ProfilingTransport {
                 self.warn_if_unprofiled(&envelope);
             }
             // Here, on the thread that finished the transaction, while the
-            // lane's samples are still being taken: the profiler thread
+            // lane's samples are still being taken: the chunk thread
             // must know the window before the lane's chunk is written.
             let reported = report_lane_windows(&envelope, lane.as_ref().map(|l| l.id));
             // Its time waiting for a CPU, as its profile shows it so far.
@@ -528,7 +528,7 @@ fn remove_http_root_spans(tx: &mut sentry_core::protocol::Transaction<'_>) {
     }
 }
 
-/// Tells the profiler thread the window of each profiled transaction in
+/// Tells the chunk thread the window of each profiled transaction in
 /// `envelope` (its lane `handed` with it, or the lane it is tagged with):
 /// the transaction may begin before its lane and end after it (on a busy
 /// machine, many milliseconds), and Sentry shows the lane over the

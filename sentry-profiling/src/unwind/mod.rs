@@ -3,7 +3,7 @@
 //!
 //! The unwinder lives on the sampler thread and is updated in place when the
 //! loader's generation counter moves. The module list is published through
-//! an [`ArcSwap`] so the profiler thread can read it without a lock.
+//! an [`ArcSwap`] so the chunk thread can read it without a lock.
 
 use std::sync::Arc;
 

@@ -152,7 +152,7 @@ pub(crate) fn create(
     }
 }
 
-/// Profile chunks, as envelope bytes the profiler thread encoded.
+/// Profile chunks, as envelope bytes the chunk thread encoded.
 #[derive(Debug)]
 pub(crate) struct Chunks {
     counters: Arc<DeliveryCounters>,

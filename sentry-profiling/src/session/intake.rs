@@ -1,0 +1,184 @@
+//! The session's side of the sampler thread: the [`Consumer`] it owns. It
+//! takes the samples as they leave the sampler, reads the threads'
+//! context-word changes after each tick (each change a poll of a request
+//! beginning or ending; a thread's history of them is short, so they are
+//! read every period while the sampler ticks), and hands both to the chunk
+//! thread in [`Batch`]es, about every [`BATCH_EVERY`], with the flush and
+//! shutdown commands the session received.
+//!
+//! The sampler thread wakes every period anyway, so this costs no wake-up
+//! of its own; the chunk thread wakes once per batch. Nothing here is
+//! shared: the cursor and the batch in progress are the sampler thread's,
+//! a batch handed on is the chunk thread's.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::time::{Duration, Instant};
+
+use super::Session;
+use super::chunk_thread::Command;
+use crate::lanes::registry::LANES_HIGH_WATER;
+use crate::lanes::{Change, ChangeCursor, now_ns};
+use crate::sampler::{Consumer, Sample};
+
+/// How often the sampler thread hands the chunk thread a batch while it
+/// ticks (commands and a pile-up of lanes go at once).
+pub(super) const BATCH_EVERY: Duration = Duration::from_millis(100);
+
+/// Batches handed on and not yet taken, at most: past them, the batch in
+/// progress grows (up to its bounds) until the chunk thread takes one.
+pub(super) const BATCHES_WAITING: usize = 2;
+
+/// Context-word changes one batch holds, at most (past them, counted as
+/// polls lost): 40 changes per period for 16,384 periods of samples.
+const MAX_CHANGES_PER_BATCH: usize = 1 << 16;
+
+/// What the sampler thread hands the chunk thread.
+#[derive(Debug, Default)]
+pub(super) struct Batch {
+    /// Samples in the order they left the sampler (each thread's in time
+    /// order).
+    pub(super) samples: Vec<Sample>,
+    /// The threads' context-word changes, each thread's in order.
+    pub(super) changes: Vec<Change>,
+    /// When the changes were last read (`CLOCK_REALTIME`): the lanes' polls
+    /// are known up to there.
+    pub(super) read_until_ns: u64,
+    pub(super) commands: Vec<Command>,
+    /// The sampler thread stopped: nothing follows.
+    pub(super) last: bool,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.samples.is_empty() && self.changes.is_empty() && self.commands.is_empty()
+    }
+}
+
+/// The sampler thread's consumer for a session.
+pub(super) struct Intake {
+    session: Arc<Session>,
+    cursor: ChangeCursor,
+    batch: Batch,
+    to_chunks: SyncSender<Batch>,
+    /// Batches the chunk thread emptied, reused (their buffers stay
+    /// allocated).
+    spare: Receiver<Batch>,
+    commands: Receiver<Command>,
+    sent_at: Instant,
+    /// Samples one batch holds, at most (`SamplerConfig::queue_capacity`).
+    sample_room: usize,
+}
+
+impl Intake {
+    pub(super) fn new(
+        session: Arc<Session>,
+        commands: Receiver<Command>,
+        to_chunks: SyncSender<Batch>,
+        spare: Receiver<Batch>,
+        sample_room: usize,
+    ) -> Self {
+        Self {
+            session,
+            cursor: ChangeCursor::starting_now(),
+            batch: Batch::default(),
+            to_chunks,
+            spare,
+            commands,
+            sent_at: Instant::now(),
+            sample_room,
+        }
+    }
+
+    /// Reads the threads' changes since the last read into the batch;
+    /// returns how many it read.
+    fn read_changes(&mut self) -> u64 {
+        let read = crate::lanes::read_changes(
+            &mut self.cursor,
+            &mut self.batch.changes,
+            MAX_CHANGES_PER_BATCH,
+        );
+        self.batch.read_until_ns = now_ns();
+        if read.lost > 0 {
+            self.session
+                .counters
+                .lane_polls_lost
+                .fetch_add(read.lost, Ordering::Relaxed);
+        }
+        read.changes
+    }
+
+    /// Hands the batch on when it is due (`now`: whatever it holds), or a
+    /// command or a pile-up of lanes waits. A chunk thread that has not
+    /// taken the batches before leaves this one growing; one that is gone
+    /// leaves nothing to hand on to.
+    fn hand_on(&mut self, now: bool) {
+        self.batch.commands.extend(self.commands.try_iter());
+        let due = now
+            || !self.batch.commands.is_empty()
+            || self.sent_at.elapsed() >= BATCH_EVERY
+            || self.session.lanes.in_flight() >= LANES_HIGH_WATER;
+        if !due {
+            return;
+        }
+        self.sent_at = Instant::now();
+        if self.batch.is_empty() && !self.batch.last {
+            return;
+        }
+        let next = self.spare.try_recv().unwrap_or_default();
+        let batch = std::mem::replace(&mut self.batch, next);
+        if batch.last {
+            // The sampler thread is ending: wait for the chunk thread (it
+            // takes batches until the last one). Gone, it needs nothing.
+            let _ = self.to_chunks.send(batch);
+        } else if let Err(TrySendError::Full(batch)) = self.to_chunks.try_send(batch) {
+            // Taken back, to be handed on at a later tick. (A chunk thread
+            // that is gone needs nothing.)
+            self.batch = batch;
+        }
+    }
+}
+
+impl Consumer for Intake {
+    fn take(&mut self, sample: Sample) -> bool {
+        if self.batch.samples.len() >= self.sample_room {
+            return false;
+        }
+        self.batch.samples.push(sample);
+        true
+    }
+
+    fn ticked(&mut self) -> bool {
+        let changed = self.read_changes() > 0;
+        self.hand_on(false);
+        changed
+    }
+
+    fn dozing(&mut self) -> bool {
+        self.session.lanes.set_asleep(true);
+        // A thread that entered a request since the tick's read published
+        // its word before it registered the lane, so before it could see
+        // the flag down: read again.
+        if self.read_changes() > 0 {
+            self.session.lanes.set_asleep(false);
+            return false;
+        }
+        true
+    }
+
+    fn woke(&mut self) {
+        self.session.lanes.set_asleep(false);
+    }
+
+    fn paused(&mut self) {
+        self.read_changes();
+        self.hand_on(true);
+    }
+
+    fn stopped(&mut self) {
+        self.read_changes();
+        self.batch.last = true;
+        self.hand_on(true);
+    }
+}
