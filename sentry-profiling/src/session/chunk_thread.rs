@@ -1,10 +1,11 @@
 //! The chunk thread: creates the sampler (paused), its consumer the
 //! session's intake, then takes the batches the sampler thread hands on
 //! (samples and context-word changes, about every 100 ms while it samples)
-//! into the chunk writer, which reads the lane queue, builds the chunk in
-//! progress and, when it is due, fills it in, encodes, exports and sends
-//! it (pausing the sampler at the end of a chunk when no root span is
-//! active). Flush and shutdown come with the batches: the sampler thread
+//! into the session's [`Writer`]: the chunk writer, which reads the lane
+//! queue, builds the chunk in progress and, when it is due, fills it in,
+//! encodes, exports and sends it (pausing the sampler at the end of a chunk
+//! when no root span is active), or transaction profiles' writer (see
+//! `v1`). Flush and shutdown come with the batches: the sampler thread
 //! takes the commands and hands on everything it holds with them.
 
 use std::sync::Arc;
@@ -13,11 +14,10 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
 use super::chunk_writer::ChunkWriter;
-use super::intake::{BATCHES_WAITING, Intake};
-use super::lane_desk::LaneDesk;
-use super::v1::{PendingProfile, V1State};
+use super::desk::{Desk, Writer};
+use super::intake::{BATCHES_WAITING, Command, Intake};
+use super::v1::{PendingProfile, ProfileWriter};
 use super::{Session, SessionConfig};
-use crate::chunk::Chunk;
 use crate::encode::sentry_chunk::ChunkMeta;
 use crate::export::Exporter;
 use crate::lanes::Lanes;
@@ -36,15 +36,6 @@ const CHUNK_TICK: Duration = Duration::from_millis(500);
 /// that time alone would make it write: this only bounds how often an idle
 /// process pays a wake-up (the lane queue is read then).
 const IDLE_TICK: Duration = Duration::from_secs(1);
-
-/// What an application thread asks of the profiler.
-#[derive(Debug)]
-pub(super) enum Command {
-    /// Send the chunk in progress now.
-    Flush(Sender<()>),
-    /// Stop for good, sending the last chunk.
-    Shutdown(Sender<()>),
-}
 
 impl Session {
     /// The chunk thread.
@@ -72,7 +63,7 @@ impl Session {
             return;
         };
         let _ = ready.send(());
-        let mut writer = self.chunk_writer(&config, lane_events, v1_requests);
+        let mut writer = self.writer(&config, lane_events, v1_requests);
         let mut shutdown_acks = Vec::new();
         loop {
             let wait = if writer.is_idle() {
@@ -87,7 +78,7 @@ impl Session {
                     for command in batch.commands.drain(..) {
                         match command {
                             Command::Flush(ack) => {
-                                writer.finish_with(&modules);
+                                writer.write_all(&modules);
                                 let _ = ack.send(());
                             }
                             Command::Shutdown(ack) => shutdown_acks.push(ack),
@@ -103,9 +94,9 @@ impl Session {
                 // The sampler thread ended without its last batch.
                 Err(RecvTimeoutError::Disconnected) => break,
             }
-            writer.rotate_if_due(&modules);
+            writer.write_due(&modules);
         }
-        writer.finish_with(&sampler.modules());
+        writer.write_all(&sampler.modules());
         *self
             .last_sampler_stats
             .lock()
@@ -138,41 +129,52 @@ impl Session {
         Some(sampler)
     }
 
-    /// The chunk writer of this session, which owns the lane table.
-    fn chunk_writer<'a>(
+    /// The session's writer: the chunk writer, or transaction profiles'.
+    fn writer<'a>(
         self: &'a Arc<Self>,
         config: &SessionConfig,
         lane_events: LaneReader,
         v1_requests: Receiver<Box<dyn PendingProfile>>,
-    ) -> ChunkWriter<'a> {
-        let meta = ChunkMeta {
-            profiler_id: self.profiler_id.to_string(),
-            release: config.release.clone(),
-            environment: config.environment.clone(),
-        };
+    ) -> Box<dyn Writer + 'a> {
         let period_ns = 1_000_000_000 / u64::from(config.sampler.frequency_hz.max(1));
         // Lanes Sentry would never show are worth keeping only for the
         // exports (their samples' request labels), transaction profiles,
         // or when asked for.
         let drop_unlinked =
             config.v1.is_none() && config.exports.is_empty() && !config.short_request_lanes;
-        let desk = LaneDesk::new(
+        let desk = Desk::new(
+            self,
             Lanes::with_long_poll_ns(self.long_poll_ns()).drop_unlinked(drop_unlinked),
             lane_events,
             period_ns,
         );
-        ChunkWriter {
-            session: self,
-            meta,
-            chunk: Chunk::new(),
-            symbolizer: config.symbolize.then(Symbolizer::new),
-            chunk_duration: config.chunk_duration,
+        let symbolizer = config.symbolize.then(Symbolizer::new);
+        if config.v1.is_some() {
+            return Box::new(ProfileWriter {
+                desk,
+                symbolizer,
+                attribution: config.attribution,
+                period_ns,
+                release: config.release.clone(),
+                environment: config.environment.clone(),
+                os_version: crate::kernel_release(),
+                requests: v1_requests,
+                pending: Vec::new(),
+                idle_since: None,
+            });
+        }
+        Box::new(ChunkWriter {
             desk,
+            meta: ChunkMeta {
+                profiler_id: self.profiler_id.to_string(),
+                release: config.release.clone(),
+                environment: config.environment.clone(),
+            },
+            symbolizer,
+            chunk_duration: config.chunk_duration,
             attribution: config.attribution,
             period_ns,
             filled_until_ns: 0,
-            known_until_ns: 0,
-            meter: Default::default(),
             exporters: config
                 .exports
                 .iter()
@@ -183,12 +185,6 @@ impl Session {
                 })
                 .collect(),
             service_name: config.service_name.clone(),
-            v1: config.v1.is_some().then(|| V1State {
-                requests: v1_requests,
-                pending: Vec::new(),
-                os_version: crate::kernel_release(),
-            }),
-            idle_since: None,
-        }
+        })
     }
 }

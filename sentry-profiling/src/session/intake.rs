@@ -13,11 +13,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
 use super::Session;
-use super::chunk_thread::Command;
 use crate::lanes::registry::LANES_HIGH_WATER;
 use crate::lanes::{Change, ChangeCursor, now_ns};
 use crate::sampler::{Consumer, Sample};
@@ -33,6 +32,15 @@ pub(super) const BATCHES_WAITING: usize = 2;
 /// Context-word changes one batch holds, at most (past them, counted as
 /// polls lost): 40 changes per period for 16,384 periods of samples.
 const MAX_CHANGES_PER_BATCH: usize = 1 << 16;
+
+/// What an application thread asks of the profiler.
+#[derive(Debug)]
+pub(super) enum Command {
+    /// Send the chunk in progress now.
+    Flush(Sender<()>),
+    /// Stop for good, sending the last chunk.
+    Shutdown(Sender<()>),
+}
 
 /// What the sampler thread hands the chunk thread.
 #[derive(Debug, Default)]
@@ -180,5 +188,92 @@ impl Consumer for Intake {
         self.read_changes();
         self.batch.last = true;
         self.hand_on(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::{channel, sync_channel};
+
+    fn sample(ts: u64) -> Sample {
+        Sample::new(ts, 7, "t".into(), Arc::from(&[1u64][..]), 0, false)
+    }
+
+    struct Rig {
+        intake: Intake,
+        commands: std::sync::mpsc::Sender<Command>,
+        batches: Receiver<Batch>,
+    }
+
+    fn rig(sample_room: usize) -> Rig {
+        let (commands, command_rx) = channel();
+        let (to_chunks, batches) = sync_channel(BATCHES_WAITING);
+        let (_spare_tx, spare) = channel();
+        Rig {
+            intake: Intake::new(Session::new(), command_rx, to_chunks, spare, sample_room),
+            commands,
+            batches,
+        }
+    }
+
+    #[test]
+    fn samples_wait_for_the_batch_and_past_its_room_are_refused() {
+        let mut r = rig(3);
+        assert!(r.intake.take(sample(1)));
+        assert!(r.intake.take(sample(2)));
+        assert!(r.intake.take(sample(3)));
+        assert!(!r.intake.take(sample(4)), "past the room: dropped");
+        // Not due yet: nothing handed on at a tick.
+        r.intake.ticked();
+        assert!(r.batches.try_recv().is_err());
+        // Due once `BATCH_EVERY` passed since the last one.
+        r.intake.sent_at -= BATCH_EVERY;
+        r.intake.ticked();
+        let b = r.batches.try_recv().expect("a batch after BATCH_EVERY");
+        let ts: Vec<_> = b.samples.iter().map(Sample::timestamp_ns).collect();
+        assert_eq!(ts, [1, 2, 3]);
+        assert!(!b.last);
+        // Room again.
+        assert!(r.intake.take(sample(5)));
+    }
+
+    #[test]
+    fn a_command_goes_at_the_next_tick_with_what_is_held() {
+        let mut r = rig(16);
+        assert!(r.intake.take(sample(1)));
+        let (ack, _ack_rx) = channel();
+        r.commands.send(Command::Flush(ack)).unwrap();
+        r.intake.ticked();
+        let b = r.batches.try_recv().expect("the command does not wait");
+        assert_eq!(b.samples.len(), 1);
+        assert!(matches!(b.commands[..], [Command::Flush(_)]));
+        // While paused, each wake-up hands on whatever came meanwhile.
+        assert!(r.intake.take(sample(2)));
+        r.intake.paused();
+        assert_eq!(r.batches.try_recv().unwrap().samples.len(), 1);
+        // An empty batch is not handed on.
+        r.intake.paused();
+        assert!(r.batches.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_chunk_thread_behind_leaves_the_batch_growing_and_the_last_one_waits() {
+        let mut r = rig(1024);
+        for round in 0..BATCHES_WAITING as u64 + 2 {
+            assert!(r.intake.take(sample(round)));
+            r.intake.paused();
+        }
+        // Two batches wait; the samples of the other rounds stayed in the
+        // batch in progress, in order.
+        let first = r.batches.try_recv().unwrap();
+        let second = r.batches.try_recv().unwrap();
+        assert_eq!((first.samples.len(), second.samples.len()), (1, 1));
+        assert!(r.batches.try_recv().is_err());
+        r.intake.stopped();
+        let last = r.batches.try_recv().expect("the last batch is handed on");
+        let ts: Vec<_> = last.samples.iter().map(Sample::timestamp_ns).collect();
+        assert_eq!(ts, [2, 3]);
+        assert!(last.last);
     }
 }

@@ -8,11 +8,14 @@
 //!   chunk thread in batches with the flush and shutdown commands;
 //! - [`chunk_thread`]: the thread that creates the sampler and takes those
 //!   batches into the chunk writer;
-//! - [`chunk_writer`] and [`lane_desk`]: the chunk in progress and the lane
-//!   table: fill-ins, encoding, exports, handing chunks to the sink;
-//! - [`v1`]: transaction-based (V1) profiling's part of the profiler
-//!   thread, and the seam ([`v1::PendingProfile`]) through which the Sentry
-//!   glue hands it transactions;
+//! - [`desk`]: what the chunk thread keeps: the lane table and the samples
+//!   so far;
+//! - [`chunk_writer`]: the chunk in progress: fill-ins, encoding, exports,
+//!   handing chunks to the sink;
+//! - [`v1`]: transaction-based (V1) profiling: its sampling decision, its
+//!   writer (in place of the chunk writer), and the seam
+//!   ([`v1::PendingProfile`]) through which the Sentry glue hands it
+//!   transactions;
 //! - [`sink`]: where finished chunks go ([`sink::ChunkSink`], implemented
 //!   by the Sentry transport glue);
 //! - [`stats`]: counters and [`ProfilerStats`].
@@ -30,8 +33,8 @@
 
 mod chunk_thread;
 mod chunk_writer;
+mod desk;
 mod intake;
-mod lane_desk;
 pub(crate) mod sink;
 mod stats;
 pub(crate) mod v1;
@@ -48,7 +51,7 @@ use crate::export::{ExportTarget, FileRetention};
 use crate::lanes::{LaneLink, LaneRegistry};
 use crate::options::{ProfileLifecycle, SamplerConfig};
 use crate::sampler::{SamplerControl, SamplerStats};
-use chunk_thread::Command;
+use intake::Command;
 use sink::ChunkSink;
 use stats::Counters;
 pub(crate) use stats::DeliveryCounters;

@@ -1,26 +1,38 @@
 //! Transaction-based (V1) profiling's part of the session: which
 //! transactions are profiled ([`V1Config`]), the queue of transactions
-//! waiting for their samples, and building their profiles on the profiler
-//! thread. The Sentry glue (`transaction_profile`) intercepts transaction
+//! waiting for their samples, and their writer on the chunk thread
+//! ([`ProfileWriter`], in place of the chunk writer), which builds their
+//! profiles. The Sentry glue (`transaction_profile`) intercepts transaction
 //! envelopes and hands them over as [`PendingProfile`]s; the session never
 //! looks inside an envelope.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sentry_core::protocol::Envelope;
 
+use super::desk::{Desk, Writer};
+use super::intake::Batch;
 use crate::attribution::ThreadAttribution;
 use crate::chunk::Chunk;
-use crate::lanes::Lanes;
+use crate::lanes::{Lanes, now_ns};
 use crate::symbolize::Symbolizer;
 use crate::unwind::ModuleSet;
 
 /// Transactions waiting for their V1 profile, at most.
 pub(super) const V1_QUEUE: usize = 256;
 /// How much sample history V1 mode keeps (the longest profile, and slack).
-pub(super) const V1_HISTORY: Duration = Duration::from_secs(35);
+const V1_HISTORY: Duration = Duration::from_secs(35);
+
+/// How long transaction profiling keeps sampling without an active root
+/// span before it pauses the sampler.
+const V1_IDLE: Duration = Duration::from_secs(1);
+
+/// Most finished lanes kept for transaction profiles (their history is
+/// half a minute; at 10,000 requests a second that would be 350,000).
+const MAX_V1_FINISHED_LANES: usize = 16_384;
 
 /// Decides per transaction, by name, the share to profile (0.0 to 1.0).
 pub(crate) type ProfilesSampler = Arc<dyn Fn(&str) -> f64 + Send + Sync>;
@@ -136,7 +148,7 @@ pub(crate) trait PendingProfile: Send + std::fmt::Debug {
     ) -> (Envelope, Option<V1Drop>);
 }
 
-/// What building a V1 profile needs from the chunk thread.
+/// What building a V1 profile needs from its writer.
 pub(crate) struct V1Context<'a> {
     pub(crate) lanes: &'a Lanes,
     pub(crate) attribution: ThreadAttribution,
@@ -147,9 +159,113 @@ pub(crate) struct V1Context<'a> {
     pub(crate) os_version: &'a str,
 }
 
-/// The chunk thread's transaction-based (V1) work.
-pub(super) struct V1State {
-    pub(super) requests: Receiver<Box<dyn PendingProfile>>,
-    pub(super) pending: Vec<Box<dyn PendingProfile>>,
+/// Transaction profiles' writer on the chunk thread: keeps a rolling
+/// history of samples instead of sending chunks, and builds each
+/// transaction's profile once samples up to its end have arrived.
+pub(super) struct ProfileWriter<'a> {
+    pub(super) desk: Desk<'a>,
+    pub(super) symbolizer: Option<Symbolizer>,
+    pub(super) attribution: ThreadAttribution,
+    pub(super) period_ns: u64,
+    pub(super) release: String,
+    pub(super) environment: Option<String>,
     pub(super) os_version: String,
+    /// Transactions handed over by the Sentry glue.
+    pub(super) requests: Receiver<Box<dyn PendingProfile>>,
+    /// Those waiting for their samples.
+    pub(super) pending: Vec<Box<dyn PendingProfile>>,
+    /// Since when no root span was active.
+    pub(super) idle_since: Option<Instant>,
+}
+
+impl Writer for ProfileWriter<'_> {
+    fn take(&mut self, batch: &mut Batch, _modules: &ModuleSet) {
+        self.desk.take(batch);
+        for s in batch.samples.drain(..) {
+            self.desk.chunk.push(&s);
+        }
+    }
+
+    fn read_lane_events(&mut self) {
+        self.desk.read_lane_events();
+    }
+
+    /// Never: the history is pruned, and profiles sent, as time passes.
+    fn is_idle(&self) -> bool {
+        false
+    }
+
+    fn write_due(&mut self, modules: &ModuleSet) {
+        // Keep enough history for the longest transaction still waiting,
+        // and the longest profile.
+        let keep_from = now_ns().saturating_sub(V1_HISTORY.as_nanos() as u64);
+        let oldest = self.pending.iter().map(|p| p.start_ns()).min();
+        let keep_from = oldest.map_or(keep_from, |o| o.min(keep_from));
+        self.desk.chunk.retain_since(keep_from);
+        // Lanes that ended before the history kept are no longer needed.
+        self.desk.prune(keep_from);
+        let capped = self.desk.lanes.cap_finished(MAX_V1_FINISHED_LANES);
+        let session = self.desk.session;
+        session
+            .counters
+            .lanes_capped
+            .fetch_add(capped as u64, Ordering::Relaxed);
+        self.send(modules, false);
+        // No chunk ends in this mode: the sampler pauses once no root span
+        // has been active for a while.
+        if session.roots_active() {
+            self.idle_since = None;
+        } else if self.idle_since.get_or_insert_with(Instant::now).elapsed() >= V1_IDLE {
+            session.pause_if_idle();
+        }
+    }
+
+    fn write_all(&mut self, modules: &ModuleSet) {
+        self.send(modules, true);
+    }
+}
+
+impl ProfileWriter<'_> {
+    /// Builds and sends the profiles of transactions whose samples have
+    /// arrived (all of them with `force`).
+    fn send(&mut self, modules: &ModuleSet, force: bool) {
+        self.desk.read_lane_events();
+        self.pending.extend(self.requests.try_iter());
+        if self.pending.is_empty() {
+            return;
+        }
+        let newest = self.desk.chunk.last_timestamp_ns().unwrap_or(0);
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|p| force || p.ready(newest));
+        self.pending = waiting;
+        let ctx = V1Context {
+            lanes: &self.desk.lanes,
+            attribution: self.attribution,
+            modules,
+            period_ns: self.period_ns,
+            release: &self.release,
+            environment: self.environment.as_deref(),
+            os_version: &self.os_version,
+        };
+        let session = self.desk.session;
+        let c = &session.counters;
+        let mut symbolizer = self.symbolizer.as_mut();
+        for p in ready {
+            let (envelope, dropped) = p.finish(&self.desk.chunk, &ctx, &mut symbolizer);
+            match dropped {
+                None => c.v1_sent.fetch_add(1, Ordering::Relaxed),
+                Some(reason) => {
+                    let i = match reason {
+                        V1Drop::TooFewSamples => 0,
+                        V1Drop::TooLong => 1,
+                        V1Drop::TooLarge => 2,
+                        V1Drop::MissingMetadata => 3,
+                    };
+                    c.v1_dropped[i].fetch_add(1, Ordering::Relaxed)
+                }
+            };
+            session.send_envelope(envelope);
+        }
+    }
 }
