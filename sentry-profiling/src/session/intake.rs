@@ -136,8 +136,7 @@ impl Intake {
         if self.batch.is_empty() && !self.batch.last {
             return;
         }
-        let next = self.spare.try_recv().unwrap_or_default();
-        let batch = std::mem::replace(&mut self.batch, next);
+        let batch = std::mem::take(&mut self.batch);
         if batch.last {
             // The sampler thread is ending: wait for the chunk thread (it
             // takes batches until the last one). Gone, it needs nothing.
@@ -146,6 +145,11 @@ impl Intake {
             // Taken back, to be handed on at a later tick. (A chunk thread
             // that is gone needs nothing.)
             self.batch = batch;
+            return;
+        }
+        // Go on in a batch the chunk thread emptied, its buffers kept.
+        if let Ok(spare) = self.spare.try_recv() {
+            self.batch = spare;
         }
     }
 }
