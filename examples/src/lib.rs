@@ -41,6 +41,23 @@ pub async fn work(Path(ms): Path<u64>) -> String {
     format!("worked {ms} ms ({acc:x})\n")
 }
 
+/// `GET /work/{ms}/{slice_ms}`: `ms` milliseconds of CPU in slices of
+/// `slice_ms` (the last one shorter if it does not divide), yielding to the
+/// runtime between slices: how polls of every length, from one
+/// millisecond up, are shown.
+pub async fn work_in_slices(Path((ms, slice_ms)): Path<(u64, u64)>) -> String {
+    let (ms, slice_ms) = (ms.min(10_000), slice_ms.clamp(1, 10_000));
+    let mut acc = 0u64;
+    let mut left = ms;
+    while left > 0 {
+        let slice = left.min(slice_ms);
+        acc ^= burn_cpu(slice);
+        left -= slice;
+        tokio::task::yield_now().await;
+    }
+    format!("worked {ms} ms in slices of {slice_ms} ms ({acc:x})\n")
+}
+
 /// `GET /sleep/{ms}`: an async sleep.
 pub async fn sleep(Path(ms): Path<u64>) -> String {
     let ms = ms.min(60_000);
@@ -124,6 +141,7 @@ pub fn router() -> Router {
             }),
         )
         .route("/work/{ms}", get(work))
+        .route("/work/{ms}/{slice_ms}", get(work_in_slices))
         .route("/sleep/{ms}", get(sleep))
         .route("/db/{ms}", get(db))
         .route("/render/{ms}", get(render))

@@ -26,6 +26,7 @@
 //! | `(waiting for a CPU)` | `MAX - 6` | `0x7` | runnable, not given a core |
 //! | `(signal handler called)` | `MAX - 7` | `0x8` | a signal frame |
 //! | `(waiting: where not read in time)` | `MAX - 8` | `0x9` | blocked where the sampler did not read |
+//! | `(estimated from this request's samples)` | `MAX - 9` | `0xa` | a request's running time shown with a stack of its own captures |
 
 /// The marker standing for "suspended" in a lane's fill-ins: a request not
 /// ready, whose wakes are not known (not instrumented by
@@ -114,6 +115,19 @@ pub const WAITING_UNREAD_FUNCTION: &str = "(waiting: where not read in time)";
 /// The `instruction_addr` written for the `(waiting: where not read in time)` frame.
 pub const WAITING_UNREAD_ADDRESS: u64 = 0x9;
 
+/// The marker of the outermost frame of an *estimated* stack: a request's
+/// running time that no capture of its own saw (a poll shorter than the
+/// sampling period, or the rest of a poll after its capture), shown with a
+/// stack captured in the same request's other polls (see
+/// `crate::lanes::estimate`). The frames under it are the request's code,
+/// so Sentry counts them as the functions' time; the frame says the stack
+/// at that moment was inferred, not seen.
+pub(crate) const ESTIMATED_FRAME: u64 = u64::MAX - 9;
+/// The function name shown for the `ESTIMATED_FRAME` marker.
+pub const ESTIMATED_FUNCTION: &str = "(estimated from this request's samples)";
+/// The `instruction_addr` written for the `(estimated from this request's samples)` frame.
+pub const ESTIMATED_ADDRESS: u64 = 0xa;
+
 /// The address written for, and the function name of, a synthetic frame;
 /// `None` for a real code address.
 pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
@@ -127,6 +141,7 @@ pub(crate) fn synthetic_frame(marker: u64) -> Option<(u64, &'static str)> {
         WAITING_FOR_CPU_FRAME => Some((WAITING_FOR_CPU_ADDRESS, WAITING_FOR_CPU_FUNCTION)),
         SIGNAL_HANDLER_FRAME => Some((SIGNAL_HANDLER_ADDRESS, SIGNAL_HANDLER_FUNCTION)),
         WAITING_UNREAD_FRAME => Some((WAITING_UNREAD_ADDRESS, WAITING_UNREAD_FUNCTION)),
+        ESTIMATED_FRAME => Some((ESTIMATED_ADDRESS, ESTIMATED_FUNCTION)),
         _ => None,
     }
 }
@@ -147,6 +162,7 @@ mod tests {
             WAITING_FOR_CPU_FRAME,
             SIGNAL_HANDLER_FRAME,
             WAITING_UNREAD_FRAME,
+            ESTIMATED_FRAME,
         ] {
             let (addr, name) = synthetic_frame(marker).unwrap();
             assert!(addr < 4096, "{name} at {addr:#x}");

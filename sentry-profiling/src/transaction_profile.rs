@@ -206,6 +206,7 @@ impl V1Pending {
                 .fill_window(&mut window, ctx.period_ns, self.end_ns);
             ctx.lanes
                 .add_poll_edges(&mut window, ctx.period_ns, self.start_ns, self.end_ns);
+            ctx.lanes.estimate_uncaptured(&mut window);
         }
         let keys = ctx.lanes.thread_keys(&window, ctx.attribution);
         // As in chunks: a worker's OS thread shows `(running a request)`

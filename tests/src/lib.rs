@@ -10,6 +10,8 @@ pub mod clients;
 pub mod fake_sentry;
 pub mod phantom;
 mod relay;
+pub mod sentry_functions;
+pub mod short_polls;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -495,6 +495,13 @@ fn score(
                 })
                 .flatten();
             let names: Vec<String> = profile.stack(sample).map(|f| f.name()).collect();
+            // An estimated stack (a request's running time no capture of its
+            // own saw, shown with its other captures' stacks) says it was
+            // inferred: only bare stacks claim their function ran then, and
+            // only they are scored.
+            if names.iter().any(|n| n == sentry_view::ESTIMATED_FUNCTION) {
+                continue;
+            }
             for (f, shown) in out.iter_mut().enumerate() {
                 if !names.iter().any(|n| n.contains(FUNCTIONS[f])) {
                     continue;

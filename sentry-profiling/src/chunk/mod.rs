@@ -27,6 +27,12 @@ pub struct ChunkSample {
     pub stack: u32,
     /// The thread's context word at capture.
     pub context: u64,
+    /// Whether the sample is a capture of running code (a timer's or a
+    /// signal's), as opposed to a fill, a stand-in or a sample the chunk
+    /// added (a lane's fill-in or poll edge): the samples that stand for a
+    /// period of CPU time each, from which a request's uncaptured running
+    /// time is estimated (see `crate::lanes::estimate`).
+    pub captured: bool,
 }
 
 /// Samples of one period with their interned stacks and thread names.
@@ -66,6 +72,7 @@ impl Chunk {
             thread_id: sample.thread_id(),
             stack,
             context: sample.context(),
+            captured: !sample.is_repeated(),
         });
     }
 
@@ -88,6 +95,7 @@ impl Chunk {
             thread_id: 0,
             stack,
             context,
+            captured: false,
         });
     }
 
@@ -107,12 +115,27 @@ impl Chunk {
             thread_id,
             stack,
             context,
+            captured: false,
         });
     }
 
     /// The index of `frames` among the chunk's stacks, added if new.
     pub(crate) fn stack_id(&mut self, frames: &Arc<[u64]>) -> u32 {
         self.intern(frames)
+    }
+
+    /// The index of `frames` among the chunk's stacks, if it holds them.
+    pub(crate) fn find_stack(&self, frames: &[u64]) -> Option<u32> {
+        self.stack_index.get(frames).copied()
+    }
+
+    /// Shows sample `i` (an index into [`Chunk::samples`]) with another of
+    /// the chunk's stacks (an estimate, see `crate::lanes::estimate`).
+    pub(crate) fn restack(&mut self, i: usize, stack: u32) {
+        debug_assert!((stack as usize) < self.stacks.len());
+        if let Some(s) = self.samples.get_mut(i) {
+            s.stack = stack;
+        }
     }
 
     fn intern(&mut self, frames: &Arc<[u64]>) -> u32 {

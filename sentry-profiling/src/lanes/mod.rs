@@ -49,6 +49,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 mod edges;
+mod estimate;
 mod lane_map;
 pub(crate) mod registry;
 mod ring;

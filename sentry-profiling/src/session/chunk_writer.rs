@@ -103,6 +103,10 @@ impl Writer for ChunkWriter<'_> {
         let lanes = &self.desk.lanes;
         if self.attribution == ThreadAttribution::Lanes {
             let edges = lanes.add_poll_edges(&mut chunk, self.period_ns, edges_from, now);
+            // Once every sample of the lanes is in: the requests' running
+            // time with no capture of its own takes their captures' stacks,
+            // marked as estimated (`lanes::estimate`).
+            lanes.estimate_uncaptured(&mut chunk);
             session
                 .counters
                 .lane_fill_ins
