@@ -57,10 +57,11 @@ fn machine() -> String {
     )
 }
 
-const BENCHES: [&str; 10] = [
+const BENCHES: [&str; 11] = [
     "sampler",
     "truth",
     "phantom",
+    "short_polls",
     "per_sample",
     "growth",
     "encode",
