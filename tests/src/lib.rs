@@ -34,6 +34,17 @@ pub use relay::{
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
+/// The documents the README links to in `docs/`, compiled the same way, so
+/// a Rust snippet moved there (or added) cannot drift from the code either.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/how-it-works.md")]
+#[doc = include_str!("../../docs/why-a-request-waited.md")]
+#[doc = include_str!("../../docs/sentry-pipeline.md")]
+#[doc = include_str!("../../docs/misuse.md")]
+#[doc = include_str!("../../docs/limits.md")]
+#[doc = include_str!("../../docs/development.md")]
+pub struct DocsDoctests;
+
 /// Sends `GET path` over a fresh HTTP/1.1 connection and returns the whole
 /// response (status line, headers, body).
 pub async fn http_get(addr: std::net::SocketAddr, path: impl AsRef<str>) -> String {
