@@ -79,6 +79,17 @@ pub async fn http_get_with(
     out
 }
 
+/// The trace id of a request's `sentry-trace` header (empty without one):
+/// the tests name each request by the trace id they send it with.
+pub fn trace_id_of(headers: &http::HeaderMap) -> String {
+    headers
+        .get("sentry-trace")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split('-').next())
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Example-service settings for a test: loopback on any port, no DSN (so
 /// envelopes go to a fresh temporary directory named after `tag` and this
 /// process), traces and profiling sessions always sampled.

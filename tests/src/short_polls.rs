@@ -68,12 +68,7 @@ async fn timed_slices(
     axum::extract::Path((ms, slice_ms)): axum::extract::Path<(u64, u64)>,
     headers: http::HeaderMap,
 ) -> String {
-    let trace = headers
-        .get("sentry-trace")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split('-').next())
-        .unwrap_or_default()
-        .to_owned();
+    let trace = crate::trace_id_of(&headers);
     let mut left = ms;
     let mut acc = 0u64;
     while left > 0 {

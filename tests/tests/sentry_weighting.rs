@@ -87,13 +87,7 @@ impl<S: tower_service::Service<http::Request<B>>, B> tower_service::Service<http
         self.0.poll_ready(cx)
     }
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let trace = req
-            .headers()
-            .get("sentry-trace")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split('-').next())
-            .unwrap_or_default()
-            .to_owned();
+        let trace = sentry_profiling_tests::trace_id_of(req.headers());
         RecordedFuture(Box::pin(self.0.call(req)), trace)
     }
 }
@@ -128,12 +122,7 @@ async fn timed_work(
     axum::extract::Path(ms): axum::extract::Path<u64>,
     headers: http::HeaderMap,
 ) -> String {
-    let trace = headers
-        .get("sentry-trace")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split('-').next())
-        .unwrap_or_default()
-        .to_owned();
+    let trace = sentry_profiling_tests::trace_id_of(&headers);
     let mut acc = 0u64;
     for i in 0..10 {
         let slice = ms / 10 + u64::from(i < ms % 10);
