@@ -303,8 +303,15 @@ fn score(
             let stack = &stacks[s["stack_id"].as_u64().unwrap_or(0) as usize];
             // Synthetic samples (a suspended lane's fill-in, a worker's
             // "running a request") have one frame, marked not in-app.
+            let frame = |i: &Value| &frames[i.as_u64().unwrap_or(0) as usize];
+            // An estimated stack (under the root frame `(estimated from this
+            // request's samples)`) says it was inferred, not seen: like a
+            // fill-in, it is not judged.
             let fill_in = stack.as_array().is_some_and(|f| {
-                f.len() == 1 && frames[f[0].as_u64().unwrap_or(0) as usize]["in_app"] == false
+                (f.len() == 1 && frame(&f[0])["in_app"] == false)
+                    || f.last().is_some_and(|root| {
+                        frame(root)["function"] == sentry_view::ESTIMATED_FUNCTION
+                    })
             });
             if !fill_in {
                 let names: Vec<&str> = stack

@@ -18,5 +18,5 @@ use sentry_profiling_tests::short_polls::{check, measure};
 
 #[test]
 fn short_polls_are_shown_at_their_full_weight() {
-    check(&measure(6, 4, include_str!("../../README.md")));
+    check(&measure(12, 4, include_str!("../../README.md")));
 }

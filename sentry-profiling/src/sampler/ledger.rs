@@ -33,17 +33,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::Sample;
+use super::balance::{Balance, Settled};
 use super::periods::AtTick;
 
 /// Most samples beyond one per slot a thread's ledger remembers, to cancel
 /// held fills for.
 const MAX_SURPLUS: i64 = 4;
-
-/// Most periods of fills a thread's ledger remembers having shown waiting
-/// for a CPU, or running, before the kernel counted that time: a thread
-/// found runnable and not running is shown waiting at once, and the kernel
-/// adds the wait to its run delay only once it runs again.
-const MAX_OWED_PERIODS: i64 = 16;
 
 /// Most samples a thread may hold; more means the oldest is written out.
 pub(super) const MAX_PENDING: usize = 256;
@@ -290,26 +285,9 @@ pub(super) struct Ledger {
     /// yet: the next tick's slot may be theirs (a tick runs after its
     /// deadline, and harvests captures taken since).
     carried: Vec<u64>,
-    /// Time the kernel counted the thread waiting for a CPU (its run
-    /// delay) that no fill shows yet, ns, less the fills that showed such a
-    /// wait before the kernel counted it. See [`Ledger::kernel_counted`].
-    cpu_wait_ns: i64,
-    /// CPU time the kernel counted that no sample shows yet, ns, likewise.
-    ran_ns: i64,
-    /// Samples of running code queued since the kernel's counts were last
-    /// read.
-    running_since_read: u32,
-    /// The request (lane) the thread stood in at the latest reading of the
-    /// kernel's counts, or 0.
-    lane_at_read: u64,
-    /// Whether the kernel's counts are read for the thread (see
-    /// [`Ledger::kernel_counted`]): a fill of an unknown place shows
-    /// running only where they say it ran.
-    counted: bool,
-    /// The request the thread stood in when the run delay not shown yet
-    /// began to be counted (the reading before the one that counted it),
-    /// or 0. See [`Ledger::kernel_counted`].
-    wait_lane: u64,
+    /// What the kernel counted of the thread that its samples do not show
+    /// yet (see [`Balance`]).
+    balance: Balance,
     /// When the kernel's counts were last read (`CLOCK_REALTIME`, ns): they
     /// cover the fills up to then.
     pub(super) counted_to_ns: u64,
@@ -500,7 +478,7 @@ impl Ledger {
         };
         let ts = sample.timestamp_ns();
         self.alive_ns = self.alive_ns.max(ts);
-        self.running_since_read = self.running_since_read.saturating_add(1);
+        self.balance.ran_a_period();
         self.insert(Pending::Sample(sample));
         ts
     }
@@ -595,39 +573,20 @@ impl Ledger {
         period_ns: u64,
         lane_now: u64,
     ) {
-        let period = period_ns.max(1) as i64;
-        self.counted = true;
-        if run_delay_ns > 0 {
-            self.wait_lane = self.lane_at_read;
-        } else if self.cpu_wait_ns < period / 2 {
-            self.wait_lane = 0;
-        }
-        self.lane_at_read = lane_now;
         let held = self
             .pending
             .iter()
             .filter(|p| matches!(p, Pending::Fill { .. }))
             .count() as i64;
-        let most = (held + 1) * period;
-        let ns = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        let shown = i64::from(std::mem::take(&mut self.running_since_read)) * period;
-        self.cpu_wait_ns = self
-            .cpu_wait_ns
-            .saturating_add(ns(run_delay_ns))
-            .clamp(-MAX_OWED_PERIODS * period, most);
-        self.ran_ns = self
-            .ran_ns
-            .saturating_add(ns(cpu_ns))
-            .saturating_sub(shown)
-            .clamp(-MAX_OWED_PERIODS * period, most);
+        self.balance
+            .counted(cpu_ns, run_delay_ns, period_ns, lane_now, held);
     }
 
     /// The kernel's counts are read for the first time now: the samples
     /// of running code queued so far are not part of what the next count
     /// covers.
     pub(super) fn counting_from_now(&mut self, lane_now: u64) {
-        self.running_since_read = 0;
-        self.lane_at_read = lane_now;
+        self.balance.counting_from_now(lane_now);
     }
 
     /// The stack a fill shows once the kernel's counts are settled (see
@@ -643,40 +602,24 @@ impl Ledger {
         ran: bool,
         period_ns: u64,
     ) -> (Arc<[u64]>, u64) {
-        let (period, half) = (period_ns.max(1) as i64, (period_ns / 2) as i64);
-        let floor = -MAX_OWED_PERIODS * period;
         let frame = (stack.len() == 1).then(|| stack[0]);
         let waiting = frame == Some(crate::frames::WAITING_FOR_CPU_FRAME);
         let running = ran || frame == Some(crate::frames::UNCAPTURED_FRAME);
-        let (stack, waited, ran) = if waiting {
-            (stack, true, false)
-        } else if self.cpu_wait_ns >= half && self.cpu_wait_ns >= self.ran_ns {
-            let waiting = super::periods::synthetic(crate::frames::WAITING_FOR_CPU_FRAME);
-            if context == 0 {
-                context = self.wait_lane;
+        let synthetic = super::periods::synthetic;
+        match self
+            .balance
+            .settle(waiting, running, ran, frame.is_some(), period_ns)
+        {
+            Settled::AsIs => (stack, context),
+            Settled::WaitingForCpu => {
+                if context == 0 {
+                    context = self.balance.wait_lane();
+                }
+                (synthetic(crate::frames::WAITING_FOR_CPU_FRAME), context)
             }
-            (waiting, true, false)
-        } else if running && !ran && self.counted && frame.is_some() && self.ran_ns < half {
-            // A period its place was not known for (it ran since it was
-            // last found), which the kernel's counts do not show running:
-            // the thread was blocked, somewhere not read.
-            let unread = super::periods::synthetic(crate::frames::WAITING_UNREAD_FRAME);
-            (unread, false, false)
-        } else if running {
-            (stack, false, true)
-        } else if self.ran_ns >= half {
-            let uncaptured = super::periods::synthetic(crate::frames::UNCAPTURED_FRAME);
-            (uncaptured, false, true)
-        } else {
-            (stack, false, false)
-        };
-        if waited {
-            self.cpu_wait_ns = (self.cpu_wait_ns - period).max(floor);
+            Settled::WaitingUnread => (synthetic(crate::frames::WAITING_UNREAD_FRAME), context),
+            Settled::Uncaptured => (synthetic(crate::frames::UNCAPTURED_FRAME), context),
         }
-        if ran {
-            self.ran_ns = (self.ran_ns - period).max(floor);
-        }
-        (stack, context)
     }
 
     /// How many of the fills leaving now filed under no request show where
@@ -699,8 +642,7 @@ impl Ledger {
                     if *timestamp_ns <= covered_to)
             })
             .count() as i64;
-        let period = view.period_ns.max(1) as i64;
-        let owed = (self.ran_ns.max(0) + self.cpu_wait_ns.max(0) + period / 2) / period;
+        let owed = self.balance.owed_periods(view.period_ns);
         (covered - owed).max(0) as usize
     }
 
@@ -740,7 +682,7 @@ impl Ledger {
     ) -> bool {
         let standing = matches!(at_tick, AtTick::In(..) | AtTick::Ran(..))
             || (matches!(at_tick, AtTick::InRequest(_)) && place.known)
-            || (place.ran && self.cpu_wait_ns >= (view.period_ns / 2) as i64);
+            || (place.ran && self.balance.owes_wait(view.period_ns));
         let blocked = timestamp_ns > self.alive_ns
             || (!standing && (view.asking || (!place.known && !view.force && later_samples == 0)));
         !blocked

@@ -70,6 +70,7 @@
 //! said once on stderr (see `denied`).
 
 mod answers;
+mod balance;
 mod capture;
 mod consumer;
 mod denied;
