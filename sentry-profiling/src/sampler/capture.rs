@@ -146,7 +146,7 @@ impl Services {
             {
                 let context = t.word_slot.map_or(0, crate::context::read);
                 c.samples_idle.add(1);
-                emit_for(&mut *self.out, c, t, tick_ts, stack, context, true);
+                emit_for(&mut self.out, c, t, tick_ts, stack, context, true);
             }
             _ => {
                 t.cpu_seen_ns = cpu;
@@ -156,7 +156,7 @@ impl Services {
                     Look::Waiting(stack, context) => {
                         t.last_stack = Some(stack.clone());
                         t.last_context = context;
-                        emit_for(&mut *self.out, c, t, tick_ts, stack, context, false);
+                        emit_for(&mut self.out, c, t, tick_ts, stack, context, false);
                     }
                     Look::Running => self.signal_running(t, now, c),
                     Look::Gone => t.gone = true,
@@ -339,6 +339,9 @@ impl Services {
             }
             t.capture_slot = Some(slot);
             t.capture_slot2 = second.filter(|s| s.bind(t.info.tid, lo, hi, None));
+            // Sampled from here on through its own slot: the process timer
+            // leaves it alone (see `short_lived`).
+            sys::mark_known(t.info.tid);
             t.cpu_seen_ns = sys::thread_cpu_time_ns(t.info.tid).unwrap_or(0);
             if timers {
                 match sys::CpuTimer::create(t.info.tid, slot) {
@@ -485,6 +488,7 @@ impl Worker {
             services,
             shared,
             tick_no,
+            short_lived,
             ..
         } = self;
         services.unwinder.new_tick();
@@ -539,7 +543,7 @@ impl Worker {
             if alive {
                 t.ledger.alive_ns = u64::MAX;
             }
-            flush(&mut *services.out, c, t, Flush::Leaving, period_ns);
+            flush(&mut services.out, c, t, Flush::Leaving, period_ns);
             // Fills after the thread was last seen alive are dropped.
             t.ledger.clear();
             if alive {
@@ -547,6 +551,10 @@ impl Worker {
             }
             t.schedule.reset_checks();
         }
+        // Captures of threads not listed yet: the last ones in flight
+        // were awaited above with the others.
+        short_lived.disarm();
+        short_lived.harvest(services, c, sys::realtime_ns(), true);
     }
 }
 

@@ -71,12 +71,14 @@
 
 mod answers;
 mod capture;
+mod closing;
 mod consumer;
 mod denied;
 mod ledger;
 mod periods;
 mod requests;
 mod sample;
+mod short_lived;
 mod state;
 mod stats;
 mod step;
@@ -110,6 +112,8 @@ pub(crate) fn register_own_thread() -> OwnThreadGuard {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push(tid);
+    // The process timer's signal does nothing on it (see `short_lived`).
+    sys::mark_known(tid);
     OwnThreadGuard(tid)
 }
 
@@ -121,6 +125,7 @@ impl Drop for OwnThreadGuard {
     fn drop(&mut self) {
         let mut own = OWN_THREADS.lock().unwrap_or_else(|e| e.into_inner());
         own.retain(|t| *t != self.0);
+        sys::forget_known(self.0);
     }
 }
 

@@ -118,6 +118,9 @@ impl Tracked {
 
     /// Deletes the thread's timer and unbinds its slot.
     fn release(&mut self) {
+        if self.capture_slot.is_some() {
+            sys::forget_known(self.info.tid);
+        }
         self.timer = None;
         self.timer_armed = false;
         for slot in [self.capture_slot.take(), self.capture_slot2.take()]
@@ -273,6 +276,11 @@ impl ThreadTable {
     /// Every thread, in the order they were found.
     pub(super) fn iter_mut(&mut self) -> std::slice::IterMut<'_, Tracked> {
         self.entries.iter_mut()
+    }
+
+    /// Whether the thread list was read at least once.
+    pub(super) fn listed(&self) -> bool {
+        self.last_list.is_some()
     }
 
     /// Whether the thread list (every 100 ms) and names (every second, and

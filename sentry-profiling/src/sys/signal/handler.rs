@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::slot::{ARENA, ARENA_LEN};
+use super::spare::{PROCESS_TIMER_VALUE, capture_spare};
 use super::*;
 use crate::sys::arch::{read_regs, thread_pointer};
 
@@ -63,6 +64,11 @@ pub(super) unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc
     let Some(delivery) = (unsafe { read_delivery(info) }) else {
         return;
     };
+    if delivery.timer && delivery.index == PROCESS_TIMER_VALUE {
+        // SAFETY: called from the handler with the kernel's `ucontext`.
+        unsafe { capture_spare(ucontext, delivery.overrun) };
+        return;
+    }
     let Some(slot) = bound_slot(&delivery) else {
         return;
     };
@@ -96,6 +102,8 @@ pub(super) unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc
             handler_ns: clock_ns(libc::CLOCK_MONOTONIC)
                 .unwrap_or(0)
                 .saturating_sub(started_ns),
+            name: [0; 16],
+            periods: 1,
         };
     }
     slot.state.store(SlotState::Done as u32, Ordering::Release);
