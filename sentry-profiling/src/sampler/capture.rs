@@ -361,7 +361,16 @@ impl Services {
         }
         if let Some(timer) = &t.timer {
             if !t.timer_armed {
-                match timer.set(period) {
+                // The first expiry at a random point of the first period: a
+                // thread then gets a capture per period of its CPU time on
+                // average however little of it it uses from here (a
+                // thread that ends after less than a period would
+                // otherwise never have one, and the process timer leaves
+                // it alone from now on).
+                let first = period
+                    .mul_f64(1.0 - rand::random::<f64>())
+                    .max(Duration::from_micros(1));
+                match timer.set_first(first, period) {
                     Ok(()) => t.timer_armed = true,
                     Err(errno) => {
                         t.timer = None;
@@ -441,6 +450,14 @@ impl Services {
                 self.frames.clear();
                 self.frames.push(cap.regs.pc);
                 c.samples_off_stack.add(1);
+            }
+        }
+        if !off_stack && t.stack_bounds.is_none() {
+            // Copied up to its thread pointer (its bounds were not known
+            // yet): they are learned from the mapping that holds its stack
+            // pointer, so the next captures copy within them.
+            if let Some(bounds) = self.maps.holding(cap.regs.sp as usize) {
+                t.set_bounds(bounds);
             }
         }
         let (lo, hi) = t.stack_bounds.unwrap_or((0, 0));

@@ -6,9 +6,10 @@
 //! process's CPU time ends, so a thread is caught in proportion to the CPU
 //! time it uses, however short its life; the handler does nothing on a
 //! thread the sampler samples with its own timer, and writes a capture of
-//! any other into a spare slot, with the thread's id and name. Each such
-//! capture stands for one period of CPU time (more with the kernel's
-//! overruns), as a timer capture of a listed thread does.
+//! any other into a spare slot, with the thread's name. Each such capture
+//! stands for one period of the process timer (more with the kernel's
+//! overruns): the sampling period, or 10 ms when that is shorter (see
+//! [`MIN_PROCESS_PERIOD`]).
 //!
 //! Such a thread has one sample, or a few, before it exits, and Sentry
 //! drops a thread with a single sample (and weights a sample by the time
@@ -62,6 +63,21 @@ const MAX_LANES_PER_NAME: usize = 64;
 /// few threads now and then keeps them sampled; the listing sees some of
 /// them alive at least once a minute, or the timer catches one.
 const ARMED_FOR: Duration = Duration::from_secs(60);
+
+/// The process timer's shortest period. Its signal reaches the threads
+/// that have timers of their own too (which do nothing with it), so a
+/// period that followed a high sampling rate would cost those threads
+/// more with the rate for nothing; and a period shorter than the kernel's
+/// scheduler tick (4 ms at 250 Hz) mostly comes as overruns of the next
+/// tick's signal anyway. A capture stands for the process timer's
+/// periods, so a longer one only makes the short-lived threads' samples
+/// coarser.
+const MIN_PROCESS_PERIOD: Duration = Duration::from_millis(10);
+
+/// The process timer's period for the sampling period `period`.
+fn process_period(period: Duration) -> Duration {
+    period.max(MIN_PROCESS_PERIOD)
+}
 
 /// How long the shared profile threads of a name are kept after their
 /// latest capture once many names have some: a chunk's length, so a name
@@ -166,7 +182,7 @@ impl ShortLived {
             if !self.armed {
                 // A refusal leaves it disarmed: short-lived threads are then
                 // found by the listing only, as before.
-                self.armed = timer.set(period).is_ok();
+                self.armed = timer.set(process_period(period)).is_ok();
             }
         }
     }
@@ -197,7 +213,7 @@ impl ShortLived {
         c.short_lived_missed
             .add(full.saturating_sub(self.full_seen));
         (self.known_seen, self.full_seen) = (known, full);
-        let period_ns = services.period.as_nanos() as u64;
+        let period_ns = process_period(services.period).as_nanos() as u64;
         for slot in sys::spare_slots() {
             let Some(filled) = slot.filled() else {
                 continue;
@@ -310,6 +326,7 @@ impl ShortLived {
         if self.drawn.is_empty() {
             return;
         }
+        let period_ns = services.period.as_nanos() as u64;
         let empty = self
             .empty
             .get_or_insert_with(|| Arc::from(Vec::new()))
@@ -324,12 +341,21 @@ impl ShortLived {
                 Sample::new(at, d.lane as i32, d.name.clone(), stack, context, false)
             };
             emit(out, c, sample(d.at, d.stack.clone(), d.context));
-            emit(
-                out,
-                c,
-                sample(d.at + d.span / 2, d.stack.clone(), d.context),
-            );
-            if !crate::attribution::is_lane(d.context) {
+            if crate::attribution::is_lane(d.context) {
+                // In a request's lane, the lane's own samples bound it; the
+                // second sample stays within the period the capture was
+                // taken in, so it never lands past the request's end.
+                emit(
+                    out,
+                    c,
+                    sample(d.at + period_ns / 2, d.stack.clone(), d.context),
+                );
+            } else {
+                emit(
+                    out,
+                    c,
+                    sample(d.at + d.span / 2, d.stack.clone(), d.context),
+                );
                 emit(out, c, sample(end, empty.clone(), 0));
             }
             false

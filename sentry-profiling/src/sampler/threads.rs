@@ -15,6 +15,11 @@ use crate::sys::{self, Slot, StackMappings, ThreadInfo};
 const LIST_EVERY: Duration = Duration::from_millis(100);
 /// How often the thread list is read while the application is idle.
 const LIST_EVERY_IDLE: Duration = Duration::from_secs(1);
+/// Threads younger than this when first listed are left to the process
+/// timer until a later listing (see [`ThreadTable::refresh`]): a listing
+/// interval and the kernel's clock tick (the resolution of a thread's
+/// start time).
+const YOUNG_UNTRACKED: Duration = Duration::from_millis(110);
 /// How often every thread's name and identity are re-read. Each read opens
 /// a `/proc` file (tens of microseconds of CPU in a VM): once a second, a
 /// hundred threads would cost the sampler thread several milliseconds of
@@ -269,6 +274,8 @@ pub(super) struct ThreadTable {
     claims_seen: u64,
     /// Where the thread list is read from, and the last list read.
     tasks: sys::TaskList,
+    /// Young threads a listing left to the process timer, so far.
+    young_left: u64,
     tids: Vec<i32>,
 }
 
@@ -276,6 +283,13 @@ impl ThreadTable {
     /// Every thread, in the order they were found.
     pub(super) fn iter_mut(&mut self) -> std::slice::IterMut<'_, Tracked> {
         self.entries.iter_mut()
+    }
+
+    /// How many threads, and young threads left untracked (see
+    /// [`ThreadTable::refresh`]), the listings found so far, to tell
+    /// whether the process starts threads.
+    pub(super) fn found(&self, c: &Counters) -> u64 {
+        c.threads_seen.get().wrapping_add(self.young_left)
     }
 
     /// Whether the thread list was read at least once.
@@ -303,6 +317,7 @@ impl ThreadTable {
         counters: &Counters,
         mut leaving: impl FnMut(&mut Tracked),
     ) {
+        let first = self.last_list.is_none();
         self.last_list = Some(Instant::now());
         let all_names = self.last_names.is_none_or(|t| t.elapsed() >= NAMES_EVERY);
         if all_names {
@@ -349,6 +364,23 @@ impl ThreadTable {
                 continue;
             }
             if let Some(info) = sys::read_thread_identity(tid) {
+                // A thread started since about the last listing may end
+                // before the next tick: the process timer samples it until
+                // the next listing (see `short_lived`), where it counts
+                // among the threads that came and went, and those that
+                // still live are tracked then. A thread tracked for a few
+                // milliseconds would show them less well: its timer's
+                // captures and its fills leave at the ticks, and its last
+                // one closes at the tick that finds it gone. A thread in a
+                // request is added as it enters it (see
+                // `refresh_word_slots`).
+                if !first
+                    && !slots.contains_key(&(tid as u32))
+                    && sys::thread_age(&info).is_some_and(|age| age < YOUNG_UNTRACKED)
+                {
+                    self.young_left = self.young_left.wrapping_add(1);
+                    continue;
+                }
                 counters.threads_seen.add(1);
                 self.by_tid.insert(tid, self.entries.len());
                 let mut t = Tracked::new(info);

@@ -388,7 +388,7 @@ impl Worker {
         // if it has one (most ticks of a lightly loaded service do not).
         self.services.unwinder.new_tick();
         let listed = self.threads.listed();
-        let seen = c.threads_seen.get();
+        let seen = self.threads.found(c);
         self.threads.refresh_word_slots(c, &mut self.services.maps);
         for t in self.threads.iter_mut() {
             let mut thread = ThreadAt {
@@ -421,13 +421,22 @@ impl Worker {
         // that request's last periods, those it spent blocked included.
         // Its samples are closed then (see `closing`); a single one is
         // filed on the shared timeline of its name's short-lived threads.
-        let out = &mut self.services.out;
+        // The captures its timer took before it exited are read first: a
+        // thread that ends between two ticks would otherwise lose them
+        // with its slots.
+        let services = &mut self.services;
         let short_lived = &mut self.short_lived;
-        let period_ns = self.services.period.as_nanos() as u64;
+        let tick_no = self.tick_no;
+        let period_ns = services.period.as_nanos() as u64;
         let mut leaving = |t: &mut super::threads::Tracked| {
-            flush(out, c, t, Flush::Leaving, period_ns);
+            if t.capture_slot.is_some() {
+                for sample in services.harvest(t, tick_no, c).running() {
+                    t.ledger.push_sample(sample);
+                }
+            }
+            flush(&mut services.out, c, t, Flush::Leaving, period_ns);
             let alive_ns = t.ledger.alive_ns.max(t.ledger.counted_to_ns);
-            if let Some(single) = out.left(t.info.tid, t.info.start_time, alive_ns) {
+            if let Some(single) = services.out.left(t.info.tid, t.info.start_time, alive_ns) {
                 short_lived.refile(single, period_ns);
             }
         };
@@ -441,7 +450,7 @@ impl Worker {
         // New threads after the first listing (or added as they entered a
         // request): the process starts threads, some of which may live
         // between two listings.
-        if listed && c.threads_seen.get() > seen {
+        if listed && self.threads.found(c) != seen {
             self.short_lived.threads_appeared(now);
         }
         (periods, passed)

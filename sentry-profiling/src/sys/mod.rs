@@ -42,7 +42,7 @@ pub(crate) use signal::{
 #[cfg(profiling_supported)]
 pub(crate) use thread::{
     TaskList, ThreadInfo, current_tid, kept_tid, kernel_release, own_cpu_time_ns, page_size,
-    process_cpu_time_ns, read_thread_identity, realtime_ns, thread_cpu_time_ns,
+    process_cpu_time_ns, read_thread_identity, realtime_ns, thread_age, thread_cpu_time_ns,
 };
 
 /// Without a sampler there is nothing a forked child could wait for.

@@ -30,11 +30,11 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use super::handler::copy_own_memory;
+use super::handler::copy_to_thread_pointer;
 use super::slot::{ARENA, ARENA_LEN};
 use super::timer::KernelSigEvent;
 use super::*;
-use crate::sys::arch::{read_regs, thread_pointer};
+use crate::sys::arch::read_regs;
 
 /// The value a process timer's signal carries in place of a slot index: no
 /// slot has it (there are at most `MAX_SLOTS`).
@@ -176,18 +176,9 @@ pub(super) unsafe fn capture_spare(ucontext: *const libc::c_void, overrun: i32) 
         // SAFETY: `ucontext` is the kernel's ucontext_t for this delivery.
         let regs = unsafe { read_regs(ucontext.cast()) };
         let timestamp_ns = clock_ns(libc::CLOCK_REALTIME).unwrap_or(0);
-        let sp = regs.sp as usize;
-        let tp = thread_pointer();
-        let (stack_len, flags) = if VM_READ.load(Ordering::Relaxed) && sp < tp {
-            // SAFETY: `buf` has `cap` bytes and is exclusively ours in the
-            // Writing state; `copy_own_memory` reads with
-            // `process_vm_readv` (VM_READ is set), which stops at the
-            // first unmapped page.
-            let copied = unsafe { copy_own_memory(sp, slot.buf, (tp - sp).min(slot.cap)) };
-            (copied, 0)
-        } else {
-            (0, FLAG_OFF_STACK)
-        };
+        // SAFETY: `slot` was claimed above; `regs.sp` is the interrupted
+        // thread's stack pointer.
+        let (stack_len, flags) = unsafe { copy_to_thread_pointer(slot, regs.sp as usize) };
         let mut name = [0u8; 16];
         // SAFETY: PR_GET_NAME writes at most 16 bytes (the name and its
         // terminating zero) into a valid 16-byte buffer; a raw system
