@@ -15,10 +15,14 @@
 //!   deviation is at most `sqrt(W)`, and the load goes on until each kind
 //!   ran at least 600 periods, so 0.9 is more than two standard deviations
 //!   away.
-//! - `GET /in_span/{k}` hashes on `scope_in_span` threads, which run in
-//!   the request's span: the client's own CPU function must show under
-//!   its transactions, and at least 0.99 of the CPU samples under them
-//!   must be their own (`clients::own_and_other`).
+//! - `GET /in_span/{k}` hashes on four `scope_in_span` threads, which run
+//!   in the request's span: at least 0.99 of the CPU samples under its
+//!   transactions must be their own (`clients::own_and_other`), and at
+//!   least half of them must show their client's CPU function. A request's
+//!   threads burn 8 to 20 ms of CPU time, sampled by the process timer
+//!   every 10 ms of CPU time until the sampler tracks them: a request
+//!   has at least one capture with a probability of `1 - e^(-8/10)`,
+//!   0.55, at the least.
 //! - No sample is dropped for being its thread's only one in a chunk.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,8 +48,8 @@ const PERIOD_NS: u64 = 10_000_000;
 /// Periods of CPU time each kind must run for the bound.
 const MIN_PERIODS: u64 = 600;
 
-/// CPU time the kernel counted for the short-lived threads of each kind,
-/// after the warm-up.
+/// CPU time the kernel counted for the short-lived threads' hashing, by
+/// kind, after the warm-up.
 static SCOPED_NS: AtomicU64 = AtomicU64::new(0);
 static RAYON_NS: AtomicU64 = AtomicU64::new(0);
 static IN_SPAN_NS: AtomicU64 = AtomicU64::new(0);
@@ -149,7 +153,13 @@ async fn in_span(Path(k): Path<u64>) -> String {
     let x = spawn_blocking_in_span(move || {
         scope_in_span(|s| {
             let handles: Vec<_> = (0..4)
-                .map(|i| s.spawn(move || cpu(k, ms_for(k, i))))
+                .map(|i| {
+                    s.spawn(move || {
+                        let x = cpu(k, ms_for(k, i));
+                        IN_SPAN_NS.fetch_add(thread_cpu_ns(), Ordering::Relaxed);
+                        x
+                    })
+                })
                 .collect();
             handles
                 .into_iter()
@@ -324,7 +334,7 @@ fn short_lived_threads_of_requests_show_their_cpu_time() {
         "in_span: {showing} of {scored} transactions show their own CPU function; {own} own samples, {other} of other requests: precision {precision:.4}"
     );
     println!("sampler: {:?}", stats.sampler);
-    if showing * 4 < scored * 3 {
+    if showing * 2 < scored {
         failures.push(format!(
             "in_span: only {showing} of {scored} transactions show their threads' work"
         ));
