@@ -166,6 +166,12 @@ impl ShortLived {
         self.appeared_at = Some(now);
     }
 
+    /// Whether the process timer exists (threads not listed yet are
+    /// sampled).
+    pub(super) fn available(&self) -> bool {
+        self.timer.is_some()
+    }
+
     /// Arms the process timer with the sampling period while threads come
     /// and go (a sign of it within [`ARMED_FOR`]), and disarms it when they
     /// no longer do: a service whose threads all live long pays nothing

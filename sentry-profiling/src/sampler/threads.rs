@@ -276,6 +276,8 @@ pub(super) struct ThreadTable {
     tasks: sys::TaskList,
     /// Young threads a listing left to the process timer, so far.
     young_left: u64,
+    /// Whether young threads are left to the process timer (it exists).
+    leave_young: bool,
     tids: Vec<i32>,
 }
 
@@ -290,6 +292,12 @@ impl ThreadTable {
     /// whether the process starts threads.
     pub(super) fn found(&self, c: &Counters) -> u64 {
         c.threads_seen.get().wrapping_add(self.young_left)
+    }
+
+    /// Leaves threads younger than [`YOUNG_UNTRACKED`] to the process
+    /// timer (`true`, when there is one) or tracks them at once.
+    pub(super) fn leave_young(&mut self, leave: bool) {
+        self.leave_young = leave;
     }
 
     /// Whether the thread list was read at least once.
@@ -374,7 +382,8 @@ impl ThreadTable {
                 // one closes at the tick that finds it gone. A thread in a
                 // request is added as it enters it (see
                 // `refresh_word_slots`).
-                if !first
+                if self.leave_young
+                    && !first
                     && !slots.contains_key(&(tid as u32))
                     && sys::thread_age(&info).is_some_and(|age| age < YOUNG_UNTRACKED)
                 {

@@ -141,8 +141,10 @@ impl Worker {
         let period_ns = period.as_nanos() as u64;
         let short_lived =
             ShortLived::new(config.cpu_timers, config.stack_copy_bytes, &shared.counters);
+        let mut threads = ThreadTable::default();
+        threads.leave_young(short_lived.available());
         Self {
-            threads: ThreadTable::default(),
+            threads,
             services: Services {
                 period,
                 unwinder,
