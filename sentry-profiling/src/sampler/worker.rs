@@ -139,8 +139,11 @@ impl Worker {
         let unwinder = StackUnwinder::new(Arc::clone(&shared.modules));
         let period = Duration::from_secs_f64(1.0 / f64::from(config.frequency_hz));
         let period_ns = period.as_nanos() as u64;
-        let short_lived =
-            ShortLived::new(config.cpu_timers, config.stack_copy_bytes, &shared.counters);
+        let short_lived = ShortLived::new(
+            config.cpu_timers && config.short_lived_threads,
+            config.stack_copy_bytes,
+            &shared.counters,
+        );
         let mut threads = ThreadTable::default();
         threads.leave_young(short_lived.available());
         Self {
