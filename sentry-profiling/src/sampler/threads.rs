@@ -274,7 +274,8 @@ pub(super) struct ThreadTable {
     claims_seen: u64,
     /// Where the thread list is read from, and the last list read.
     tasks: sys::TaskList,
-    /// Young threads a listing left to the process timer, so far.
+    /// Young threads a listing left to the process timer (or found gone
+    /// before it could read them), so far.
     young_left: u64,
     /// Whether young threads are left to the process timer (it exists).
     leave_young: bool,
@@ -371,7 +372,13 @@ impl ThreadTable {
             if own.contains(&tid) || self.by_tid.contains_key(&tid) {
                 continue;
             }
-            if let Some(info) = sys::read_thread_identity(tid) {
+            let Some(info) = sys::read_thread_identity(tid) else {
+                // Listed, and gone before its identity was read: a thread
+                // that came and went.
+                self.young_left = self.young_left.wrapping_add(1);
+                continue;
+            };
+            {
                 // A thread started since about the last listing may end
                 // before the next tick: the process timer samples it until
                 // the next listing (see `short_lived`), where it counts
