@@ -12,7 +12,9 @@
 //! a count of periods (each a Bernoulli trial per period) around their
 //! true CPU time. With `W` periods of their CPU time the count's standard
 //! deviation is at most `sqrt(W)`; the run lasts until `W >= 600`, so
-//! 0.9 of it is more than two standard deviations away.
+//! 0.9 of it is more than two standard deviations away. (The timer is
+//! armed once a listing has seen threads come and go, 100 ms into a run
+//! of several seconds at most.)
 
 #[path = "support/clock.rs"]
 mod clock;
