@@ -27,7 +27,11 @@
 //! Work a request hands to another task or to Tokio's blocking pool shows
 //! in its profile only if the span goes with it: use [`spawn_in_span`] and
 //! [`spawn_blocking_in_span`] (feature `tokio`, on by default) where you
-//! would call `tokio::spawn` and `tokio::task::spawn_blocking`.
+//! would call `tokio::spawn` and `tokio::task::spawn_blocking`. The same
+//! holds for OS threads a request starts: [`thread_spawn_in_span`] for
+//! `std::thread::spawn`, [`scope_in_span`] for `std::thread::scope`, and
+//! [`in_current_span`] / [`with_current_span`] to wrap closures handed to
+//! `rayon` (`join`, `scope`, `par_iter().map`) or another pool.
 //!
 //! ```no_run
 //! use tracing_subscriber::prelude::*;
@@ -50,6 +54,7 @@ mod poll;
 mod profiled;
 #[cfg(feature = "tokio")]
 mod spawn;
+mod threads;
 
 /// The data keys of an instrumented request's poll totals, on its
 /// transaction (and on the child span of a [`ProfiledExt::profiled`]
@@ -67,3 +72,6 @@ pub use layer::{ProfilingLayer, layer};
 pub use profiled::{Profiled, ProfiledExt};
 #[cfg(feature = "tokio")]
 pub use spawn::{spawn_blocking_in_span, spawn_in_span};
+pub use threads::{
+    ScopeInSpan, in_current_span, scope_in_span, thread_spawn_in_span, with_current_span,
+};

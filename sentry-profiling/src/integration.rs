@@ -173,6 +173,15 @@ impl ProfilingIntegration {
         self
     }
 
+    /// Whether threads that live between two listings of the thread list
+    /// are sampled by a process-wide CPU-time timer. Default true; see
+    /// [`SamplerConfig::short_lived_threads`].
+    #[must_use]
+    pub fn short_lived_threads(mut self, enabled: bool) -> Self {
+        self.sampler.short_lived_threads = enabled;
+        self
+    }
+
     /// Longest chunk, 1 s to 60 s. Default 60 s. Zero means the default;
     /// other values outside the range are clamped to it, with a warning.
     #[must_use]

@@ -41,6 +41,14 @@ pub struct SamplerConfig {
     /// that enters a blocking call (`poll`, `nanosleep`, a timed `futex`
     /// wait…) before the signal arrives sees that call fail with `EINTR`.
     pub cpu_timers: bool,
+    /// Whether threads the sampler has not listed yet (threads that live a
+    /// few milliseconds, such as a `std::thread::scope`'s or a hashing
+    /// library's workers) are sampled by a process-wide CPU-time timer,
+    /// armed while the process starts threads. Default true. Their samples
+    /// go to one profile thread per thread name (`"{name} (short-lived
+    /// threads)"`, more when several ran at once), each capture drawn over
+    /// the CPU time it stands for. Needs `cpu_timers`.
+    pub short_lived_threads: bool,
 }
 
 impl Default for SamplerConfig {
@@ -51,6 +59,7 @@ impl Default for SamplerConfig {
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             signal: None,
             cpu_timers: true,
+            short_lived_threads: true,
         }
     }
 }
@@ -89,6 +98,15 @@ impl SamplerConfig {
     #[must_use]
     pub fn cpu_timers(mut self, enabled: bool) -> Self {
         self.cpu_timers = enabled;
+        self
+    }
+
+    /// Samples threads not listed yet with a process-wide CPU-time timer
+    /// (default), or only the threads the sampler lists (see
+    /// [`SamplerConfig::short_lived_threads`]).
+    #[must_use]
+    pub fn short_lived_threads(mut self, enabled: bool) -> Self {
+        self.short_lived_threads = enabled;
         self
     }
 

@@ -146,7 +146,7 @@ impl Services {
             {
                 let context = t.word_slot.map_or(0, crate::context::read);
                 c.samples_idle.add(1);
-                emit_for(&mut *self.out, c, t, tick_ts, stack, context, true);
+                emit_for(&mut self.out, c, t, tick_ts, stack, context, true);
             }
             _ => {
                 t.cpu_seen_ns = cpu;
@@ -156,7 +156,7 @@ impl Services {
                     Look::Waiting(stack, context) => {
                         t.last_stack = Some(stack.clone());
                         t.last_context = context;
-                        emit_for(&mut *self.out, c, t, tick_ts, stack, context, false);
+                        emit_for(&mut self.out, c, t, tick_ts, stack, context, false);
                     }
                     Look::Running => self.signal_running(t, now, c),
                     Look::Gone => t.gone = true,
@@ -339,6 +339,9 @@ impl Services {
             }
             t.capture_slot = Some(slot);
             t.capture_slot2 = second.filter(|s| s.bind(t.info.tid, lo, hi, None));
+            // Sampled from here on through its own slot: the process timer
+            // leaves it alone (see `short_lived`).
+            sys::mark_known(t.info.tid);
             t.cpu_seen_ns = sys::thread_cpu_time_ns(t.info.tid).unwrap_or(0);
             if timers {
                 match sys::CpuTimer::create(t.info.tid, slot) {
@@ -358,7 +361,16 @@ impl Services {
         }
         if let Some(timer) = &t.timer {
             if !t.timer_armed {
-                match timer.set(period) {
+                // The first expiry at a random point of the first period: a
+                // thread then gets a capture per period of its CPU time on
+                // average however little of it it uses from here (a
+                // thread that ends after less than a period would
+                // otherwise never have one, and the process timer leaves
+                // it alone from now on).
+                let first = period
+                    .mul_f64(1.0 - rand::random::<f64>())
+                    .max(Duration::from_micros(1));
+                match timer.set_first(first, period) {
                     Ok(()) => t.timer_armed = true,
                     Err(errno) => {
                         t.timer = None;
@@ -440,6 +452,14 @@ impl Services {
                 c.samples_off_stack.add(1);
             }
         }
+        if !off_stack && t.stack_bounds.is_none() {
+            // Copied up to its thread pointer (its bounds were not known
+            // yet): they are learned from the mapping that holds its stack
+            // pointer, so the next captures copy within them.
+            if let Some(bounds) = self.maps.holding(cap.regs.sp as usize) {
+                t.set_bounds(bounds);
+            }
+        }
         let (lo, hi) = t.stack_bounds.unwrap_or((0, 0));
         filled.rearm(lo, hi);
         // Any capture proves the thread takes the signal again. A timer
@@ -485,6 +505,7 @@ impl Worker {
             services,
             shared,
             tick_no,
+            short_lived,
             ..
         } = self;
         services.unwinder.new_tick();
@@ -539,7 +560,7 @@ impl Worker {
             if alive {
                 t.ledger.alive_ns = u64::MAX;
             }
-            flush(&mut *services.out, c, t, Flush::Leaving, period_ns);
+            flush(&mut services.out, c, t, Flush::Leaving, period_ns);
             // Fills after the thread was last seen alive are dropped.
             t.ledger.clear();
             if alive {
@@ -547,6 +568,10 @@ impl Worker {
             }
             t.schedule.reset_checks();
         }
+        // Captures of threads not listed yet: the last ones in flight
+        // were awaited above with the others.
+        short_lived.disarm();
+        short_lived.harvest(services, c, sys::realtime_ns(), true);
     }
 }
 

@@ -60,6 +60,19 @@
 //!   time) records every thread's samples for the periods it missed (up to
 //!   `MAX_CATCH_UP`), so each thread still gets one sample per period.
 //!
+//! Threads that live between two listings of the thread list (a scope's or
+//! a hashing library's workers, a few milliseconds each) are sampled by a
+//! process-wide CPU-time timer, armed while the process starts threads:
+//! its signal lands on the running thread in proportion to its CPU time,
+//! does nothing on a thread that has a timer of its own, and fills a spare
+//! slot otherwise; a thread younger than a listing interval is left to it
+//! until the next listing. Their captures go to shared profile threads,
+//! one per thread name (more when several ran at once), each drawn over
+//! the CPU time it stands for (see `short_lived`). A tracked thread that
+//! exits has its samples closed at its last known-alive moment, and one
+//! with a single sample has it filed there too (see `closing`): Sentry
+//! drops a thread with a single sample.
+//!
 //! A thread whose timer cannot be created (the user's limit of pending
 //! signals reached), and every thread with `cpu_timers(false)`, is sampled
 //! the way every thread was before timers: at each tick at which its CPU
@@ -72,12 +85,14 @@
 mod answers;
 mod balance;
 mod capture;
+mod closing;
 mod consumer;
 mod denied;
 mod ledger;
 mod periods;
 mod requests;
 mod sample;
+mod short_lived;
 mod state;
 mod stats;
 mod step;
@@ -111,6 +126,8 @@ pub(crate) fn register_own_thread() -> OwnThreadGuard {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push(tid);
+    // The process timer's signal does nothing on it (see `short_lived`).
+    sys::mark_known(tid);
     OwnThreadGuard(tid)
 }
 
@@ -122,6 +139,7 @@ impl Drop for OwnThreadGuard {
     fn drop(&mut self) {
         let mut own = OWN_THREADS.lock().unwrap_or_else(|e| e.into_inner());
         own.retain(|t| *t != self.0);
+        sys::forget_known(self.0);
     }
 }
 

@@ -133,4 +133,21 @@ counters! {
     handler_ns,
     /// Total CPU time of the sampler thread inside ticks, nanoseconds.
     tick_cpu_ns,
+    /// Captures of threads the sampler had not given a timer of their own
+    /// (threads that live between two listings of the thread list), raised
+    /// by the process-wide CPU-time timer (see `short_lived`).
+    short_lived_captures,
+    /// Periods of the process timer those captures stood for beyond one
+    /// each (the kernel's overruns).
+    short_lived_overruns,
+    /// Process-timer signals that found every spare slot full: periods of
+    /// short-lived threads' CPU time with no sample.
+    short_lived_missed,
+    /// Process-timer signals that found the running thread already sampled
+    /// with its own timer (or one of the profiler's threads) and did
+    /// nothing: the process timer's cost on threads that need none of it.
+    short_lived_known_hits,
+    /// Whether the process-wide CPU-time timer is in use (1) or could not
+    /// be created (0: timers refused or off, or another sampler has it).
+    short_lived_timer,
 }

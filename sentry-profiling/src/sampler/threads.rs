@@ -15,6 +15,11 @@ use crate::sys::{self, Slot, StackMappings, ThreadInfo};
 const LIST_EVERY: Duration = Duration::from_millis(100);
 /// How often the thread list is read while the application is idle.
 const LIST_EVERY_IDLE: Duration = Duration::from_secs(1);
+/// Threads younger than this when first listed are left to the process
+/// timer until a later listing (see [`ThreadTable::refresh`]): a listing
+/// interval and the kernel's clock tick (the resolution of a thread's
+/// start time).
+const YOUNG_UNTRACKED: Duration = Duration::from_millis(110);
 /// How often every thread's name and identity are re-read. Each read opens
 /// a `/proc` file (tens of microseconds of CPU in a VM): once a second, a
 /// hundred threads would cost the sampler thread several milliseconds of
@@ -118,6 +123,9 @@ impl Tracked {
 
     /// Deletes the thread's timer and unbinds its slot.
     fn release(&mut self) {
+        if self.capture_slot.is_some() {
+            sys::forget_known(self.info.tid);
+        }
         self.timer = None;
         self.timer_armed = false;
         for slot in [self.capture_slot.take(), self.capture_slot2.take()]
@@ -266,6 +274,11 @@ pub(super) struct ThreadTable {
     claims_seen: u64,
     /// Where the thread list is read from, and the last list read.
     tasks: sys::TaskList,
+    /// Young threads a listing left to the process timer (or found gone
+    /// before it could read them), so far.
+    young_left: u64,
+    /// Whether young threads are left to the process timer (it exists).
+    leave_young: bool,
     tids: Vec<i32>,
 }
 
@@ -273,6 +286,24 @@ impl ThreadTable {
     /// Every thread, in the order they were found.
     pub(super) fn iter_mut(&mut self) -> std::slice::IterMut<'_, Tracked> {
         self.entries.iter_mut()
+    }
+
+    /// How many threads, and young threads left untracked (see
+    /// [`ThreadTable::refresh`]), the listings found so far, to tell
+    /// whether the process starts threads.
+    pub(super) fn found(&self, c: &Counters) -> u64 {
+        c.threads_seen.get().wrapping_add(self.young_left)
+    }
+
+    /// Leaves threads younger than [`YOUNG_UNTRACKED`] to the process
+    /// timer (`true`, when there is one) or tracks them at once.
+    pub(super) fn leave_young(&mut self, leave: bool) {
+        self.leave_young = leave;
+    }
+
+    /// Whether the thread list was read at least once.
+    pub(super) fn listed(&self) -> bool {
+        self.last_list.is_some()
     }
 
     /// Whether the thread list (every 100 ms) and names (every second, and
@@ -295,6 +326,7 @@ impl ThreadTable {
         counters: &Counters,
         mut leaving: impl FnMut(&mut Tracked),
     ) {
+        let first = self.last_list.is_none();
         self.last_list = Some(Instant::now());
         let all_names = self.last_names.is_none_or(|t| t.elapsed() >= NAMES_EVERY);
         if all_names {
@@ -340,7 +372,31 @@ impl ThreadTable {
             if own.contains(&tid) || self.by_tid.contains_key(&tid) {
                 continue;
             }
-            if let Some(info) = sys::read_thread_identity(tid) {
+            let Some(info) = sys::read_thread_identity(tid) else {
+                // Listed, and gone before its identity was read: a thread
+                // that came and went.
+                self.young_left = self.young_left.wrapping_add(1);
+                continue;
+            };
+            {
+                // A thread started since about the last listing may end
+                // before the next tick: the process timer samples it until
+                // the next listing (see `short_lived`), where it counts
+                // among the threads that came and went, and those that
+                // still live are tracked then. A thread tracked for a few
+                // milliseconds would show them less well: its timer's
+                // captures and its fills leave at the ticks, and its last
+                // one closes at the tick that finds it gone. A thread in a
+                // request is added as it enters it (see
+                // `refresh_word_slots`).
+                if self.leave_young
+                    && !first
+                    && !slots.contains_key(&(tid as u32))
+                    && sys::thread_age(&info).is_some_and(|age| age < YOUNG_UNTRACKED)
+                {
+                    self.young_left = self.young_left.wrapping_add(1);
+                    continue;
+                }
                 counters.threads_seen.add(1);
                 self.by_tid.insert(tid, self.entries.len());
                 let mut t = Tracked::new(info);

@@ -12,10 +12,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::answers::{Flush, Harvested, Look, awaited, flush};
+use super::closing::Closing;
 use super::consumer::Consumer;
 use super::denied::Denials;
 use super::ledger;
 use super::requests::CapturedRequests;
+use super::short_lived::ShortLived;
 use super::state::Awaited;
 use super::stats::Counters;
 use super::step::{self, MAX_CATCH_UP};
@@ -85,6 +87,9 @@ pub(super) struct Worker {
     /// after a pause): a tick's cost counts from there, its wake-up
     /// included.
     pub(super) cpu_mark: Option<u64>,
+    /// The process-wide timer that samples threads not listed yet, and
+    /// where their captures are filed.
+    pub(super) short_lived: ShortLived,
 }
 
 /// What a thread's tick uses besides the thread (see `capture`): the
@@ -94,7 +99,7 @@ pub(super) struct Worker {
 pub(super) struct Services {
     pub(super) config: SamplerConfig,
     pub(super) period: Duration,
-    pub(super) out: Box<dyn Consumer>,
+    pub(super) out: Closing,
     pub(super) unwinder: StackUnwinder,
     pub(super) frames: Vec<u64>,
     /// Reused to copy the stacks of threads blocked in the kernel.
@@ -132,10 +137,19 @@ fn clocks_now() -> (u64, Instant) {
 impl Worker {
     pub(super) fn new(config: SamplerConfig, out: Box<dyn Consumer>, shared: Arc<Shared>) -> Self {
         let unwinder = StackUnwinder::new(Arc::clone(&shared.modules));
+        let period = Duration::from_secs_f64(1.0 / f64::from(config.frequency_hz));
+        let period_ns = period.as_nanos() as u64;
+        let short_lived = ShortLived::new(
+            config.cpu_timers && config.short_lived_threads,
+            config.stack_copy_bytes,
+            &shared.counters,
+        );
+        let mut threads = ThreadTable::default();
+        threads.leave_young(short_lived.available());
         Self {
-            threads: ThreadTable::default(),
+            threads,
             services: Services {
-                period: Duration::from_secs_f64(1.0 / f64::from(config.frequency_hz)),
+                period,
                 unwinder,
                 frames: Vec::with_capacity(crate::unwind::MAX_FRAMES),
                 copy_buf: Vec::new(),
@@ -143,7 +157,7 @@ impl Worker {
                 requests: CapturedRequests::default(),
                 denied: Denials::new(config.cpu_timers),
                 config,
-                out,
+                out: Closing::new(out, period_ns),
             },
             tick_no: 0,
             owed: 0,
@@ -153,6 +167,7 @@ impl Worker {
             request_ran: false,
             light_doze: 0,
             cpu_mark: None,
+            short_lived,
             shared,
         }
     }
@@ -377,6 +392,8 @@ impl Worker {
         // The module list is read again before this tick's first unwind,
         // if it has one (most ticks of a lightly loaded service do not).
         self.services.unwinder.new_tick();
+        let listed = self.threads.listed();
+        let seen = self.threads.found(c);
         self.threads.refresh_word_slots(c, &mut self.services.maps);
         for t in self.threads.iter_mut() {
             let mut thread = ThreadAt {
@@ -389,6 +406,16 @@ impl Worker {
             self.captured |= done.captured;
             self.request_ran |= done.request_ran;
         }
+        // Threads not listed yet: their captures, and those of threads
+        // that exited before any listing, come from the process timer.
+        // Armed while threads come and go, once every thread of the first
+        // listing was given its own timer (above), so none of them is
+        // taken for a short-lived one; and here rather than when the
+        // sampler starts, so that it never runs while paused.
+        if listed {
+            self.short_lived.tend(self.services.period, now);
+        }
+        self.captured |= self.short_lived.harvest(&mut self.services, c, ts, false);
         self.light_doze = self.light_doze_periods(periods);
         // After the captures: those were taken by the threads the table
         // still names, even if the listing now finds an id reused since.
@@ -397,10 +424,27 @@ impl Worker {
         // alive) leave with what is known, as when the sampler pauses: a
         // runtime shut down right after a request would otherwise lose
         // that request's last periods, those it spent blocked included.
-        let out = &mut self.services.out;
-        let period_ns = self.services.period.as_nanos() as u64;
-        let mut leaving =
-            |t: &mut super::threads::Tracked| flush(&mut **out, c, t, Flush::Leaving, period_ns);
+        // Its samples are closed then (see `closing`); a single one is
+        // filed on the shared timeline of its name's short-lived threads.
+        // The captures its timer took before it exited are read first: a
+        // thread that ends between two ticks would otherwise lose them
+        // with its slots.
+        let services = &mut self.services;
+        let short_lived = &mut self.short_lived;
+        let tick_no = self.tick_no;
+        let period_ns = services.period.as_nanos() as u64;
+        let mut leaving = |t: &mut super::threads::Tracked| {
+            if t.capture_slot.is_some() {
+                for sample in services.harvest(t, tick_no, c).running() {
+                    t.ledger.push_sample(sample);
+                }
+            }
+            flush(&mut services.out, c, t, Flush::Leaving, period_ns);
+            let alive_ns = t.ledger.alive_ns.max(t.ledger.counted_to_ns);
+            if let Some(single) = services.out.left(t.info.tid, t.info.start_time, alive_ns) {
+                short_lived.refile(single, period_ns);
+            }
+        };
         if self
             .threads
             .refresh_due(self.idle_ticks >= IDLE_TICKS_BEFORE_DOZING)
@@ -408,6 +452,12 @@ impl Worker {
             self.threads.refresh(&own_threads(), c, &mut leaving);
         }
         self.threads.remove_gone(leaving);
+        // New threads after the first listing (or added as they entered a
+        // request): the process starts threads, some of which may live
+        // between two listings.
+        if listed && self.threads.found(c) != seen {
+            self.short_lived.threads_appeared(now);
+        }
         (periods, passed)
     }
 }
@@ -503,7 +553,7 @@ impl step::Kernel for ThreadAt<'_> {
 
     fn flush(&mut self, why: Flush) {
         let period_ns = self.period_ns();
-        flush(&mut *self.services.out, self.c, self.t, why, period_ns);
+        flush(&mut self.services.out, self.c, self.t, why, period_ns);
     }
 
     fn recycled(&mut self) {

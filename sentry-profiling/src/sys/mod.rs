@@ -34,14 +34,15 @@ pub(crate) use images::{ImageBytes, LoadedImage, Section, image_generation, load
 pub(crate) use maps::{StackMappings, stack_mappings};
 #[cfg(profiling_supported)]
 pub(crate) use signal::{
-    CpuTimer, FLAG_OFF_STACK, FLAG_TIMER, Regs, SendError, Slot, SlotState, completion_seq,
-    install_handler, probe_cpu_timer, probe_signal, probe_vm_read, send_sample_signal,
-    set_thread_context, signal_restorers, thread_context, wait_completion, wake_completion_waiters,
+    CpuTimer, FLAG_OFF_STACK, FLAG_TIMER, ProcessTimer, Regs, SendError, Slot, SlotState,
+    completion_seq, ensure_spares, forget_known, install_handler, mark_known, probe_cpu_timer,
+    probe_signal, probe_vm_read, process_timer_counts, send_sample_signal, set_thread_context,
+    signal_restorers, spare_slots, thread_context, wait_completion, wake_completion_waiters,
 };
 #[cfg(profiling_supported)]
 pub(crate) use thread::{
     TaskList, ThreadInfo, current_tid, kept_tid, kernel_release, own_cpu_time_ns, page_size,
-    process_cpu_time_ns, read_thread_identity, realtime_ns, thread_cpu_time_ns,
+    process_cpu_time_ns, read_thread_identity, realtime_ns, thread_age, thread_cpu_time_ns,
 };
 
 /// Without a sampler there is nothing a forked child could wait for.

@@ -159,6 +159,20 @@ pub(crate) fn read_thread_identity(tid: i32) -> Option<ThreadInfo> {
     parse_stat(tid, &stat)
 }
 
+/// How long ago the thread `info` describes started, to the kernel's
+/// clock-tick resolution (10 ms at the usual 100 ticks a second); `None`
+/// when the clocks cannot be read.
+pub(crate) fn thread_age(info: &ThreadInfo) -> Option<std::time::Duration> {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks = u64::try_from(ticks).ok().filter(|&t| t > 0)?;
+    // `starttime` counts from boot, suspended time included: the boot-time
+    // clock (both in the process's time namespace).
+    let now = clock_ns(libc::CLOCK_BOOTTIME)?;
+    let started = info.start_time.checked_mul(1_000_000_000)? / ticks;
+    Some(std::time::Duration::from_nanos(now.saturating_sub(started)))
+}
+
 fn parse_stat(tid: i32, stat: &str) -> Option<ThreadInfo> {
     // The name is in parentheses and may itself contain ')' or spaces.
     let open = stat.find('(')?;

@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::slot::{ARENA, ARENA_LEN};
+use super::spare::{PROCESS_TIMER_VALUE, capture_spare};
 use super::*;
 use crate::sys::arch::{read_regs, thread_pointer};
 
@@ -63,6 +64,11 @@ pub(super) unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc
     let Some(delivery) = (unsafe { read_delivery(info) }) else {
         return;
     };
+    if delivery.timer && delivery.index == PROCESS_TIMER_VALUE {
+        // SAFETY: called from the handler with the kernel's `ucontext`.
+        unsafe { capture_spare(ucontext, delivery.overrun) };
+        return;
+    }
     let Some(slot) = bound_slot(&delivery) else {
         return;
     };
@@ -96,6 +102,8 @@ pub(super) unsafe fn capture(info: *const libc::siginfo_t, ucontext: *const libc
             handler_ns: clock_ns(libc::CLOCK_MONOTONIC)
                 .unwrap_or(0)
                 .saturating_sub(started_ns),
+            name: [0; 16],
+            periods: 1,
         };
     }
     slot.state.store(SlotState::Done as u32, Ordering::Release);
@@ -215,6 +223,13 @@ fn claim_slot(slot: &'static Slot, timer: bool) -> Option<&'static Slot> {
 unsafe fn copy_stack(slot: &Slot, sp: usize) -> (usize, u32) {
     let lo = slot.stack_lo.load(Ordering::Relaxed);
     let hi = slot.stack_hi.load(Ordering::Relaxed);
+    if lo == 0 && hi == 0 {
+        // Bounds not learned yet (a thread bound since the last look at
+        // the mappings, which may end before the next): copied up to its
+        // thread pointer, as a spare slot's capture is.
+        // SAFETY: as the caller's.
+        return unsafe { copy_to_thread_pointer(slot, sp) };
+    }
     if !(lo < hi && sp >= lo && sp < hi) {
         return (0, FLAG_OFF_STACK);
     }
@@ -238,6 +253,29 @@ unsafe fn copy_stack(slot: &Slot, sp: usize) -> (usize, u32) {
         let copied = unsafe { copy_own_memory(sp, slot.buf, len) };
         (copied, 0)
     }
+}
+
+/// Copies the interrupted thread's stack from `sp` up to its thread
+/// pointer (the top of its own stack allocation, see the module docs) into
+/// the claimed slot's buffer, with `process_vm_readv`: nothing proves that
+/// `sp` is on that allocation, and that call stops at the first unmapped
+/// page instead of faulting. Without it (refused), nothing is copied
+/// (`FLAG_OFF_STACK`).
+///
+/// # Safety
+/// `slot` must be claimed by this handler (in the Writing state), and `sp`
+/// the interrupted thread's stack pointer.
+#[inline(always)]
+pub(super) unsafe fn copy_to_thread_pointer(slot: &Slot, sp: usize) -> (usize, u32) {
+    let tp = thread_pointer();
+    if !VM_READ.load(Ordering::Relaxed) || sp >= tp {
+        return (0, FLAG_OFF_STACK);
+    }
+    // SAFETY: `buf` has `cap` bytes and is exclusively ours in the Writing
+    // state; `copy_own_memory` reads with `process_vm_readv` (VM_READ is
+    // set), which stops at the first unmapped page.
+    let copied = unsafe { copy_own_memory(sp, slot.buf, (tp - sp).min(slot.cap)) };
+    (copied, 0)
 }
 
 /// Copies up to `len` bytes from `src` to `dst` and returns how many were

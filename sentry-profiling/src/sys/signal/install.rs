@@ -66,13 +66,24 @@ pub(crate) fn install_handler(preferred: Option<i32>) -> Result<SignalSetup, Str
         // thread's own stack has room for a call of a few KiB wherever it
         // can make one.
         //
+        // `SA_NODEFER`: the signal stays deliverable while the handler
+        // runs. The process-wide timer's signal (see `spare`) is
+        // process-directed: the kernel gives it to the thread that was
+        // running, unless that thread blocks it, and then to another
+        // thread, which may be blocked in a system call that fails with
+        // `EINTR` when the signal wakes it. A thread blocks the signal
+        // while it runs its handler unless this flag is set. The handler
+        // is re-entrant: a nested delivery claims another slot (or none)
+        // with the same compare-and-swap, and the known-thread check
+        // returns at once.
+        //
         // SAFETY: a zeroed sigaction is a valid starting value; the handler
         // has the SA_SIGINFO signature and is async-signal-safe (see
         // `handler`); the old action is written to a local.
         let installed = unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = handler as *const () as usize;
-            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER;
             libc::sigemptyset(&mut action.sa_mask);
             let mut old: libc::sigaction = std::mem::zeroed();
             libc::sigaction(sig, &action, &mut old) == 0 && old.sa_sigaction == libc::SIG_DFL

@@ -58,6 +58,7 @@ mod install;
 mod probe;
 mod send;
 mod slot;
+mod spare;
 mod timer;
 
 use std::sync::Mutex;
@@ -72,6 +73,9 @@ pub(crate) use send::{SendError, send_sample_signal};
 use slot::notify_completion;
 pub(crate) use slot::{
     Captured, Regs, Slot, SlotState, completion_seq, wait_completion, wake_completion_waiters,
+};
+pub(crate) use spare::{
+    ProcessTimer, ensure_spares, forget_known, mark_known, process_timer_counts, spare_slots,
 };
 pub(crate) use timer::CpuTimer;
 
@@ -112,6 +116,10 @@ pub(crate) const FLAG_OFF_STACK: u32 = 1;
 /// Flag in [`Captured::flags`]: the thread's CPU-time timer raised the
 /// signal (the thread was running); otherwise the sampler sent it.
 pub(crate) const FLAG_TIMER: u32 = 2;
+/// Flag in [`Captured::flags`]: the process's CPU-time timer raised the
+/// signal on a thread with no slot of its own, and the capture is in a
+/// spare slot (see `spare`).
+pub(crate) const FLAG_PROCESS_TIMER: u32 = 4;
 
 thread_local! {
     /// The per-thread context word, copied into every sample of the thread.

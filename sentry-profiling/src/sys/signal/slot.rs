@@ -81,6 +81,21 @@ pub(crate) struct Captured {
     pub(crate) flags: u32,
     /// Time spent in the handler body (monotonic clock), nanoseconds.
     pub(crate) handler_ns: u64,
+    /// The interrupted thread's name (`comm`, zero-terminated), read for a
+    /// spare slot's capture only (see `spare`); zeroes otherwise.
+    pub(crate) name: [u8; 16],
+    /// Periods of CPU time the capture stands for: 1, plus the timer's
+    /// overruns for a spare slot's capture (a bound slot counts those in
+    /// [`Slot::take_missed`]).
+    pub(crate) periods: u32,
+}
+
+impl Captured {
+    /// The thread name recorded with a spare slot's capture.
+    pub(crate) fn thread_name(&self) -> &str {
+        let len = self.name.iter().position(|&b| b == 0).unwrap_or(16);
+        std::str::from_utf8(&self.name[..len]).unwrap_or("")
+    }
 }
 
 /// One preallocated capture buffer. See the module docs for the protocol.
@@ -185,6 +200,18 @@ impl Slot {
             }
         }
         false
+    }
+
+    /// Makes a fresh slot (from [`Slot::acquire`]) a spare one: bound to
+    /// no thread (`tid` is one no thread has) and armed for the process
+    /// timer's signal (see `spare`).
+    pub(super) fn make_spare(&self, tid: i32) {
+        self.tid.store(tid, Ordering::Relaxed);
+        self.sibling.store(NO_SIBLING, Ordering::Relaxed);
+        self.stack_lo.store(0, Ordering::Relaxed);
+        self.stack_hi.store(0, Ordering::Relaxed);
+        self.state
+            .store(SlotState::Requested as u32, Ordering::Release);
     }
 
     /// Current state.

@@ -121,32 +121,38 @@ impl CpuTimer {
     /// `period`; a zero `first` disarms it. Fails with the `errno` of
     /// `timer_settime`.
     pub(crate) fn set_first(&self, first: Duration, period: Duration) -> Result<(), i32> {
-        let ts = |d: Duration| libc::timespec {
-            tv_sec: d.as_secs() as libc::time_t,
-            tv_nsec: d.subsec_nanos() as libc::c_long,
-        };
-        let spec = libc::itimerspec {
-            it_interval: ts(period),
-            it_value: ts(first),
-        };
-        // SAFETY: timer_settime on a timer id we own, reading a valid
-        // itimerspec and writing no old value.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_timer_settime,
-                self.0 as libc::c_long,
-                0 as libc::c_long,
-                std::ptr::from_ref(&spec),
-                std::ptr::null_mut::<libc::itimerspec>(),
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EINVAL))
-        }
+        set_timer(self.0, first, period)
+    }
+}
+
+/// `timer_settime` on timer `id`: fires after `first`, then every
+/// `period`; a zero `first` disarms it. Fails with the `errno`.
+pub(super) fn set_timer(id: i32, first: Duration, period: Duration) -> Result<(), i32> {
+    let ts = |d: Duration| libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    };
+    let spec = libc::itimerspec {
+        it_interval: ts(period),
+        it_value: ts(first),
+    };
+    // SAFETY: timer_settime on a timer id the caller owns, reading a valid
+    // itimerspec and writing no old value.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_timer_settime,
+            id as libc::c_long,
+            0 as libc::c_long,
+            std::ptr::from_ref(&spec),
+            std::ptr::null_mut::<libc::itimerspec>(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL))
     }
 }
 
