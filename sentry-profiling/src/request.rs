@@ -2,15 +2,18 @@
 //! transaction), from its creation to its close, as one object the tracing
 //! layer keeps with the span. It owns what the request holds of the
 //! session (a hold on the trace lifecycle, its lane) and gives both back
-//! when it finishes or is dropped, whichever comes first.
+//! when it finishes or is dropped, whichever comes first, to the session
+//! it began in: a request in flight while the SDK is initialised again
+//! ends in the session that counted it, never in the new one.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use sentry_core::protocol::{SpanId, TraceId};
 
 use crate::hooks::SessionRef;
 use crate::lanes::{LaneLink, now_ns};
+use crate::session::Session;
 
 /// [`Request::held`]: it began (its first entry was decided).
 const BEGUN: u8 = 1;
@@ -37,6 +40,9 @@ pub struct Request {
     /// extensions can hold it: only the thread that runs the span's
     /// callbacks changes it.
     held: AtomicU8,
+    /// The session it began in, when it holds something of it: its finish
+    /// gives the hold back there, whatever session runs by then.
+    session: OnceLock<Arc<Session>>,
 }
 
 impl Request {
@@ -47,6 +53,7 @@ impl Request {
             created_ns: now_ns(),
             created_on: crate::thread_word::current_thread_id(),
             held: AtomicU8::new(0),
+            session: OnceLock::new(),
         }
     }
 
@@ -114,26 +121,32 @@ impl Request {
                 held |= HOLDS_LANE;
             }
         }
+        if held != BEGUN {
+            // Only a request that holds something keeps its session (one
+            // reference count, once per request).
+            let _ = self.session.set(session.0.shared());
+        }
         self.held.store(held, Ordering::Relaxed);
         running
     }
 
     /// Its root span closed: gives back what it holds (its lane ends now,
-    /// and its hold on the trace lifecycle). Never blocks; only the first
-    /// call (or the drop) does anything.
+    /// and its hold on the trace lifecycle) to the session it began in,
+    /// never looked up again. Never blocks; only the first call (or the
+    /// drop) does anything.
     pub fn finish(&self) {
         let held = self.held.swap(FINISHED, Ordering::Relaxed);
         if held & (HOLDS_PROFILER | HOLDS_LANE) == 0 {
             return;
         }
-        let Some(session) = crate::hooks::session() else {
+        let Some(session) = self.session.get() else {
             return;
         };
         if held & HOLDS_LANE != 0 {
-            session.0.lane_finished(self.lane, now_ns());
+            session.lane_finished(self.lane, now_ns());
         }
         if held & HOLDS_PROFILER != 0 {
-            session.0.root_finished();
+            session.root_finished();
         }
     }
 }

@@ -92,6 +92,18 @@ impl std::ops::Deref for Current {
     }
 }
 
+impl Current {
+    /// The session itself, to keep beyond this moment (one reference
+    /// count): what a request that holds something of it keeps, so that it
+    /// gives it back there.
+    pub(crate) fn shared(&self) -> Arc<Session> {
+        match &*self.0 {
+            Some(session) => Arc::clone(session),
+            None => unreachable!("a Current always holds a session"),
+        }
+    }
+}
+
 /// The current session, or the last one after it shut down (none in a
 /// forked child, whose copy of the counters would only mislead).
 pub(crate) fn last() -> Option<Arc<Session>> {
