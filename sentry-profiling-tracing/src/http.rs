@@ -290,6 +290,9 @@ where
 /// The first poll of a request: reuses the transaction on the scope, or
 /// starts one, and opens the request's root span.
 fn start_request(p: Pending) -> RequestScope {
+    // The request's first poll begins now: its transaction starts at this
+    // moment, and its parts are counted from it.
+    let begun_ns = sentry_profiling::hooks::wall_ns();
     let parent = Hub::current();
     let hub = Arc::new(Hub::new_from_top(&parent));
     // The transaction to tag with the request's thread: ours, or one that
@@ -300,7 +303,7 @@ fn start_request(p: Pending) -> RequestScope {
         }
         Some(TransactionOrSpan::Span(_)) => (None, None, None),
         None => {
-            let (tx, ids) = start_transaction(&p, &hub);
+            let (tx, ids) = start_transaction(&p, &hub, begun_ns);
             (Some(tx.clone().into()), Some(tx), ids)
         }
     };
@@ -316,7 +319,7 @@ fn start_request(p: Pending) -> RequestScope {
         })
     });
     // Wakes and poll totals while a profiling session runs.
-    let tracker = crate::poll::PollTracker::if_profiling();
+    let tracker = crate::poll::PollTracker::if_profiling(true).map(|t| t.begun_at(begun_ns));
     RequestScope {
         span,
         hub,
@@ -325,6 +328,7 @@ fn start_request(p: Pending) -> RequestScope {
         untagged,
         name,
         lane: None,
+        times: None,
     }
 }
 
@@ -335,6 +339,7 @@ fn start_request(p: Pending) -> RequestScope {
 fn start_transaction(
     p: &Pending,
     hub: &Arc<Hub>,
+    begun_ns: u64,
 ) -> (sentry_core::Transaction, Option<(TraceId, SpanId)>) {
     let headers = [
         ("sentry-trace", p.sentry_trace.as_deref()),
@@ -347,7 +352,12 @@ fn start_transaction(
     );
     let ids =
         (p.sentry_trace.is_none() && p.baggage.is_none()).then(|| (ctx.trace_id(), ctx.span_id()));
-    let tx = hub.start_transaction(ctx);
+    // Started at `begun_ns`, the start of the parts. (The SDK's
+    // `Hub::start_transaction_with_timestamp` starts it with the current
+    // hub's client; `hub` is made from the current hub, so the client is
+    // the same.)
+    let start = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(begun_ns);
+    let tx = hub.start_transaction_with_timestamp(ctx, start);
     tx.set_origin("auto.http.sentry_profiling");
     tx.set_request(p.request.clone());
     hub.configure_scope(|s| s.set_span(Some(tx.clone().into())));

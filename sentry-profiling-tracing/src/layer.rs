@@ -12,7 +12,7 @@ use rustc_hash::{FxBuildHasher, FxHashSet};
 use sentry_core::protocol::{SpanId, TraceId, Value};
 use sentry_core::{Hub, Transaction, TransactionOrSpan};
 use sentry_profiling::ThreadAttribution;
-use sentry_profiling::hooks::{Request, SessionRef, is_lane};
+use sentry_profiling::hooks::{Request, RequestTimes, SessionRef, is_lane};
 use tracing::Subscriber;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -38,13 +38,72 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     ProfilingLayer {
+        with_request: WithRequest::of::<S>(),
         _subscriber: PhantomData,
     }
 }
 
 /// See [`layer`].
 pub struct ProfilingLayer<S> {
+    /// How code outside the layer reaches a span's request (see
+    /// [`request_times`]).
+    with_request: WithRequest,
     _subscriber: PhantomData<fn(S)>,
+}
+
+/// Runs a function on the request of a span, found through the subscriber
+/// the layer runs in: what the layer hands out of itself, by type, through
+/// `Dispatch::downcast_ref` (as `tracing-opentelemetry` hands out its
+/// `WithContext`), so that a spawn helper or the middleware reaches the
+/// request a span belongs to without a thread-local hand-off.
+#[derive(Clone, Copy)]
+struct WithRequest(RequestOf);
+
+/// Calls the function it is given with the request of span `id` in the
+/// dispatcher's subscriber, if the span belongs to one.
+type RequestOf = fn(&tracing::Dispatch, &Id, &mut dyn FnMut(&Request));
+
+impl WithRequest {
+    /// The function for subscriber type `S`: finds span `id`'s root and,
+    /// if it holds a request, calls `f` with it.
+    fn of<S>() -> Self
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        Self(|dispatch, id, f| {
+            let Some(subscriber) = dispatch.downcast_ref::<S>() else {
+                return;
+            };
+            let Some(span) = subscriber.span(id) else {
+                return;
+            };
+            let Some(root) = span.scope().from_root().next() else {
+                return;
+            };
+            if let Some(request) = root
+                .extensions()
+                .get::<SpanLane>()
+                .and_then(|l| l.request.as_ref())
+            {
+                f(request);
+            }
+        })
+    }
+}
+
+/// The times of the request `span` belongs to (see
+/// `sentry_profiling::hooks::RequestTimes`): `None` outside a request, or
+/// for one without a lane, or where the layer is not installed.
+pub(crate) fn request_times(span: &tracing::Span) -> Option<Arc<RequestTimes>> {
+    let mut times = None;
+    span.with_subscriber(|(id, dispatch)| {
+        if let Some(with) = dispatch.downcast_ref::<WithRequest>() {
+            (with.0)(dispatch, id, &mut |request| {
+                times = request.times().cloned();
+            });
+        }
+    });
+    times
 }
 
 impl<S> std::fmt::Debug for ProfilingLayer<S> {
@@ -579,6 +638,19 @@ where
     fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
         if let Some(word) = CONTEXT_STACK.with(|s| s.borrow_mut().pop(id.into_u64())) {
             sentry_profiling::hooks::set_thread_context(word);
+        }
+    }
+
+    // Declared `unsafe` by the trait: the caller casts the pointer back to
+    // the type it asked for, so each pointer returned points to a value of
+    // exactly the type whose id was asked (here, no unsafe operation).
+    unsafe fn downcast_raw(&self, id: std::any::TypeId) -> Option<*const ()> {
+        if id == std::any::TypeId::of::<Self>() {
+            Some(std::ptr::from_ref(self).cast())
+        } else if id == std::any::TypeId::of::<WithRequest>() {
+            Some(std::ptr::from_ref(&self.with_request).cast())
+        } else {
+            None
         }
     }
 

@@ -76,7 +76,8 @@ const HISTORY: usize = 128;
 
 /// One published word and when (`CLOCK_REALTIME`, ns), with, for a poll
 /// of an instrumented future that begins here, when that future was woken
-/// (see [`set_poll_woken`]; 0: not known).
+/// (see [`set_poll_woken`]; 0: not known), and [`OWN_POLL`] if that future
+/// is a request's own rather than work it handed off.
 struct Entry {
     value: AtomicU64,
     since_ns: AtomicU64,
@@ -166,6 +167,14 @@ thread_local! {
     /// See [`take_last_published_ns`].
     static LAST_PUBLISHED_NS: Cell<u64> = const { Cell::new(0) };
 }
+
+/// The mark an entry's wake time carries (its highest bit, far above any
+/// `CLOCK_REALTIME` in ns before the year 2262) when the poll it begins is
+/// of a request's own future (`http_layer()`'s), not of work the request
+/// handed off (`spawn_in_span`, `spawn_blocking_in_span`): the time such a
+/// poll waits for a CPU is the request's own. Readers of the wake time
+/// never see it ([`read_changes`] takes it off).
+pub(crate) const OWN_POLL: u64 = 1 << 63;
 
 /// Says when the instrumented future this thread is about to poll was
 /// woken (`CLOCK_REALTIME`, ns; 1: it was not woken, as for its first
@@ -385,6 +394,43 @@ pub(crate) fn word_at(slot: u32, tid: i32, at_ns: u64) -> Option<u64> {
     }
 }
 
+/// Whether thread `tid` (publishing in `slot`) was, at `at_ns`, inside a
+/// poll of a request's own future whose word is `word` (its publication
+/// carried [`OWN_POLL`]); false when it was not, or when that publication
+/// is no longer kept (the time then counts as the request's other work,
+/// never as its own: its own waits stay within its polls).
+pub(crate) fn own_poll_at(slot: u32, tid: i32, at_ns: u64, word: u64) -> bool {
+    let i = slot as usize;
+    if i >= MAX_SLOTS || OWNERS[i].load(Ordering::Acquire) != tid as u32 {
+        return false;
+    }
+    let claimed_at = CLAIMED_AT[i].load(Ordering::Relaxed);
+    let before = PUBLISHED[i].changes.load(Ordering::Acquire);
+    // Newest first, as `word_at` reads, up to the publication in force at
+    // `at_ns`.
+    for back in 1..HISTORY as u64 {
+        let Some(n) = before.checked_sub(back) else {
+            return false;
+        };
+        let entry = &HISTORY_TABLE[i].0[n as usize % HISTORY];
+        let since = entry.since_ns.load(Ordering::Relaxed);
+        let value = entry.value.load(Ordering::Relaxed);
+        let woken = entry.woken_ns.load(Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Acquire);
+        if PUBLISHED[i].changes.load(Ordering::Relaxed) >= n + HISTORY as u64 {
+            // Overwritten while read.
+            return false;
+        }
+        if since <= at_ns {
+            return since >= claimed_at
+                && value == word
+                && woken & OWN_POLL != 0
+                && OWNERS[i].load(Ordering::Acquire) == tid as u32;
+        }
+    }
+    false
+}
+
 /// Where [`read_changes`] left off in each slot.
 #[derive(Debug, Default)]
 pub(crate) struct ChangeCursor {
@@ -503,7 +549,7 @@ fn read_entries(
         let entry = &HISTORY_TABLE[i].0[n as usize % HISTORY];
         let value = entry.value.load(Ordering::Relaxed);
         let since = entry.since_ns.load(Ordering::Relaxed);
-        let woken = entry.woken_ns.load(Ordering::Relaxed);
+        let woken = entry.woken_ns.load(Ordering::Relaxed) & !OWN_POLL;
         std::sync::atomic::fence(Ordering::Acquire);
         if PUBLISHED[i].changes.load(Ordering::Relaxed) >= n + HISTORY as u64 {
             // Overwritten while read.

@@ -10,21 +10,21 @@
 
 pub use crate::attribution::is_lane;
 use crate::lanes::now_ns;
-pub use crate::request::Request;
+pub use crate::request::{Request, RequestTimes, RequestTimesNow};
 pub use crate::thread_word::{current_thread_id, set_thread_context, thread_context};
 
 /// What a request hands the transport with its transaction when it
 /// finishes it (see [`handover::finish_handed`]).
 pub mod handover {
-    pub use crate::transaction_tags::{HandedLane, Handover, PollTotals, finish_handed};
+    pub use crate::transaction_tags::{HandedLane, Handover, Offloaded, PollTotals, finish_handed};
 }
 
 /// The data keys the layer and the middleware write on transactions and
 /// spans.
 pub mod keys {
     pub use crate::transaction_tags::{
-        AWAITING, CPU_WAIT, LONG_POLLS, LONGEST_POLL, LONGEST_POLL_START, POLLED, POLLS, QUEUED,
-        TOKIO_MEASUREMENTS,
+        AWAITING, CPU_WAIT, LONG_POLLS, LONGEST_POLL, LONGEST_POLL_START, OFFLOADED,
+        OFFLOADED_CPU_WAIT, OFFLOADED_QUEUED, POLLED, POLLS, QUEUED, TOKIO_MEASUREMENTS,
     };
     pub use crate::transport::{OS_THREAD_ID, OS_THREAD_NAME};
 
@@ -152,14 +152,24 @@ pub mod poll {
     /// ([`NOT_WOKEN`]: not woken, its first poll), begun at `start_ns`
     /// (read from [`super::wall_ns`] by the caller; 0: the publication
     /// reads the clock): the context word the span publishes carries both.
-    /// Call it right before entering the span, and with `(0, 0)` right
-    /// after (an entry that published nothing leaves it set).
+    /// `own`: the future is a request's own (`http_layer()`'s), not work
+    /// it handed off, so the time this poll waits for a CPU is the
+    /// request's `tokio.cpu_wait` rather than its `tokio.offloaded_cpu_wait`.
+    /// Call it right before entering the span, and with `(0, 0, false)`
+    /// right after (an entry that published nothing leaves it set).
     #[inline]
-    pub fn set_started(woken_ns: u64, start_ns: u64) {
+    pub fn set_started(woken_ns: u64, start_ns: u64, own: bool) {
         #[cfg(profiling_supported)]
-        crate::context::set_poll_woken(woken_ns, start_ns);
+        crate::context::set_poll_woken(
+            if own && woken_ns != 0 {
+                woken_ns | crate::context::OWN_POLL
+            } else {
+                woken_ns
+            },
+            start_ns,
+        );
         #[cfg(not(profiling_supported))]
-        let _ = (woken_ns, start_ns);
+        let _ = (woken_ns, start_ns, own);
     }
 
     /// When this thread last published a new context word (0: not since

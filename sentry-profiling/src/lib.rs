@@ -120,7 +120,6 @@ mod attribution;
 mod chunk;
 #[cfg(profiling_supported)]
 mod context;
-mod cpu_waits;
 mod encode;
 mod error;
 mod export;

@@ -40,7 +40,7 @@ mod stats;
 pub(crate) mod v1;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -50,6 +50,7 @@ use crate::attribution::ThreadAttribution;
 use crate::export::{ExportTarget, FileRetention};
 use crate::lanes::{LaneLink, LaneRegistry};
 use crate::options::{ProfileLifecycle, SamplerConfig};
+use crate::request::RequestTimes;
 use crate::sampler::{SamplerControl, SamplerStats};
 use intake::Command;
 use sink::ChunkSink;
@@ -137,6 +138,10 @@ pub(crate) struct SessionConfig {
     pub(crate) short_request_lanes: bool,
 }
 
+/// A request's lane and its times, handed to the intake (see
+/// [`Session::request_times`]).
+pub(super) type NewTimes = (u64, Arc<RequestTimes>);
+
 /// How long `sentry::init` waits for the sampler to be ready, at most.
 const SAMPLER_READY_WAIT: Duration = Duration::from_secs(2);
 
@@ -152,6 +157,11 @@ pub(crate) struct Session {
     commands: Mutex<Option<Sender<Command>>>,
     /// Lanes registered by application threads, read by the chunk thread.
     lanes: LaneRegistry,
+    /// Where a request with a lane hands its [`RequestTimes`] to the
+    /// sampler thread's intake, which adds its threads' waits for a CPU.
+    times: OnceLock<SyncSender<NewTimes>>,
+    /// The intake's end of that queue, until the intake takes it.
+    times_rx: Mutex<Option<Receiver<NewTimes>>>,
     v1_queue: OnceLock<std::sync::mpsc::SyncSender<Box<dyn PendingProfile>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Root spans active (trace lifecycle): counted as each begins and
@@ -183,6 +193,8 @@ impl Session {
             control: OnceLock::new(),
             commands: Mutex::new(None),
             lanes: LaneRegistry::default(),
+            times: OnceLock::new(),
+            times_rx: Mutex::new(None),
             v1_queue: OnceLock::new(),
             thread: Mutex::new(None),
             active_roots: crate::own_line::SpreadCount::default(),
@@ -227,6 +239,12 @@ impl Session {
         let Some(lane_rx) = self.lanes.open() else {
             return;
         };
+        // As many as lanes can be in flight: a request that registered its
+        // lane always finds room, unless the intake is behind by that much.
+        let (times_tx, times_rx) =
+            std::sync::mpsc::sync_channel(crate::lanes::registry::MAX_LANES_IN_FLIGHT);
+        let _ = self.times.set(times_tx);
+        *self.times_rx.lock().unwrap_or_else(|e| e.into_inner()) = Some(times_rx);
         let (v1_tx, v1_rx) = std::sync::mpsc::sync_channel(v1::V1_QUEUE);
         let _ = self.v1_queue.set(v1_tx);
         let this = Arc::clone(self);
@@ -463,6 +481,25 @@ impl Session {
     /// [`LaneRegistry::started`]).
     pub(crate) fn lane_started(&self, lane: u64, link: LaneLink, start_ns: u64) -> bool {
         self.lanes.started(lane, link, start_ns)
+    }
+
+    /// Hands the times of the request of lane `lane` (registered) to the
+    /// sampler thread's intake, which adds the waits for a CPU it shows
+    /// under that lane; never blocks. False (nothing will be added) when
+    /// the intake is that far behind or gone.
+    pub(crate) fn request_times(&self, lane: u64, times: &Arc<RequestTimes>) -> bool {
+        self.times
+            .get()
+            .is_some_and(|tx| tx.try_send((lane, Arc::clone(times))).is_ok())
+    }
+
+    /// The intake's end of the queue [`Session::request_times`] fills
+    /// (once).
+    pub(super) fn take_request_times(&self) -> Option<Receiver<NewTimes>> {
+        self.times_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// Reports the end of a lane for which [`Session::lane_started`]
