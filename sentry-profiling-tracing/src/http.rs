@@ -376,13 +376,6 @@ fn root_span(
     untagged: Option<&TransactionOrSpan>,
     ids: Option<(TraceId, SpanId)>,
 ) -> tracing::Span {
-    if let Some(TransactionOrSpan::Transaction(tx)) = untagged {
-        crate::layer::offer_http_root(Some(crate::layer::HttpRoot {
-            transaction: tx.clone(),
-            name: Arc::clone(name),
-            ids,
-        }));
-    }
     let span = Hub::run(Arc::clone(hub), || {
         tracing::info_span!(
             parent: None,
@@ -394,7 +387,18 @@ fn root_span(
             sentry_profiling.http_root = true,
         )
     });
-    crate::layer::offer_http_root(None);
+    let transaction = match untagged {
+        Some(TransactionOrSpan::Transaction(tx)) => Some(tx.clone()),
+        _ => None,
+    };
+    crate::layer::hand_http_root(
+        &span,
+        crate::layer::HttpRoot {
+            transaction,
+            name: Arc::clone(name),
+            ids,
+        },
+    );
     span
 }
 

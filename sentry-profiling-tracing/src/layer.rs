@@ -38,7 +38,7 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     ProfilingLayer {
-        with_request: WithRequest::of::<S>(),
+        reach: Reach::of::<S>(),
         _subscriber: PhantomData,
     }
 }
@@ -46,48 +46,68 @@ where
 /// See [`layer`].
 pub struct ProfilingLayer<S> {
     /// How code outside the layer reaches a span's request (see
-    /// [`request_times`]).
-    with_request: WithRequest,
+    /// [`Reach`]).
+    reach: Reach,
     _subscriber: PhantomData<fn(S)>,
 }
 
-/// Runs a function on the request of a span, found through the subscriber
-/// the layer runs in: what the layer hands out of itself, by type, through
-/// `Dispatch::downcast_ref` (as `tracing-opentelemetry` hands out its
-/// `WithContext`), so that a spawn helper or the middleware reaches the
-/// request a span belongs to without a thread-local hand-off.
+/// What code outside the layer reaches through the subscriber the layer
+/// runs in, by type, through `Dispatch::downcast_ref` (as
+/// `tracing-opentelemetry` hands out its `WithContext`): the spawn helpers
+/// and the middleware reach the request a span belongs to, and hand the
+/// layer what they know of a span they just made, without a thread-local
+/// hand-off.
 #[derive(Clone, Copy)]
-struct WithRequest(RequestOf);
+struct Reach {
+    /// Calls the function it is given with the request of span `id`, if
+    /// the span belongs to one.
+    request_of: RequestOf,
+    /// Gives `http_layer()`'s root span `id` what the middleware knows of
+    /// it (see [`hand_http_root`]).
+    hand_root: fn(&tracing::Dispatch, &Id, HttpRoot),
+}
 
-/// Calls the function it is given with the request of span `id` in the
-/// dispatcher's subscriber, if the span belongs to one.
+/// See [`Reach::request_of`].
 type RequestOf = fn(&tracing::Dispatch, &Id, &mut dyn FnMut(&Request));
 
-impl WithRequest {
-    /// The function for subscriber type `S`: finds span `id`'s root and,
-    /// if it holds a request, calls `f` with it.
+impl Reach {
+    /// The functions for subscriber type `S`.
     fn of<S>() -> Self
     where
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
-        Self(|dispatch, id, f| {
-            let Some(subscriber) = dispatch.downcast_ref::<S>() else {
-                return;
-            };
-            let Some(span) = subscriber.span(id) else {
-                return;
-            };
-            let Some(root) = span.scope().from_root().next() else {
-                return;
-            };
-            if let Some(request) = root
-                .extensions()
-                .get::<SpanLane>()
-                .and_then(|l| l.request.as_ref())
-            {
-                f(request);
-            }
-        })
+        Self {
+            request_of: |dispatch, id, f| {
+                let Some(subscriber) = dispatch.downcast_ref::<S>() else {
+                    return;
+                };
+                let Some(span) = subscriber.span(id) else {
+                    return;
+                };
+                let Some(root) = span.scope().from_root().next() else {
+                    return;
+                };
+                if let Some(request) = root
+                    .extensions()
+                    .get::<SpanLane>()
+                    .and_then(|l| l.request.as_ref())
+                {
+                    f(request);
+                }
+            },
+            hand_root: |dispatch, id, root| {
+                let Some(span) = dispatch.downcast_ref::<S>().and_then(|s| s.span(id)) else {
+                    return;
+                };
+                if let Some(l) = span.extensions_mut().get_mut::<SpanLane>() {
+                    if l.request.is_some() && !l.entered {
+                        l.name = Some(root.name);
+                        l.transaction = root.transaction;
+                        l.ids = root.ids;
+                    }
+                }
+            },
+        }
     }
 }
 
@@ -97,8 +117,8 @@ impl WithRequest {
 pub(crate) fn request_times(span: &tracing::Span) -> Option<Arc<RequestTimes>> {
     let mut times = None;
     span.with_subscriber(|(id, dispatch)| {
-        if let Some(with) = dispatch.downcast_ref::<WithRequest>() {
-            (with.0)(dispatch, id, &mut |request| {
+        if let Some(reach) = dispatch.downcast_ref::<Reach>() {
+            (reach.request_of)(dispatch, id, &mut |request| {
                 times = request.times().cloned();
             });
         }
@@ -187,11 +207,12 @@ impl ContextStack {
     }
 }
 
-/// What `http_layer()` knows of the root span it is about to create, handed
-/// to the layer so that it need not read it back on every request.
+/// What `http_layer()` knows of the root span it creates, handed to the
+/// layer so that it need not read it back on every request.
 pub(crate) struct HttpRoot {
-    /// The request's transaction.
-    pub(crate) transaction: Transaction,
+    /// The request's transaction (none when the request runs inside a
+    /// span of another one).
+    pub(crate) transaction: Option<Transaction>,
     /// The span's `otel.name`, interned (see [`intern`]): the layer would
     /// otherwise format the field again.
     pub(crate) name: Arc<str>,
@@ -201,17 +222,23 @@ pub(crate) struct HttpRoot {
     pub(crate) ids: Option<(TraceId, SpanId)>,
 }
 
-/// Offers what `http_layer()` knows of the root span it is about to create
-/// on this thread to the layer (see `on_new_span`); taken back with `None`
-/// once the span exists, whether or not the layer took it.
-pub(crate) fn offer_http_root(root: Option<HttpRoot>) {
-    HTTP_ROOT.with(|t| *t.borrow_mut() = root);
+/// Hands what `http_layer()` knows of the root span it just created to the
+/// layer, which put the span's request on it when it was created (see
+/// `on_new_span`): straight onto the span, through the subscriber (see
+/// [`Reach`]). Nothing happens where the layer is not installed.
+pub(crate) fn hand_http_root(span: &tracing::Span, root: HttpRoot) {
+    let mut root = Some(root);
+    span.with_subscriber(|(id, dispatch)| {
+        if let (Some(reach), Some(root)) = (dispatch.downcast_ref::<Reach>(), root.take()) {
+            (reach.hand_root)(dispatch, id, root);
+        }
+    });
 }
 
 thread_local! {
-    /// See [`offer_http_root`].
-    static HTTP_ROOT: RefCell<Option<HttpRoot>> = const { RefCell::new(None) };
-    /// The context words of the spans entered on this thread.
+    /// The context words of the spans entered on this thread: tracing
+    /// calls `on_enter` and `on_exit` on the thread that enters, and the
+    /// word is that thread's, so the stack is too.
     static CONTEXT_STACK: RefCell<ContextStack> = const { RefCell::new(ContextStack::new()) };
     /// The kernel name of this thread, read once.
     static THREAD_NAME: RefCell<Option<String>> = const { RefCell::new(None) };
@@ -550,15 +577,11 @@ where
                 }
                 let meta = attrs.metadata();
                 // `http_layer()` hands its root span's transaction, name and
-                // ids over directly, sparing the copy of the scope
-                // `configure_scope` makes and the formatting of the name.
-                let offered = if meta.fields().field(HTTP_ROOT_FIELD).is_some() {
-                    HTTP_ROOT.with(|t| t.borrow_mut().take())
-                } else {
-                    None
-                };
-                let (name, transaction, ids) = match offered {
-                    Some(root) => (root.name, Some(root.transaction), root.ids),
+                // ids over right after creating it (see `hand_http_root`),
+                // sparing the copy of the scope `configure_scope` makes and
+                // the formatting of the name.
+                let (name, transaction, ids) = match meta.fields().field(HTTP_ROOT_FIELD) {
+                    Some(_) => (None, None, None),
                     None => {
                         // Only a span that declares `otel.name` is visited.
                         let name = if meta.fields().field("otel.name").is_some() {
@@ -576,7 +599,7 @@ where
                             _ => None,
                         };
                         (
-                            name.unwrap_or_else(|| intern(meta.name())),
+                            Some(name.unwrap_or_else(|| intern(meta.name()))),
                             transaction,
                             None,
                         )
@@ -586,7 +609,7 @@ where
                 span.extensions_mut().insert(SpanLane {
                     lane: request.lane(),
                     request: Some(request),
-                    name: Some(name),
+                    name,
                     transaction,
                     ids,
                     entered: false,
@@ -647,8 +670,8 @@ where
     unsafe fn downcast_raw(&self, id: std::any::TypeId) -> Option<*const ()> {
         if id == std::any::TypeId::of::<Self>() {
             Some(std::ptr::from_ref(self).cast())
-        } else if id == std::any::TypeId::of::<WithRequest>() {
-            Some(std::ptr::from_ref(&self.with_request).cast())
+        } else if id == std::any::TypeId::of::<Reach>() {
+            Some(std::ptr::from_ref(&self.reach).cast())
         } else {
             None
         }

@@ -162,9 +162,11 @@ thread_local! {
     static GUARD: Cell<Option<SlotGuard>> = const { Cell::new(None) };
     /// When the future whose poll this thread is about to begin was woken,
     /// and when that poll began (0: unknown; see [`set_poll_woken`]); taken
-    /// by the next publication.
+    /// by the next publication. Stays because `Span::enter`, whose layer
+    /// callback publishes the word, takes no argument to carry them.
     static POLL_WOKEN: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
-    /// See [`take_last_published_ns`].
+    /// See [`take_last_published_ns`]. Stays because a span's exit, whose
+    /// layer callback read the clock, returns nothing to the poll it ends.
     static LAST_PUBLISHED_NS: Cell<u64> = const { Cell::new(0) };
 }
 

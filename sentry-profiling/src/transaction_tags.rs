@@ -336,7 +336,9 @@ pub struct HandedLane {
 
 thread_local! {
     /// What is handed to the transport with the transaction being
-    /// finished on this thread (see [`finish_handed`]).
+    /// finished on this thread (see [`finish_handed`]). Stays because the
+    /// SDK's `Transaction::finish` carries nothing but the transaction to
+    /// the transport, which it calls on this thread.
     static HANDED: std::cell::Cell<Option<Handover>> = const { std::cell::Cell::new(None) };
 }
 
