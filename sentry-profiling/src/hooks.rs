@@ -10,7 +10,8 @@
 
 pub use crate::attribution::is_lane;
 use crate::lanes::now_ns;
-pub use crate::request::{Request, RequestTimes, RequestTimesNow};
+pub use crate::request::{Request, SessionRef};
+pub use crate::request_times::{RequestTimes, RequestTimesNow};
 pub use crate::thread_word::{current_thread_id, set_thread_context, thread_context};
 
 /// What a request hands the transport with its transaction when it
@@ -65,72 +66,6 @@ pub mod workspace {
 #[inline]
 pub fn session() -> Option<SessionRef> {
     crate::session::current().map(SessionRef)
-}
-
-/// The running session, borrowed for the few calls made in a row where it
-/// was looked up: reading it touches no reference count. Not to be kept:
-/// a new session (the SDK initialised again) is only seen by a new
-/// [`session`].
-pub struct SessionRef(pub(crate) crate::session::Current);
-
-impl std::fmt::Debug for SessionRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionRef").finish_non_exhaustive()
-    }
-}
-
-impl SessionRef {
-    /// Whether samples are being taken right now (either lifecycle): what
-    /// [`SessionRef::running_profiler_id`] answers, without copying the id.
-    pub fn is_running(&self) -> bool {
-        self.0.is_running()
-    }
-
-    /// The session's `profiler_id` if samples are being taken right now
-    /// (either lifecycle), for tagging transactions and spans.
-    pub fn running_profiler_id(&self) -> Option<std::sync::Arc<str>> {
-        if self.0.is_running() {
-            self.0.profiler_id().map(|_| self.0.profiler_id_shared())
-        } else {
-            None
-        }
-    }
-
-    /// The long-poll threshold in nanoseconds (see
-    /// `ProfilingIntegration::long_poll_threshold`).
-    pub fn long_poll_ns(&self) -> u64 {
-        self.0.long_poll_ns()
-    }
-
-    /// An instrumented request's poll ran past the long-poll threshold.
-    pub fn long_poll_seen(&self) {
-        self.0.long_poll_seen();
-    }
-
-    /// The configured lifecycle.
-    pub fn lifecycle(&self) -> crate::ProfileLifecycle {
-        self.0.lifecycle()
-    }
-
-    /// The configured thread attribution.
-    pub fn attribution(&self) -> crate::attribution::ThreadAttribution {
-        self.0.attribution()
-    }
-
-    /// Whether the session makes transaction-based (V1) profiles, whose
-    /// too-short transactions are pointed back at their OS thread (so
-    /// transactions and spans carry the OS-thread keys until they are
-    /// sent).
-    pub fn transaction_profiling(&self) -> bool {
-        self.0.v1().is_some()
-    }
-
-    /// With transaction-based (V1) profiling: whether the transaction of
-    /// root span `lane` named `name` gets a profile (the same decision
-    /// [`Request::begin`] made). Always false in continuous mode.
-    pub fn transaction_profiled(&self, lane: u64, name: &str) -> bool {
-        self.0.v1().is_some_and(|v1| v1.sampled(lane, name))
-    }
 }
 
 /// `CLOCK_REALTIME` in nanoseconds: the clock of samples, context-word

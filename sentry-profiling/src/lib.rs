@@ -132,6 +132,7 @@ mod lanes;
 mod options;
 mod own_line;
 mod request;
+mod request_times;
 #[cfg(profiling_supported)]
 mod sampler;
 #[cfg(not(profiling_supported))]

@@ -6,13 +6,13 @@
 //! it began in: a request in flight while the SDK is initialised again
 //! ends in the session that counted it, never in the new one.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use sentry_core::protocol::{SpanId, TraceId};
 
-use crate::hooks::SessionRef;
 use crate::lanes::{LaneLink, now_ns};
+use crate::request_times::RequestTimes;
 use crate::session::Session;
 
 /// [`Request::held`]: it began (its first entry was decided).
@@ -46,71 +46,6 @@ pub struct Request {
     /// Its time beyond its future's own polls, shared with whoever measures
     /// it (see [`RequestTimes`]); made when its lane is registered.
     times: OnceLock<Arc<RequestTimes>>,
-}
-
-/// The parts of a request's time measured away from the future that
-/// serves it, kept with the request (no table, nothing keyed by its word):
-/// the sampler thread adds the time its threads were shown waiting for a
-/// CPU, telling the future's own polls from the work it handed off, and
-/// the spawn helpers add that work's time. Read when its transaction is
-/// finished; each total is what was added so far.
-#[derive(Debug, Default)]
-pub struct RequestTimes {
-    /// `(waiting for a CPU)` shown in its future's own polls, ns.
-    cpu_wait_ns: AtomicU64,
-    /// `(waiting for a CPU)` shown in its offloaded work, ns.
-    offloaded_cpu_wait_ns: AtomicU64,
-    /// Time its offloaded work ran (inside its closures and its tasks'
-    /// polls, waiting for a CPU included), ns.
-    offloaded_ns: AtomicU64,
-    /// Time its offloaded work waited to start: from a closure's spawn to
-    /// its start on a blocking thread, from a task's spawn to its first
-    /// poll, and from a task's wakes to its polls, ns.
-    offloaded_queued_ns: AtomicU64,
-}
-
-/// A snapshot of [`RequestTimes`], ns each.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RequestTimesNow {
-    /// See [`RequestTimes`].
-    pub cpu_wait_ns: u64,
-    /// See [`RequestTimes`].
-    pub offloaded_cpu_wait_ns: u64,
-    /// See [`RequestTimes`].
-    pub offloaded_ns: u64,
-    /// See [`RequestTimes`].
-    pub offloaded_queued_ns: u64,
-}
-
-impl RequestTimes {
-    /// The sampler thread showed the request's thread waiting for a CPU for
-    /// `ns`, in a poll of its own future (`own`) or in its offloaded work.
-    pub(crate) fn cpu_waited(&self, own: bool, ns: u64) {
-        let total = if own {
-            &self.cpu_wait_ns
-        } else {
-            &self.offloaded_cpu_wait_ns
-        };
-        total.fetch_add(ns, Ordering::Relaxed);
-    }
-
-    /// A piece of its offloaded work waited `queued_ns` to start (or to be
-    /// polled again) and then ran for `ran_ns`.
-    pub fn offloaded(&self, queued_ns: u64, ran_ns: u64) {
-        self.offloaded_queued_ns
-            .fetch_add(queued_ns, Ordering::Relaxed);
-        self.offloaded_ns.fetch_add(ran_ns, Ordering::Relaxed);
-    }
-
-    /// The totals so far.
-    pub fn now(&self) -> RequestTimesNow {
-        RequestTimesNow {
-            cpu_wait_ns: self.cpu_wait_ns.load(Ordering::Relaxed),
-            offloaded_cpu_wait_ns: self.offloaded_cpu_wait_ns.load(Ordering::Relaxed),
-            offloaded_ns: self.offloaded_ns.load(Ordering::Relaxed),
-            offloaded_queued_ns: self.offloaded_queued_ns.load(Ordering::Relaxed),
-        }
-    }
 }
 
 impl Request {
@@ -242,5 +177,71 @@ impl Default for Request {
 impl Drop for Request {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+/// The running session, borrowed for the few calls made in a row where it
+/// was looked up: reading it touches no reference count. Not to be kept:
+/// a new session (the SDK initialised again) is only seen by a new
+/// [`session`](crate::hooks::session).
+pub struct SessionRef(pub(crate) crate::session::Current);
+
+impl std::fmt::Debug for SessionRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionRef").finish_non_exhaustive()
+    }
+}
+
+impl SessionRef {
+    /// Whether samples are being taken right now (either lifecycle): what
+    /// [`SessionRef::running_profiler_id`] answers, without copying the id.
+    pub fn is_running(&self) -> bool {
+        self.0.is_running()
+    }
+
+    /// The session's `profiler_id` if samples are being taken right now
+    /// (either lifecycle), for tagging transactions and spans.
+    pub fn running_profiler_id(&self) -> Option<std::sync::Arc<str>> {
+        if self.0.is_running() {
+            self.0.profiler_id().map(|_| self.0.profiler_id_shared())
+        } else {
+            None
+        }
+    }
+
+    /// The long-poll threshold in nanoseconds (see
+    /// `ProfilingIntegration::long_poll_threshold`).
+    pub fn long_poll_ns(&self) -> u64 {
+        self.0.long_poll_ns()
+    }
+
+    /// An instrumented request's poll ran past the long-poll threshold.
+    pub fn long_poll_seen(&self) {
+        self.0.long_poll_seen();
+    }
+
+    /// The configured lifecycle.
+    pub fn lifecycle(&self) -> crate::ProfileLifecycle {
+        self.0.lifecycle()
+    }
+
+    /// The configured thread attribution.
+    pub fn attribution(&self) -> crate::attribution::ThreadAttribution {
+        self.0.attribution()
+    }
+
+    /// Whether the session makes transaction-based (V1) profiles, whose
+    /// too-short transactions are pointed back at their OS thread (so
+    /// transactions and spans carry the OS-thread keys until they are
+    /// sent).
+    pub fn transaction_profiling(&self) -> bool {
+        self.0.v1().is_some()
+    }
+
+    /// With transaction-based (V1) profiling: whether the transaction of
+    /// root span `lane` named `name` gets a profile (the same decision
+    /// [`Request::begin`] made). Always false in continuous mode.
+    pub fn transaction_profiled(&self, lane: u64, name: &str) -> bool {
+        self.0.v1().is_some_and(|v1| v1.sampled(lane, name))
     }
 }

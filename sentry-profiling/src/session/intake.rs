@@ -21,7 +21,7 @@ use rustc_hash::FxHashMap;
 use super::Session;
 use crate::lanes::registry::LANES_HIGH_WATER;
 use crate::lanes::{Change, ChangeCursor, now_ns};
-use crate::request::RequestTimes;
+use crate::request_times::RequestTimes;
 use crate::sampler::{Consumer, Sample};
 
 /// How often the sampler thread hands the chunk thread a batch while it

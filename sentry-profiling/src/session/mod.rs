@@ -23,7 +23,9 @@
 //! The session depends on the sampler, the lanes and the encoders, never on
 //! the Sentry glue (`transport`, `transaction_profile`, `integration`): the
 //! glue hands it a sink and pending transactions through the traits above.
-//! A unit test (`no_import_circle`) keeps it that way.
+//! Unit tests (`import_graph`: `the_core_never_names_the_glue`,
+//! `no_import_circle`), which read the crate's module graph from its `use`
+//! trees and paths, keep it that way.
 //!
 //! Everything an application thread calls here (root span started/finished,
 //! start/stop) is a few atomic operations: the sampler is created paused on
@@ -50,7 +52,7 @@ use crate::attribution::ThreadAttribution;
 use crate::export::{ExportTarget, FileRetention};
 use crate::lanes::{LaneLink, LaneRegistry};
 use crate::options::{ProfileLifecycle, SamplerConfig};
-use crate::request::RequestTimes;
+use crate::request_times::RequestTimes;
 use crate::sampler::{SamplerControl, SamplerStats};
 use intake::Command;
 use sink::ChunkSink;
@@ -583,60 +585,4 @@ impl Session {
 }
 
 #[cfg(test)]
-mod tests {
-    /// The Sentry glue may depend on the session and the core, never the
-    /// reverse: no core module names a glue module. Scans the sources, so a
-    /// new import of a glue module into the core fails here.
-    #[test]
-    fn no_import_circle() {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let core = [
-            "session",
-            "lanes",
-            "sampler",
-            "encode",
-            "chunk",
-            "export.rs",
-            "symbolize",
-            "unwind",
-            "sys",
-            "options.rs",
-            "context.rs",
-            "attribution.rs",
-        ];
-        // Spelled in pieces, so that this test does not find itself.
-        let glue = [
-            "transport",
-            "transaction_profile",
-            "integration",
-            "hooks",
-            "request",
-        ]
-        .map(|m| format!("crate::{m}"));
-        let mut files = Vec::new();
-        for c in core {
-            collect(&src.join(c), &mut files);
-        }
-        assert!(files.len() > 20, "found the sources: {files:?}");
-        let mut offenders = Vec::new();
-        for f in files {
-            let text = std::fs::read_to_string(&f).unwrap();
-            for g in &glue {
-                if text.contains(g.as_str()) {
-                    offenders.push(format!("{} names {g}", f.display()));
-                }
-            }
-        }
-        assert!(offenders.is_empty(), "core depends on glue: {offenders:#?}");
-    }
-
-    fn collect(path: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-        if path.is_dir() {
-            for e in std::fs::read_dir(path).unwrap() {
-                collect(&e.unwrap().path(), out);
-            }
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path.to_owned());
-        }
-    }
-}
+mod import_graph;
