@@ -664,7 +664,7 @@ fn one_run_at_a_time() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// 1. Saturated: rounds of eight CPU-bound requests sent at once on two
+/// Saturated (1): rounds of eight CPU-bound requests sent at once on two
 /// workers; most of each request's time is queued, and the data and what
 /// Sentry shows agree with the truth.
 #[test]
@@ -700,7 +700,7 @@ fn saturated_workers_queue_requests() {
     );
 }
 
-/// 2. Idle: one request at a time; a CPU-bound request queues next to
+/// Idle (2): one request at a time; a CPU-bound request queues next to
 /// nothing beyond the OS's own delay, and a sleep is awaiting.
 #[test]
 fn an_idle_runtime_queues_next_to_nothing_and_a_sleep_awaits() {
@@ -762,7 +762,7 @@ fn an_idle_runtime_queues_next_to_nothing_and_a_sleep_awaits() {
     }
 }
 
-/// 3. A blocked worker: one worker, three requests awaiting a gate that an
+/// A blocked worker (3): one worker, three requests awaiting a gate that an
 /// OS thread opens while a fourth blocks the worker for 100 ms: that poll
 /// is a long poll, shown where it blocked, and the three are queued.
 #[test]
