@@ -11,8 +11,7 @@ use rustc_hash::{FxBuildHasher, FxHashSet};
 
 use sentry_core::protocol::{SpanId, TraceId, Value};
 use sentry_core::{Hub, Transaction, TransactionOrSpan};
-use sentry_profiling::ThreadAttribution;
-use sentry_profiling::hooks::{Request, RequestTimes, SessionRef, is_lane};
+use sentry_profiling::hooks::{Request, RequestTimes, SessionRef, Tagging};
 use tracing::Subscriber;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -290,8 +289,9 @@ fn thread_name() -> String {
 }
 
 /// Tags a Sentry transaction or span with the thread its samples are filed
-/// under, as Sentry's spec asks, so its UI finds them: the request's lane
-/// when lanes are on and `lane` is one, otherwise the current OS thread.
+/// under, as the session decides (see `hooks::SessionRef::tagging`; a
+/// lane handed to the transport is not written here), so Sentry's UI finds
+/// them.
 pub(crate) fn tag_with_thread(
     session: &SessionRef,
     span: &TransactionOrSpan,
@@ -299,20 +299,22 @@ pub(crate) fn tag_with_thread(
     lane: u64,
     lane_name: Option<&str>,
 ) {
-    let lanes = session.attribution() == ThreadAttribution::Lanes;
-    let (id, name) = if lanes && is_lane(lane) {
-        (lane, lane_name.map(str::to_owned))
-    } else {
-        (
+    let (id, name, os_thread_keys) = match session.tagging(lane, false) {
+        Tagging::Lane {
+            lane,
+            os_thread_keys,
+        } => (lane, lane_name.map(str::to_owned), os_thread_keys),
+        Tagging::OsThread | Tagging::HandLane(_) => (
             sentry_profiling::hooks::current_thread_id(),
             Some(thread_name()),
-        )
+            false,
+        ),
     };
     span.set_data("thread.id", Value::String(id.to_string()));
     if let Some(name) = name {
         span.set_data("thread.name", Value::String(name));
     }
-    if lanes && is_lane(lane) && session.transaction_profiling() {
+    if os_thread_keys {
         // For transaction profiles: a request too short for its lane to get
         // two samples is linked by this OS thread instead. Continuous
         // profiling keeps every lane (the chunk thread gives each at
@@ -339,16 +341,6 @@ pub(crate) fn tag_with_thread(
             }
         }
     }
-}
-
-/// Whether a transaction tagged with `lane` by [`tag_with_thread`] would
-/// carry just the lane and its name (lanes on, `lane` one, no transaction
-/// profiles), which the transport can as well write on it (see
-/// `sentry_profiling::hooks::handover::finish_handed`).
-pub(crate) fn lane_is_handed(session: &SessionRef, lane: u64) -> bool {
-    is_lane(lane)
-        && session.attribution() == ThreadAttribution::Lanes
-        && !session.transaction_profiling()
 }
 
 /// Whether a transaction or span already carries the thread its samples

@@ -10,7 +10,7 @@
 
 pub use crate::attribution::is_lane;
 use crate::lanes::now_ns;
-pub use crate::request::{Request, SessionRef};
+pub use crate::request::{Request, SessionRef, Tagging};
 pub use crate::request_times::{RequestTimes, RequestTimesNow};
 pub use crate::thread_word::{current_thread_id, set_thread_context, thread_context};
 

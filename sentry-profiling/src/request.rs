@@ -192,7 +192,52 @@ impl std::fmt::Debug for SessionRef {
     }
 }
 
+/// How a transaction or span of a request is tagged with the thread its
+/// samples are filed under, as Sentry's spec asks: decided here, by
+/// [`SessionRef::tagging`], for the tracing layer and the middleware alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tagging {
+    /// The middleware's own transaction, on its lane: the lane goes to the
+    /// transport with the transaction (see
+    /// [`handover`](crate::hooks::handover)), which writes it and the
+    /// lane's name on the transaction as it sends it.
+    HandLane(u64),
+    /// The lane, written now with its name; `os_thread_keys`: with
+    /// transaction-based (V1) profiles, also the OS thread, where a
+    /// transaction too short for its lane to get two samples is linked
+    /// instead.
+    Lane {
+        /// The lane id.
+        lane: u64,
+        /// See above.
+        os_thread_keys: bool,
+    },
+    /// The OS thread that runs it (lanes off, or no lane).
+    OsThread,
+}
+
 impl SessionRef {
+    /// How to tag a transaction or span of the request whose context word
+    /// is `word` (see [`Tagging`]); `own`: the transaction is the one the
+    /// middleware started (others are finished by their owners, who hand
+    /// nothing to the transport).
+    pub fn tagging(&self, word: u64, own: bool) -> Tagging {
+        if self.attribution() != crate::attribution::ThreadAttribution::Lanes
+            || !crate::attribution::is_lane(word)
+        {
+            return Tagging::OsThread;
+        }
+        let v1 = self.transaction_profiling();
+        if own && !v1 {
+            Tagging::HandLane(word)
+        } else {
+            Tagging::Lane {
+                lane: word,
+                os_thread_keys: v1,
+            }
+        }
+    }
+
     /// Whether samples are being taken right now (either lifecycle): what
     /// [`SessionRef::running_profiler_id`] answers, without copying the id.
     pub fn is_running(&self) -> bool {

@@ -188,10 +188,10 @@ fn tag(
         return;
     };
     let word = sentry_profiling::hooks::thread_context();
-    if own && crate::layer::lane_is_handed(&session, word) {
+    if let sentry_profiling::hooks::Tagging::HandLane(id) = session.tagging(word, own) {
         // Its lane is named as it is: the transport writes the
         // transaction's name as the lane's.
-        *lane = Some(HandedLane { id: word });
+        *lane = Some(HandedLane { id });
     } else if let Some(profiler_id) = session.running_profiler_id() {
         crate::layer::tag_with_thread(&session, &target, &profiler_id, word, Some(name));
     } else {
