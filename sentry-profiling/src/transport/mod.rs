@@ -290,7 +290,7 @@ impl Transport for ProfilingTransport {
             // Here, on the thread that finished the transaction, while the
             // lane's samples are still being taken: the chunk thread
             // must know the window before the lane's chunk is written.
-            report_lane_windows(&envelope, lane.as_ref().map(|l| l.id));
+            report_lane_windows(&self.runtime, &envelope, lane.as_ref().map(|l| l.id));
         }
         let link = Link {
             lane,
@@ -528,11 +528,14 @@ fn remove_http_root_spans(tx: &mut sentry_core::protocol::Transaction<'_>) {
 /// `envelope` (its lane `handed` with it, or the lane it is tagged with):
 /// the transaction may begin before its lane and end after it (on a busy
 /// machine, many milliseconds), and Sentry shows the lane over the
-/// transaction's whole window.
-fn report_lane_windows(envelope: &Envelope, handed: Option<u64>) {
-    let Some(session) = crate::session::current() else {
+/// transaction's whole window. To this transport's own session, the one
+/// its lanes were registered with (never looked up again: after the SDK is
+/// initialised again, another one runs).
+fn report_lane_windows(session: &Session, envelope: &Envelope, handed: Option<u64>) {
+    if crate::sys::in_forked_child() {
+        // The chunk thread stayed in the parent: nobody reads the windows.
         return;
-    };
+    }
     for item in envelope.items() {
         if let EnvelopeItem::Transaction(tx) = item {
             if let Some((lane, start_ns, end_ns)) = lane_window(tx, handed) {
