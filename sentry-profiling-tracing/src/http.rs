@@ -293,6 +293,9 @@ fn start_request(p: Pending) -> RequestScope {
     // The request's first poll begins now: its transaction starts at this
     // moment, and its parts are counted from it.
     let begun_ns = sentry_profiling::hooks::wall_ns();
+    // The request's one look-up of the session, kept for its life (by its
+    // scope here, and by its root span's request).
+    let session = sentry_profiling::hooks::session().map(|s| s.keep());
     let parent = Hub::current();
     let hub = Arc::new(Hub::new_from_top(&parent));
     // The transaction to tag with the request's thread: ours, or one that
@@ -308,7 +311,7 @@ fn start_request(p: Pending) -> RequestScope {
         }
     };
     let name = crate::layer::intern(&p.name);
-    let span = root_span(&p, &hub, &name, untagged.as_ref(), ids);
+    let span = root_span(&p, &hub, &name, untagged.as_ref(), ids, session.as_ref());
     let request = p.request;
     hub.configure_scope(|s| {
         s.add_event_processor(move |mut event| {
@@ -319,7 +322,9 @@ fn start_request(p: Pending) -> RequestScope {
         })
     });
     // Wakes and poll totals while a profiling session runs.
-    let tracker = crate::poll::PollTracker::if_profiling(true).map(|t| t.begun_at(begun_ns));
+    let tracker = session
+        .as_ref()
+        .map(|s| crate::poll::PollTracker::new(s, true).begun_at(begun_ns));
     RequestScope {
         span,
         hub,
@@ -329,6 +334,7 @@ fn start_request(p: Pending) -> RequestScope {
         name,
         lane: None,
         times: None,
+        session,
     }
 }
 
@@ -375,6 +381,7 @@ fn root_span(
     name: &Arc<str>,
     untagged: Option<&TransactionOrSpan>,
     ids: Option<(TraceId, SpanId)>,
+    session: Option<&sentry_profiling::hooks::SessionRef>,
 ) -> tracing::Span {
     let span = Hub::run(Arc::clone(hub), || {
         tracing::info_span!(
@@ -387,18 +394,22 @@ fn root_span(
             sentry_profiling.http_root = true,
         )
     });
-    let transaction = match untagged {
-        Some(TransactionOrSpan::Transaction(tx)) => Some(tx.clone()),
-        _ => None,
-    };
-    crate::layer::hand_http_root(
-        &span,
-        crate::layer::HttpRoot {
-            transaction,
-            name: Arc::clone(name),
-            ids,
-        },
-    );
+    // Without a session, the layer tracks nothing.
+    if let Some(session) = session {
+        let transaction = match untagged {
+            Some(TransactionOrSpan::Transaction(tx)) => Some(tx.clone()),
+            _ => None,
+        };
+        crate::layer::hand_http_root(
+            &span,
+            crate::layer::HttpRoot {
+                session: session.keep(),
+                transaction,
+                name: Arc::clone(name),
+                ids,
+            },
+        );
+    }
     span
 }
 

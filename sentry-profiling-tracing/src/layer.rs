@@ -98,13 +98,20 @@ impl Reach {
                 let Some(span) = dispatch.downcast_ref::<S>().and_then(|s| s.span(id)) else {
                     return;
                 };
-                if let Some(l) = span.extensions_mut().get_mut::<SpanLane>() {
-                    if l.request.is_some() && !l.entered {
-                        l.name = Some(root.name);
-                        l.transaction = root.transaction;
-                        l.ids = root.ids;
-                    }
+                let mut ext = span.extensions_mut();
+                if ext.get_mut::<SpanLane>().is_some() {
+                    // Handed once, right after the span was made.
+                    return;
                 }
+                let request = Request::new(&root.session);
+                ext.insert(SpanLane {
+                    lane: request.lane(),
+                    request: Some(request),
+                    name: Some(root.name),
+                    transaction: root.transaction,
+                    ids: root.ids,
+                    entered: false,
+                });
             },
         }
     }
@@ -209,6 +216,8 @@ impl ContextStack {
 /// What `http_layer()` knows of the root span it creates, handed to the
 /// layer so that it need not read it back on every request.
 pub(crate) struct HttpRoot {
+    /// The session the middleware looked up for the request (kept).
+    pub(crate) session: SessionRef,
     /// The request's transaction (none when the request runs inside a
     /// span of another one).
     pub(crate) transaction: Option<Transaction>,
@@ -222,9 +231,9 @@ pub(crate) struct HttpRoot {
 }
 
 /// Hands what `http_layer()` knows of the root span it just created to the
-/// layer, which put the span's request on it when it was created (see
-/// `on_new_span`): straight onto the span, through the subscriber (see
-/// [`Reach`]). Nothing happens where the layer is not installed.
+/// layer, which makes the span's request of it (see `on_new_span`):
+/// straight onto the span, through the subscriber (see [`Reach`]). Nothing
+/// happens where the layer is not installed.
 pub(crate) fn hand_http_root(span: &tracing::Span, root: HttpRoot) {
     let mut root = Some(root);
     span.with_subscriber(|(id, dispatch)| {
@@ -421,20 +430,23 @@ where
     };
     // Only root spans hold a request.
     let request = own.and_then(|l| l.request.as_ref());
-    // Looked up once for starting the request and tagging the span.
-    let session = sentry_profiling::hooks::session();
+    // A request's own session (kept since its root span was made, not
+    // looked up again); a child span's is looked up, once for starting
+    // and tagging it.
+    let looked_up;
+    let session = match request {
+        Some(request) => Some(request.session()),
+        None => {
+            looked_up = sentry_profiling::hooks::session();
+            looked_up.as_ref()
+        }
+    };
     // Whether the profiler runs; its id is copied only to write it
     // (every thread shares it, and each copy touches its reference
     // count).
-    let running = match (&session, request) {
-        (Some(session), Some(request)) => start_root(
-            session,
-            sentry_span.as_ref(),
-            request,
-            shared_name,
-            known_ids,
-        ),
-        _ => false,
+    let running = match request {
+        Some(request) => start_root(sentry_span.as_ref(), request, shared_name, known_ids),
+        None => false,
     };
     // A root span without a registered lane (not sampled, not profiled,
     // or refused because too many requests are in flight) stays on its
@@ -448,7 +460,7 @@ where
     } else {
         lane
     };
-    if let (Some(s), Some(session)) = (&sentry_span, &session)
+    if let (Some(s), Some(session)) = (&sentry_span, session)
         && (running || request.is_none())
     {
         tag_entered(session, s, outer, http_root, lane, lane_name);
@@ -466,7 +478,6 @@ where
 /// `sentry_profiling::hooks::Request::begin`), sampled if the Sentry span
 /// or transaction it runs under is. Returns whether the profiler runs.
 fn start_root(
-    session: &SessionRef,
     sentry_span: Option<&TransactionOrSpan>,
     request: &Request,
     shared_name: Option<&Arc<str>>,
@@ -485,7 +496,7 @@ fn start_root(
             &unnamed
         }
     };
-    request.begin(session, sampled, name, || match (known_ids, sentry_span) {
+    request.begin(sampled, name, || match (known_ids, sentry_span) {
         (Some(ids), _) => ids,
         // A child span's trace context is its transaction's: the link
         // names the transaction, the request's root span.
@@ -563,47 +574,41 @@ where
                 _ => return,
             },
             None => {
-                if sentry_profiling::hooks::session().is_none() {
-                    // No profiling session: nothing to track.
+                let meta = attrs.metadata();
+                if meta.fields().field(HTTP_ROOT_FIELD).is_some() {
+                    // `http_layer()` hands its root span's request (in the
+                    // session it looked up), transaction, name and ids
+                    // over right after creating it (see `hand_http_root`),
+                    // sparing a second look-up, the copy of the scope
+                    // `configure_scope` makes and the formatting of the
+                    // name.
                     return;
                 }
-                let meta = attrs.metadata();
-                // `http_layer()` hands its root span's transaction, name and
-                // ids over right after creating it (see `hand_http_root`),
-                // sparing the copy of the scope `configure_scope` makes and
-                // the formatting of the name.
-                let (name, transaction, ids) = match meta.fields().field(HTTP_ROOT_FIELD) {
-                    Some(_) => (None, None, None),
-                    None => {
-                        // Only a span that declares `otel.name` is visited.
-                        let name = if meta.fields().field("otel.name").is_some() {
-                            otel_name(attrs)
-                        } else {
-                            None
-                        };
-                        // A `sentry-tracing` layer makes this span a child of
-                        // that transaction, and the child is what the scope
-                        // holds once the span is entered; Sentry links the
-                        // transaction by its own `thread.id`, so it is kept
-                        // to be tagged too.
-                        let transaction = match Hub::current().configure_scope(|s| s.get_span()) {
-                            Some(TransactionOrSpan::Transaction(tx)) => Some(tx),
-                            _ => None,
-                        };
-                        (
-                            Some(name.unwrap_or_else(|| intern(meta.name()))),
-                            transaction,
-                            None,
-                        )
-                    }
+                let Some(session) = sentry_profiling::hooks::session() else {
+                    // No profiling session: nothing to track.
+                    return;
                 };
-                let request = Request::new();
+                // Only a span that declares `otel.name` is visited.
+                let name = if meta.fields().field("otel.name").is_some() {
+                    otel_name(attrs)
+                } else {
+                    None
+                };
+                // A `sentry-tracing` layer makes this span a child of that
+                // transaction, and the child is what the scope holds once
+                // the span is entered; Sentry links the transaction by its
+                // own `thread.id`, so it is kept to be tagged too.
+                let transaction = match Hub::current().configure_scope(|s| s.get_span()) {
+                    Some(TransactionOrSpan::Transaction(tx)) => Some(tx),
+                    _ => None,
+                };
+                let request = Request::new(&session);
                 span.extensions_mut().insert(SpanLane {
                     lane: request.lane(),
                     request: Some(request),
-                    name,
+                    name: Some(name.unwrap_or_else(|| intern(meta.name()))),
                     transaction,
-                    ids,
+                    ids: None,
                     entered: false,
                 });
                 return;

@@ -213,10 +213,12 @@ impl PollTracker {
     /// reads what it would note), of a request's own future (`own`) or of
     /// work it handed off.
     pub(crate) fn if_profiling(own: bool) -> Option<Self> {
-        Some(Self::with_long_poll_ns(
-            hooks::session()?.long_poll_ns(),
-            own,
-        ))
+        Some(Self::new(&hooks::session()?, own))
+    }
+
+    /// A tracker in `session` (see [`PollTracker::if_profiling`]).
+    pub(crate) fn new(session: &hooks::SessionRef, own: bool) -> Self {
+        Self::with_long_poll_ns(session.long_poll_ns(), own)
     }
 
     fn with_long_poll_ns(long_poll_ns: u64, own: bool) -> Self {

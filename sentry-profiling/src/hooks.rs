@@ -65,7 +65,13 @@ pub mod workspace {
 /// configured, this process's session not sampled, or a forked child).
 #[inline]
 pub fn session() -> Option<SessionRef> {
-    crate::session::current().map(SessionRef)
+    crate::session::current().map(|c| SessionRef(crate::request::Holder::Looked(c)))
+}
+
+/// A new lane id, as a request takes at its creation: for a test that
+/// publishes a request's context word without a session.
+pub fn next_lane() -> u64 {
+    crate::lanes::next_lane()
 }
 
 /// `CLOCK_REALTIME` in nanoseconds: the clock of samples, context-word

@@ -40,25 +40,32 @@ pub struct Request {
     /// extensions can hold it: only the thread that runs the span's
     /// callbacks changes it.
     held: AtomicU8,
-    /// The session it began in, when it holds something of it: its finish
-    /// gives the hold back there, whatever session runs by then.
-    session: OnceLock<Arc<Session>>,
+    /// The session it was made in, kept: it begins there, and its finish
+    /// gives its hold back there, whatever session runs by then.
+    session: SessionRef,
     /// Its time beyond its future's own polls, shared with whoever measures
     /// it (see [`RequestTimes`]); made when its lane is registered.
     times: OnceLock<Arc<RequestTimes>>,
 }
 
 impl Request {
-    /// A root span is created now, on this thread: a new lane id.
-    pub fn new() -> Self {
+    /// A root span is created now, on this thread, in `session` (which the
+    /// request keeps: the one look-up of the session a request makes): a
+    /// new lane id.
+    pub fn new(session: &SessionRef) -> Self {
         Self {
             lane: crate::lanes::next_lane(),
             created_ns: now_ns(),
             created_on: crate::thread_word::current_thread_id(),
             held: AtomicU8::new(0),
-            session: OnceLock::new(),
+            session: session.keep(),
             times: OnceLock::new(),
         }
+    }
+
+    /// The session it was made in (see [`Request::new`]).
+    pub fn session(&self) -> &SessionRef {
+        &self.session
     }
 
     /// Its lane id (whether or not the lane is registered).
@@ -79,7 +86,7 @@ impl Request {
     }
 
     /// Its root span is entered for the first time, `sampled` if its Sentry
-    /// transaction is, named `name`, in `session`. Returns whether the
+    /// transaction is, named `name`, in its session. Returns whether the
     /// profiler runs now (either lifecycle); only the first call does
     /// anything.
     ///
@@ -96,11 +103,11 @@ impl Request {
     /// so, and its spans must publish 0, not the lane.
     pub fn begin(
         &self,
-        session: &SessionRef,
         sampled: bool,
         name: &Arc<str>,
         ids: impl FnOnce() -> (TraceId, SpanId),
     ) -> bool {
+        let session = &self.session;
         if self.held.load(Ordering::Relaxed) != 0 {
             return session.is_running();
         }
@@ -138,11 +145,6 @@ impl Request {
                 }
             }
         }
-        if held != BEGUN {
-            // Only a request that holds something keeps its session (one
-            // reference count, once per request).
-            let _ = self.session.set(session.0.shared());
-        }
         self.held.store(held, Ordering::Relaxed);
         running
     }
@@ -156,9 +158,7 @@ impl Request {
         if held & (HOLDS_PROFILER | HOLDS_LANE) == 0 {
             return;
         }
-        let Some(session) = self.session.get() else {
-            return;
-        };
+        let session = &self.session.0;
         if held & HOLDS_LANE != 0 {
             session.lane_finished(self.lane, now_ns());
         }
@@ -168,23 +168,38 @@ impl Request {
     }
 }
 
-impl Default for Request {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Drop for Request {
     fn drop(&mut self) {
         self.finish();
     }
 }
 
-/// The running session, borrowed for the few calls made in a row where it
-/// was looked up: reading it touches no reference count. Not to be kept:
-/// a new session (the SDK initialised again) is only seen by a new
-/// [`session`](crate::hooks::session).
-pub struct SessionRef(pub(crate) crate::session::Current);
+/// A session: as looked up ([`session`](crate::hooks::session)),
+/// borrowed for the few calls made in a row, which touches no reference
+/// count, and not to be kept (it holds one of the thread's few
+/// `arc_swap` guards); or kept ([`SessionRef::keep`]), by a request for
+/// its whole life, which stays that session after the SDK is initialised
+/// again.
+pub struct SessionRef(pub(crate) Holder);
+
+/// How a [`SessionRef`] holds its session.
+pub(crate) enum Holder {
+    /// As looked up, borrowed.
+    Looked(crate::session::Current),
+    /// Kept: one reference count.
+    Kept(Arc<Session>),
+}
+
+impl std::ops::Deref for Holder {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        match self {
+            Holder::Looked(current) => current,
+            Holder::Kept(session) => session,
+        }
+    }
+}
 
 impl std::fmt::Debug for SessionRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -217,6 +232,15 @@ pub enum Tagging {
 }
 
 impl SessionRef {
+    /// The same session, to keep (one reference count): what a request
+    /// holds for its whole life, and the middleware for a request's.
+    pub fn keep(&self) -> SessionRef {
+        SessionRef(Holder::Kept(match &self.0 {
+            Holder::Looked(current) => current.shared(),
+            Holder::Kept(session) => Arc::clone(session),
+        }))
+    }
+
     /// How to tag a transaction or span of the request whose context word
     /// is `word` (see [`Tagging`]); `own`: the transaction is the one the
     /// middleware started (others are finished by their owners, who hand

@@ -49,6 +49,8 @@ pub(super) struct RequestScope {
     /// after its first poll (when its lane is registered); `Some(None)`:
     /// looked for, and it has none.
     pub(super) times: Option<Option<Arc<RequestTimes>>>,
+    /// The session the request was made in (kept; `None` while none runs).
+    pub(super) session: Option<sentry_profiling::hooks::SessionRef>,
 }
 
 impl RequestScope {
@@ -80,12 +82,13 @@ impl RequestScope {
             name,
             lane,
             times,
+            session,
         } = self;
         let run = |cx: &mut Context<'_>| {
             Hub::run(Arc::clone(hub), || {
                 let _entered = span.enter();
-                if untagged.is_some() {
-                    tag(untagged, transaction.is_some(), name, lane);
+                if let (true, Some(session)) = (untagged.is_some(), session.as_ref()) {
+                    tag(session, untagged, transaction.is_some(), name, lane);
                 }
                 f(cx)
             })
@@ -166,6 +169,7 @@ impl RequestScope {
 /// `own`: it is the transaction this middleware started, named `name`,
 /// whose lane goes to `lane` instead.
 fn tag(
+    session: &sentry_profiling::hooks::SessionRef,
     untagged: &mut Option<TransactionOrSpan>,
     own: bool,
     name: &Arc<str>,
@@ -181,9 +185,9 @@ fn tag(
     // Whether the profiler runs, without copying its id: a handed lane
     // does not need it (the transport writes it), and every thread shares
     // its reference count.
-    let Some(session) = sentry_profiling::hooks::session().filter(|s| s.is_running()) else {
+    if !session.is_running() {
         return;
-    };
+    }
     let Some(target) = untagged.take() else {
         return;
     };
@@ -193,7 +197,7 @@ fn tag(
         // transaction's name as the lane's.
         *lane = Some(HandedLane { id });
     } else if let Some(profiler_id) = session.running_profiler_id() {
-        crate::layer::tag_with_thread(&session, &target, &profiler_id, word, Some(name));
+        crate::layer::tag_with_thread(session, &target, &profiler_id, word, Some(name));
     } else {
         // Stopped just now: tagged at a later poll, if it runs again.
         *untagged = Some(target);
