@@ -811,22 +811,21 @@ fn a_blocked_worker_makes_a_long_poll_and_queues_the_others() {
         blocker.long_polls >= 1 && blocker.longest_poll_ms >= 99.0,
         "the blocking poll is a long poll on its transaction: {blocker:?}"
     );
-    // The sampler finds the worker blocked within a few periods (it had
-    // run the request's first poll without a timer capture, and may have
-    // dozed before): most of the block shows where it blocked, and the
-    // rest claims no function. The periods before the first look that
-    // finds it blocked, and after the block until the next look, show
-    // `(running: no stack captured in time)` where the kernel counted the
-    // thread running, `(waiting: where not read in time)` where it did not
-    // (when in them it blocked is not known) (measured: 47 to 52 ms of
-    // `block_worker` with 24 to 32 ms not known on either side, in 2 of 16
-    // runs beside hogs and 1 CI run; 60 ms or more of `block_worker` in
-    // the others). Beside CPU hogs the worker, woken from its block, may
-    // wait for a core before it runs on: the kernel counts that wait, and
-    // the periods after the block show it as `(waiting for a CPU)`, the
-    // request's time too (10 to 20 ms in 4 of 10 runs beside four hogs;
-    // before the kernel's counts were ordered, those periods showed
-    // `block_worker`, where the worker no longer was).
+    // Where the 100 ms block shows, from what the sampler guarantees. A
+    // request in flight keeps the sampler from its deep doze (the first
+    // lane wakes it), so it dozes at most a light doze (four periods,
+    // `LIGHT_DOZE_PERIODS`); after it, the first tick finds the worker's
+    // CPU clock moved (it ran the request's first poll) and the next finds
+    // it still and reads where it waits. So at most six periods (59.4 ms)
+    // of the block pass before it is seen in `block_worker`, which is
+    // shown from then to the block's end: 40 ms at least. The periods
+    // before that look show `(running: no stack captured in time)` where
+    // the kernel counted the thread running and `(waiting: where not read
+    // in time)` where it did not; beside CPU hogs the worker, woken from
+    // its block, may wait for a core, shown `(waiting for a CPU)`. Every
+    // period wholly inside the block shows one of the four: all but the
+    // two periods at its edges (whose fills may stand for the moments
+    // just outside it), 80 ms at least.
     assert!(
         blocker.shown_block_worker_ns >= 40_000_000
             && blocker.shown_block_worker_ns
