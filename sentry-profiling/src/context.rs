@@ -396,11 +396,14 @@ pub(crate) fn word_at(slot: u32, tid: i32, at_ns: u64) -> Option<u64> {
     }
 }
 
-/// Whether thread `tid` (publishing in `slot`) was, at `at_ns`, inside a
-/// poll of a request's own future whose word is `word` (its publication
-/// carried [`OWN_POLL`]); false when it was not, or when that publication
-/// is no longer kept (the time then counts as the request's other work,
-/// never as its own: its own waits stay within its polls).
+/// Whether thread `tid` (publishing in `slot`) last stood in the request
+/// of word `word`, at or before `at_ns`, in a poll of that request's own
+/// future (the publication carried [`OWN_POLL`]). The latest such
+/// publication, not only the one in force at `at_ns`: a wait at the end of
+/// a poll is often counted at a tick after the thread left the request,
+/// and filed under the request it stood in. False when it was offloaded
+/// work, or when that publication is no longer kept (the time then counts
+/// as the request's other work, never as its own).
 pub(crate) fn own_poll_at(slot: u32, tid: i32, at_ns: u64, word: u64) -> bool {
     let i = slot as usize;
     if i >= MAX_SLOTS || OWNERS[i].load(Ordering::Acquire) != tid as u32 {
@@ -408,8 +411,8 @@ pub(crate) fn own_poll_at(slot: u32, tid: i32, at_ns: u64, word: u64) -> bool {
     }
     let claimed_at = CLAIMED_AT[i].load(Ordering::Relaxed);
     let before = PUBLISHED[i].changes.load(Ordering::Acquire);
-    // Newest first, as `word_at` reads, up to the publication in force at
-    // `at_ns`.
+    // Newest first, as `word_at` reads, back to the latest publication of
+    // `word` at or before `at_ns`.
     for back in 1..HISTORY as u64 {
         let Some(n) = before.checked_sub(back) else {
             return false;
@@ -423,11 +426,12 @@ pub(crate) fn own_poll_at(slot: u32, tid: i32, at_ns: u64, word: u64) -> bool {
             // Overwritten while read.
             return false;
         }
-        if since <= at_ns {
-            return since >= claimed_at
-                && value == word
-                && woken & OWN_POLL != 0
-                && OWNERS[i].load(Ordering::Acquire) == tid as u32;
+        if since < claimed_at {
+            // A previous thread's.
+            return false;
+        }
+        if since <= at_ns && value == word {
+            return woken & OWN_POLL != 0 && OWNERS[i].load(Ordering::Acquire) == tid as u32;
         }
     }
     false
@@ -708,6 +712,46 @@ mod tests {
             times[0] <= start && times[2] >= start,
             "the other words read the clock: {times:?}"
         );
+    }
+
+    #[test]
+    fn a_wait_is_the_requests_own_where_its_thread_last_stood_in_its_own_poll() {
+        let _serial = serial();
+        let tid = 4_500_000u32;
+        let (lane, other) = (
+            crate::attribution::LANE_BASE + 41,
+            crate::attribution::LANE_BASE + 42,
+        );
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<u64>>();
+        let (done_tx, done) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::spawn(move || {
+            let mut at = Vec::new();
+            // A poll of the request's own future, then its end.
+            set_poll_woken(1 | OWN_POLL, 0);
+            publish(lane, || tid);
+            at.push(crate::sys::realtime_ns());
+            publish(0, || tid);
+            at.push(crate::sys::realtime_ns());
+            // The same request's offloaded work, then another request's.
+            set_poll_woken(1, 0);
+            publish(lane, || tid);
+            at.push(crate::sys::realtime_ns());
+            publish(other, || tid);
+            at.push(crate::sys::realtime_ns());
+            tx.send(at).unwrap();
+            // Stays alive (its slot its own) until the checks are done.
+            let _ = done.recv();
+        });
+        let at = rx.recv().unwrap();
+        let slot = slots_by_tid()[&tid];
+        let own = |i: usize| own_poll_at(slot, tid as i32, at[i], lane);
+        // In its own poll, and after it (a wait counted late), it is own;
+        // in and after its offloaded work, it is not.
+        assert_eq!((own(0), own(1), own(2), own(3)), (true, true, false, false));
+        // No such publication before the thread's first: not own.
+        assert!(!own_poll_at(slot, tid as i32, at[0] - 1_000_000_000, lane));
+        done_tx.send(()).unwrap();
+        h.join().unwrap();
     }
 
     #[test]
