@@ -240,13 +240,6 @@ impl PollTracker {
         self
     }
 
-    /// The same tracker, of work a request handed off rather than its own
-    /// future (see [`PollTracker::if_profiling`]).
-    pub(crate) fn handed_off(mut self) -> Self {
-        self.own = false;
-        self
-    }
-
     /// The totals so far.
     pub(crate) fn totals(&self) -> &PollTotals {
         &self.totals

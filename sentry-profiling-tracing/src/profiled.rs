@@ -35,11 +35,10 @@ pin_project_lite::pin_project! {
 
 impl<F> Profiled<F> {
     /// Marks the future as work its request handed off (a task of
-    /// `spawn_in_span`, spawned now): its polls are not the request's own,
-    /// and their time goes to the request's `tokio.offloaded` totals.
+    /// `spawn_in_span`, spawned now): its polls' time goes to the request's
+    /// `tokio.offloaded` totals.
     pub(crate) fn offloaded(mut self) -> Self {
-        if let Some(tracker) = self.tracker.take() {
-            self.tracker = Some(tracker.handed_off());
+        if self.tracker.is_some() {
             self.offloaded = crate::layer::request_times(&self.span)
                 .map(|times| (times, sentry_profiling::hooks::wall_ns()));
         }
@@ -77,10 +76,11 @@ pub trait ProfiledExt: Future + Sized {
         Profiled {
             inner: self,
             span: tracing::Span::current(),
-            // A part of the request awaited directly is polled inside the
-            // request's own polls (whose word it keeps): own, unless
-            // `spawn_in_span` hands it off.
-            tracker: PollTracker::if_profiling(true),
+            // Not the request's own future: awaited directly, its polls
+            // are inside the request's own (whose word it keeps, so it
+            // publishes nothing and its mark is never read); spawned, its
+            // polls are work the request handed off.
+            tracker: PollTracker::if_profiling(false),
             sentry_span,
             offloaded: None,
         }
