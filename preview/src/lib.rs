@@ -613,7 +613,8 @@ mod tests {
                     "GET /db",
                     json!({"tokio.polls": 3, "tokio.polled": 10.0, "tokio.queued": 2.0,
                            "tokio.awaiting": 88.0, "tokio.longest_poll": 6.0,
-                           "tokio.cpu_wait": 1.5}),
+                           "tokio.cpu_wait": 1.5, "tokio.offloaded": 60.0,
+                           "tokio.offloaded_cpu_wait": 5.0, "tokio.offloaded_queued": 20.0}),
                     Value::Null,
                 ),
             ),
@@ -662,7 +663,8 @@ mod tests {
         assert_eq!(
             route("GET /db"),
             json!({"k": 2, "d": 400.0, "n": 8, "p": 30.0, "q": 10.0, "a": 360.0,
-                   "w": 1.5, "l": 14.0, "x": 1, "qs": 0.025})
+                   "w": 1.5, "l": 14.0, "x": 1, "qs": 0.025,
+                   "o": 60.0, "ow": 5.0, "oq": 20.0})
         );
         assert_eq!(route("GET /cpu")["qs"], 0.6);
         let untracked = data["tx"]

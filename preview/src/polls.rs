@@ -28,6 +28,10 @@ pub(crate) struct NameTotals {
     pub(crate) queued_ms: f64,
     pub(crate) awaiting_ms: f64,
     pub(crate) cpu_wait_ms: f64,
+    /// Their offloaded work: ran, of that waiting for a CPU, queued.
+    pub(crate) offloaded_ms: f64,
+    pub(crate) offloaded_cpu_wait_ms: f64,
+    pub(crate) offloaded_queued_ms: f64,
     /// The longest poll of any of them.
     pub(crate) longest_ms: f64,
     pub(crate) long_polls: u64,
@@ -42,6 +46,9 @@ impl NameTotals {
         self.queued_ms += totals.queued_ms;
         self.awaiting_ms += totals.awaiting_ms;
         self.cpu_wait_ms += totals.cpu_wait_ms;
+        self.offloaded_ms += totals.offloaded_ms;
+        self.offloaded_cpu_wait_ms += totals.offloaded_cpu_wait_ms;
+        self.offloaded_queued_ms += totals.offloaded_queued_ms;
         self.longest_ms = self.longest_ms.max(totals.longest_ms);
         self.long_polls += totals.long_polls;
     }
@@ -74,7 +81,10 @@ impl NameTotals {
                 "a": round_ms(self.awaiting_ms),
                 "w": round_ms(self.cpu_wait_ms),
                 "l": round_ms(self.longest_ms),
-                "x": self.long_polls,
+            "x": self.long_polls,
+                "o": round_ms(self.offloaded_ms),
+                "ow": round_ms(self.offloaded_cpu_wait_ms),
+                "oq": round_ms(self.offloaded_queued_ms),
                 "qs": (self.queued_share() * 1e4).round() / 1e4,
             })
         })
@@ -187,6 +197,8 @@ mod tests {
             "measurements": {
                 "tokio.awaiting": {"value": 80.5, "unit": "millisecond"},
                 "tokio.cpu_wait": {"value": 2.5, "unit": "millisecond"},
+                "tokio.offloaded": {"value": 40.0, "unit": "millisecond"},
+                "tokio.offloaded_queued": {"value": 7.5, "unit": "millisecond"},
                 "tokio.queued": {"value": 99.0, "unit": "millisecond"},
             },
         });
@@ -198,6 +210,9 @@ mod tests {
                 queued_ms: 3.0,
                 awaiting_ms: 80.5,
                 cpu_wait_ms: 2.5,
+                offloaded_ms: 40.0,
+                offloaded_cpu_wait_ms: 0.0,
+                offloaded_queued_ms: 7.5,
                 longest_ms: 11.0,
                 long_polls: 1,
                 longest_start_ns: Some(10_250_000_000),
@@ -321,6 +336,9 @@ mod tests {
             queued_ms: 30.0,
             awaiting_ms: 80.0,
             cpu_wait_ms: 4.0,
+            offloaded_ms: 0.0,
+            offloaded_cpu_wait_ms: 0.0,
+            offloaded_queued_ms: 0.0,
             longest_ms: 6.0,
             long_polls: 0,
             longest_start_ns: None,

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 // The data keys, as `sentry_profiling_tracing::data` names them. The page
 // reads envelopes, which any version of the layer may have written, so it
-// does not depend on the layer's crate for six strings.
+// does not depend on the layer's crate for a few strings.
 /// `data::POLLS`: how many times the request's future was polled.
 const POLLS: &str = "tokio.polls";
 /// `data::POLLED`: milliseconds inside those polls.
@@ -18,6 +18,14 @@ const AWAITING: &str = "tokio.awaiting";
 /// `data::CPU_WAIT`: milliseconds of the polled time its threads were
 /// shown waiting for a CPU (only on profiled requests).
 const CPU_WAIT: &str = "tokio.cpu_wait";
+/// `data::OFFLOADED`: milliseconds its offloaded work (`spawn_in_span`,
+/// `spawn_blocking_in_span`) ran, beside the future's parts.
+const OFFLOADED: &str = "tokio.offloaded";
+/// `data::OFFLOADED_CPU_WAIT`: of that, shown waiting for a CPU.
+const OFFLOADED_CPU_WAIT: &str = "tokio.offloaded_cpu_wait";
+/// `data::OFFLOADED_QUEUED`: milliseconds its offloaded work waited to
+/// start (a free blocking thread, a Tokio worker).
+const OFFLOADED_QUEUED: &str = "tokio.offloaded_queued";
 /// `data::LONGEST_POLL`: the longest poll, in milliseconds.
 const LONGEST_POLL: &str = "tokio.longest_poll";
 /// `data::LONG_POLLS`: polls at least the long-poll threshold long (only
@@ -36,6 +44,11 @@ pub(crate) struct PollTotals {
     pub(crate) awaiting_ms: f64,
     /// Of the time polled, waiting for a CPU (0 when not profiled).
     pub(crate) cpu_wait_ms: f64,
+    /// Its offloaded work: ran, of that waiting for a CPU, and waiting to
+    /// start (0 each when not profiled, or none).
+    pub(crate) offloaded_ms: f64,
+    pub(crate) offloaded_cpu_wait_ms: f64,
+    pub(crate) offloaded_queued_ms: f64,
     pub(crate) longest_ms: f64,
     /// Polls at least the long-poll threshold long.
     pub(crate) long_polls: u64,
@@ -70,6 +83,9 @@ impl PollTotals {
             queued_ms: number(QUEUED).unwrap_or(0.0),
             awaiting_ms: number(AWAITING).unwrap_or(0.0),
             cpu_wait_ms: number(CPU_WAIT).unwrap_or(0.0),
+            offloaded_ms: number(OFFLOADED).unwrap_or(0.0),
+            offloaded_cpu_wait_ms: number(OFFLOADED_CPU_WAIT).unwrap_or(0.0),
+            offloaded_queued_ms: number(OFFLOADED_QUEUED).unwrap_or(0.0),
             longest_ms: number(LONGEST_POLL).unwrap_or(0.0),
             long_polls: count(LONG_POLLS).unwrap_or(0),
             longest_start_ns: value(LONGEST_POLL_START).and_then(timestamp_ns),
@@ -77,7 +93,8 @@ impl PollTotals {
     }
 
     /// The page's row object: polls, polled, queued, awaiting, waiting for
-    /// a CPU, longest poll, long polls.
+    /// a CPU, longest poll, long polls, and the offloaded work's ran,
+    /// waiting for a CPU and queued.
     pub(crate) fn to_json(self) -> Value {
         json!({
             "n": self.polls,
@@ -87,6 +104,9 @@ impl PollTotals {
             "w": round_ms(self.cpu_wait_ms),
             "l": round_ms(self.longest_ms),
             "x": self.long_polls,
+            "o": round_ms(self.offloaded_ms),
+            "ow": round_ms(self.offloaded_cpu_wait_ms),
+            "oq": round_ms(self.offloaded_queued_ms),
         })
     }
 }

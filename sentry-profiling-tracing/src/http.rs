@@ -290,6 +290,12 @@ where
 /// The first poll of a request: reuses the transaction on the scope, or
 /// starts one, and opens the request's root span.
 fn start_request(p: Pending) -> RequestScope {
+    // The request's first poll begins now: its transaction starts at this
+    // moment, and its parts are counted from it.
+    let begun_ns = sentry_profiling::hooks::wall_ns();
+    // The request's one look-up of the session, kept for its life (by its
+    // scope here, and by its root span's request).
+    let session = sentry_profiling::hooks::session().map(|s| s.keep());
     let parent = Hub::current();
     let hub = Arc::new(Hub::new_from_top(&parent));
     // The transaction to tag with the request's thread: ours, or one that
@@ -300,12 +306,12 @@ fn start_request(p: Pending) -> RequestScope {
         }
         Some(TransactionOrSpan::Span(_)) => (None, None, None),
         None => {
-            let (tx, ids) = start_transaction(&p, &hub);
+            let (tx, ids) = start_transaction(&p, &hub, begun_ns);
             (Some(tx.clone().into()), Some(tx), ids)
         }
     };
     let name = crate::layer::intern(&p.name);
-    let span = root_span(&p, &hub, &name, untagged.as_ref(), ids);
+    let span = root_span(&p, &hub, &name, untagged.as_ref(), ids, session.as_ref());
     let request = p.request;
     hub.configure_scope(|s| {
         s.add_event_processor(move |mut event| {
@@ -316,7 +322,9 @@ fn start_request(p: Pending) -> RequestScope {
         })
     });
     // Wakes and poll totals while a profiling session runs.
-    let tracker = crate::poll::PollTracker::if_profiling();
+    let tracker = session
+        .as_ref()
+        .map(|s| crate::poll::PollTracker::new(s, true).begun_at(begun_ns));
     RequestScope {
         span,
         hub,
@@ -325,6 +333,8 @@ fn start_request(p: Pending) -> RequestScope {
         untagged,
         name,
         lane: None,
+        times: None,
+        session,
     }
 }
 
@@ -335,6 +345,7 @@ fn start_request(p: Pending) -> RequestScope {
 fn start_transaction(
     p: &Pending,
     hub: &Arc<Hub>,
+    begun_ns: u64,
 ) -> (sentry_core::Transaction, Option<(TraceId, SpanId)>) {
     let headers = [
         ("sentry-trace", p.sentry_trace.as_deref()),
@@ -347,7 +358,12 @@ fn start_transaction(
     );
     let ids =
         (p.sentry_trace.is_none() && p.baggage.is_none()).then(|| (ctx.trace_id(), ctx.span_id()));
-    let tx = hub.start_transaction(ctx);
+    // Started at `begun_ns`, the start of the parts. (The SDK's
+    // `Hub::start_transaction_with_timestamp` starts it with the current
+    // hub's client; `hub` is made from the current hub, so the client is
+    // the same.)
+    let start = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(begun_ns);
+    let tx = hub.start_transaction_with_timestamp(ctx, start);
     tx.set_origin("auto.http.sentry_profiling");
     tx.set_request(p.request.clone());
     hub.configure_scope(|s| s.set_span(Some(tx.clone().into())));
@@ -365,14 +381,8 @@ fn root_span(
     name: &Arc<str>,
     untagged: Option<&TransactionOrSpan>,
     ids: Option<(TraceId, SpanId)>,
+    session: Option<&sentry_profiling::hooks::SessionRef>,
 ) -> tracing::Span {
-    if let Some(TransactionOrSpan::Transaction(tx)) = untagged {
-        crate::layer::offer_http_root(Some(crate::layer::HttpRoot {
-            transaction: tx.clone(),
-            name: Arc::clone(name),
-            ids,
-        }));
-    }
     let span = Hub::run(Arc::clone(hub), || {
         tracing::info_span!(
             parent: None,
@@ -384,7 +394,22 @@ fn root_span(
             sentry_profiling.http_root = true,
         )
     });
-    crate::layer::offer_http_root(None);
+    // Without a session, the layer tracks nothing.
+    if let Some(session) = session {
+        let transaction = match untagged {
+            Some(TransactionOrSpan::Transaction(tx)) => Some(tx.clone()),
+            _ => None,
+        };
+        crate::layer::hand_http_root(
+            &span,
+            crate::layer::HttpRoot {
+                session: session.keep(),
+                transaction,
+                name: Arc::clone(name),
+                ids,
+            },
+        );
+    }
     span
 }
 

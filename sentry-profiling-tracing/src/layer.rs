@@ -11,8 +11,7 @@ use rustc_hash::{FxBuildHasher, FxHashSet};
 
 use sentry_core::protocol::{SpanId, TraceId, Value};
 use sentry_core::{Hub, Transaction, TransactionOrSpan};
-use sentry_profiling::ThreadAttribution;
-use sentry_profiling::hooks::{Request, SessionRef, is_lane};
+use sentry_profiling::hooks::{Request, RequestTimes, SessionRef, Tagging};
 use tracing::Subscriber;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -38,13 +37,99 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     ProfilingLayer {
+        reach: Reach::of::<S>(),
         _subscriber: PhantomData,
     }
 }
 
 /// See [`layer`].
 pub struct ProfilingLayer<S> {
+    /// How code outside the layer reaches a span's request (see
+    /// [`Reach`]).
+    reach: Reach,
     _subscriber: PhantomData<fn(S)>,
+}
+
+/// What code outside the layer reaches through the subscriber the layer
+/// runs in, by type, through `Dispatch::downcast_ref` (as
+/// `tracing-opentelemetry` hands out its `WithContext`): the spawn helpers
+/// and the middleware reach the request a span belongs to, and hand the
+/// layer what they know of a span they just made, without a thread-local
+/// hand-off.
+#[derive(Clone, Copy)]
+struct Reach {
+    /// Calls the function it is given with the request of span `id`, if
+    /// the span belongs to one.
+    request_of: RequestOf,
+    /// Gives `http_layer()`'s root span `id` what the middleware knows of
+    /// it (see [`hand_http_root`]).
+    hand_root: fn(&tracing::Dispatch, &Id, HttpRoot),
+}
+
+/// See [`Reach::request_of`].
+type RequestOf = fn(&tracing::Dispatch, &Id, &mut dyn FnMut(&Request));
+
+impl Reach {
+    /// The functions for subscriber type `S`.
+    fn of<S>() -> Self
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        Self {
+            request_of: |dispatch, id, f| {
+                let Some(subscriber) = dispatch.downcast_ref::<S>() else {
+                    return;
+                };
+                let Some(span) = subscriber.span(id) else {
+                    return;
+                };
+                let Some(root) = span.scope().from_root().next() else {
+                    return;
+                };
+                if let Some(request) = root
+                    .extensions()
+                    .get::<SpanLane>()
+                    .and_then(|l| l.request.as_ref())
+                {
+                    f(request);
+                }
+            },
+            hand_root: |dispatch, id, root| {
+                let Some(span) = dispatch.downcast_ref::<S>().and_then(|s| s.span(id)) else {
+                    return;
+                };
+                let mut ext = span.extensions_mut();
+                if ext.get_mut::<SpanLane>().is_some() {
+                    // Handed once, right after the span was made.
+                    return;
+                }
+                let request = Request::new(&root.session);
+                ext.insert(SpanLane {
+                    lane: request.lane(),
+                    request: Some(request),
+                    name: Some(root.name),
+                    transaction: root.transaction,
+                    ids: root.ids,
+                    entered: false,
+                });
+            },
+        }
+    }
+}
+
+/// The times of the request `span` belongs to (see
+/// `sentry_profiling::hooks::RequestTimes`): `None` outside a request, or
+/// for one without a lane, or where the layer is not installed.
+pub(crate) fn request_times(span: &tracing::Span) -> Option<Arc<RequestTimes>> {
+    let mut times = None;
+    span.with_subscriber(|(id, dispatch)| {
+        if let Some(reach) = dispatch.downcast_ref::<Reach>() {
+            (reach.request_of)(dispatch, id, &mut |request| {
+                times = request.times().cloned();
+            });
+        }
+    });
+    times
 }
 
 impl<S> std::fmt::Debug for ProfilingLayer<S> {
@@ -128,11 +213,14 @@ impl ContextStack {
     }
 }
 
-/// What `http_layer()` knows of the root span it is about to create, handed
-/// to the layer so that it need not read it back on every request.
+/// What `http_layer()` knows of the root span it creates, handed to the
+/// layer so that it need not read it back on every request.
 pub(crate) struct HttpRoot {
-    /// The request's transaction.
-    pub(crate) transaction: Transaction,
+    /// The session the middleware looked up for the request (kept).
+    pub(crate) session: SessionRef,
+    /// The request's transaction (none when the request runs inside a
+    /// span of another one).
+    pub(crate) transaction: Option<Transaction>,
     /// The span's `otel.name`, interned (see [`intern`]): the layer would
     /// otherwise format the field again.
     pub(crate) name: Arc<str>,
@@ -142,17 +230,23 @@ pub(crate) struct HttpRoot {
     pub(crate) ids: Option<(TraceId, SpanId)>,
 }
 
-/// Offers what `http_layer()` knows of the root span it is about to create
-/// on this thread to the layer (see `on_new_span`); taken back with `None`
-/// once the span exists, whether or not the layer took it.
-pub(crate) fn offer_http_root(root: Option<HttpRoot>) {
-    HTTP_ROOT.with(|t| *t.borrow_mut() = root);
+/// Hands what `http_layer()` knows of the root span it just created to the
+/// layer, which makes the span's request of it (see `on_new_span`):
+/// straight onto the span, through the subscriber (see [`Reach`]). Nothing
+/// happens where the layer is not installed.
+pub(crate) fn hand_http_root(span: &tracing::Span, root: HttpRoot) {
+    let mut root = Some(root);
+    span.with_subscriber(|(id, dispatch)| {
+        if let (Some(reach), Some(root)) = (dispatch.downcast_ref::<Reach>(), root.take()) {
+            (reach.hand_root)(dispatch, id, root);
+        }
+    });
 }
 
 thread_local! {
-    /// See [`offer_http_root`].
-    static HTTP_ROOT: RefCell<Option<HttpRoot>> = const { RefCell::new(None) };
-    /// The context words of the spans entered on this thread.
+    /// The context words of the spans entered on this thread: tracing
+    /// calls `on_enter` and `on_exit` on the thread that enters, and the
+    /// word is that thread's, so the stack is too.
     static CONTEXT_STACK: RefCell<ContextStack> = const { RefCell::new(ContextStack::new()) };
     /// The kernel name of this thread, read once.
     static THREAD_NAME: RefCell<Option<String>> = const { RefCell::new(None) };
@@ -204,8 +298,9 @@ fn thread_name() -> String {
 }
 
 /// Tags a Sentry transaction or span with the thread its samples are filed
-/// under, as Sentry's spec asks, so its UI finds them: the request's lane
-/// when lanes are on and `lane` is one, otherwise the current OS thread.
+/// under, as the session decides (see `hooks::SessionRef::tagging`; a
+/// lane handed to the transport is not written here), so Sentry's UI finds
+/// them.
 pub(crate) fn tag_with_thread(
     session: &SessionRef,
     span: &TransactionOrSpan,
@@ -213,20 +308,22 @@ pub(crate) fn tag_with_thread(
     lane: u64,
     lane_name: Option<&str>,
 ) {
-    let lanes = session.attribution() == ThreadAttribution::Lanes;
-    let (id, name) = if lanes && is_lane(lane) {
-        (lane, lane_name.map(str::to_owned))
-    } else {
-        (
+    let (id, name, os_thread_keys) = match session.tagging(lane, false) {
+        Tagging::Lane {
+            lane,
+            os_thread_keys,
+        } => (lane, lane_name.map(str::to_owned), os_thread_keys),
+        Tagging::OsThread | Tagging::HandLane(_) => (
             sentry_profiling::hooks::current_thread_id(),
             Some(thread_name()),
-        )
+            false,
+        ),
     };
     span.set_data("thread.id", Value::String(id.to_string()));
     if let Some(name) = name {
         span.set_data("thread.name", Value::String(name));
     }
-    if lanes && is_lane(lane) && session.transaction_profiling() {
+    if os_thread_keys {
         // For transaction profiles: a request too short for its lane to get
         // two samples is linked by this OS thread instead. Continuous
         // profiling keeps every lane (the chunk thread gives each at
@@ -253,16 +350,6 @@ pub(crate) fn tag_with_thread(
             }
         }
     }
-}
-
-/// Whether a transaction tagged with `lane` by [`tag_with_thread`] would
-/// carry just the lane and its name (lanes on, `lane` one, no transaction
-/// profiles), which the transport can as well write on it (see
-/// `sentry_profiling::hooks::handover::finish_handed`).
-pub(crate) fn lane_is_handed(session: &SessionRef, lane: u64) -> bool {
-    is_lane(lane)
-        && session.attribution() == ThreadAttribution::Lanes
-        && !session.transaction_profiling()
 }
 
 /// Whether a transaction or span already carries the thread its samples
@@ -343,20 +430,23 @@ where
     };
     // Only root spans hold a request.
     let request = own.and_then(|l| l.request.as_ref());
-    // Looked up once for starting the request and tagging the span.
-    let session = sentry_profiling::hooks::session();
+    // A request's own session (kept since its root span was made, not
+    // looked up again); a child span's is looked up, once for starting
+    // and tagging it.
+    let looked_up;
+    let session = match request {
+        Some(request) => Some(request.session()),
+        None => {
+            looked_up = sentry_profiling::hooks::session();
+            looked_up.as_ref()
+        }
+    };
     // Whether the profiler runs; its id is copied only to write it
     // (every thread shares it, and each copy touches its reference
     // count).
-    let running = match (&session, request) {
-        (Some(session), Some(request)) => start_root(
-            session,
-            sentry_span.as_ref(),
-            request,
-            shared_name,
-            known_ids,
-        ),
-        _ => false,
+    let running = match request {
+        Some(request) => start_root(sentry_span.as_ref(), request, shared_name, known_ids),
+        None => false,
     };
     // A root span without a registered lane (not sampled, not profiled,
     // or refused because too many requests are in flight) stays on its
@@ -370,7 +460,7 @@ where
     } else {
         lane
     };
-    if let (Some(s), Some(session)) = (&sentry_span, &session)
+    if let (Some(s), Some(session)) = (&sentry_span, session)
         && (running || request.is_none())
     {
         tag_entered(session, s, outer, http_root, lane, lane_name);
@@ -388,7 +478,6 @@ where
 /// `sentry_profiling::hooks::Request::begin`), sampled if the Sentry span
 /// or transaction it runs under is. Returns whether the profiler runs.
 fn start_root(
-    session: &SessionRef,
     sentry_span: Option<&TransactionOrSpan>,
     request: &Request,
     shared_name: Option<&Arc<str>>,
@@ -407,7 +496,7 @@ fn start_root(
             &unnamed
         }
     };
-    request.begin(session, sampled, name, || match (known_ids, sentry_span) {
+    request.begin(sampled, name, || match (known_ids, sentry_span) {
         (Some(ids), _) => ids,
         // A child span's trace context is its transaction's: the link
         // names the transaction, the request's root span.
@@ -485,51 +574,41 @@ where
                 _ => return,
             },
             None => {
-                if sentry_profiling::hooks::session().is_none() {
-                    // No profiling session: nothing to track.
+                let meta = attrs.metadata();
+                if meta.fields().field(HTTP_ROOT_FIELD).is_some() {
+                    // `http_layer()` hands its root span's request (in the
+                    // session it looked up), transaction, name and ids
+                    // over right after creating it (see `hand_http_root`),
+                    // sparing a second look-up, the copy of the scope
+                    // `configure_scope` makes and the formatting of the
+                    // name.
                     return;
                 }
-                let meta = attrs.metadata();
-                // `http_layer()` hands its root span's transaction, name and
-                // ids over directly, sparing the copy of the scope
-                // `configure_scope` makes and the formatting of the name.
-                let offered = if meta.fields().field(HTTP_ROOT_FIELD).is_some() {
-                    HTTP_ROOT.with(|t| t.borrow_mut().take())
+                let Some(session) = sentry_profiling::hooks::session() else {
+                    // No profiling session: nothing to track.
+                    return;
+                };
+                // Only a span that declares `otel.name` is visited.
+                let name = if meta.fields().field("otel.name").is_some() {
+                    otel_name(attrs)
                 } else {
                     None
                 };
-                let (name, transaction, ids) = match offered {
-                    Some(root) => (root.name, Some(root.transaction), root.ids),
-                    None => {
-                        // Only a span that declares `otel.name` is visited.
-                        let name = if meta.fields().field("otel.name").is_some() {
-                            otel_name(attrs)
-                        } else {
-                            None
-                        };
-                        // A `sentry-tracing` layer makes this span a child of
-                        // that transaction, and the child is what the scope
-                        // holds once the span is entered; Sentry links the
-                        // transaction by its own `thread.id`, so it is kept
-                        // to be tagged too.
-                        let transaction = match Hub::current().configure_scope(|s| s.get_span()) {
-                            Some(TransactionOrSpan::Transaction(tx)) => Some(tx),
-                            _ => None,
-                        };
-                        (
-                            name.unwrap_or_else(|| intern(meta.name())),
-                            transaction,
-                            None,
-                        )
-                    }
+                // A `sentry-tracing` layer makes this span a child of that
+                // transaction, and the child is what the scope holds once
+                // the span is entered; Sentry links the transaction by its
+                // own `thread.id`, so it is kept to be tagged too.
+                let transaction = match Hub::current().configure_scope(|s| s.get_span()) {
+                    Some(TransactionOrSpan::Transaction(tx)) => Some(tx),
+                    _ => None,
                 };
-                let request = Request::new();
+                let request = Request::new(&session);
                 span.extensions_mut().insert(SpanLane {
                     lane: request.lane(),
                     request: Some(request),
-                    name: Some(name),
+                    name: Some(name.unwrap_or_else(|| intern(meta.name()))),
                     transaction,
-                    ids,
+                    ids: None,
                     entered: false,
                 });
                 return;
@@ -579,6 +658,19 @@ where
     fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
         if let Some(word) = CONTEXT_STACK.with(|s| s.borrow_mut().pop(id.into_u64())) {
             sentry_profiling::hooks::set_thread_context(word);
+        }
+    }
+
+    // Declared `unsafe` by the trait: the caller casts the pointer back to
+    // the type it asked for, so each pointer returned points to a value of
+    // exactly the type whose id was asked (here, no unsafe operation).
+    unsafe fn downcast_raw(&self, id: std::any::TypeId) -> Option<*const ()> {
+        if id == std::any::TypeId::of::<Self>() {
+            Some(std::ptr::from_ref(self).cast())
+        } else if id == std::any::TypeId::of::<Reach>() {
+            Some(std::ptr::from_ref(&self.reach).cast())
+        } else {
+            None
         }
     }
 

@@ -129,8 +129,14 @@ impl PollTotals {
     }
 
     /// The totals as they go on a transaction or span, the request having
-    /// ended at `end_ns`; `None` before the first poll.
-    pub(crate) fn snapshot(&self, end_ns: u64) -> Option<hooks::handover::PollTotals> {
+    /// ended at `end_ns`, with its `times` measured away from its future
+    /// (for a request's own future with a lane); `None` before the first
+    /// poll.
+    pub(crate) fn snapshot(
+        &self,
+        end_ns: u64,
+        times: Option<hooks::RequestTimesNow>,
+    ) -> Option<hooks::handover::PollTotals> {
         (self.polls > 0).then(|| hooks::handover::PollTotals {
             polls: self.polls,
             polled_ns: self.polled_ns,
@@ -139,17 +145,32 @@ impl PollTotals {
             longest_ns: self.longest_ns,
             long_polls: self.long_polls,
             longest_start_ns: self.longest_start_ns,
-            // The transport's to set, from the profile.
-            cpu_wait_ns: None,
+            // The profile shows waits in whole sampling periods, so a
+            // request whose polls are shorter than one may be shown
+            // waiting longer than it was polled; it cannot have waited
+            // longer in its polls than it spent in them.
+            cpu_wait_ns: times.map(|t| t.cpu_wait_ns.min(self.polled_ns)),
+            offloaded: times.map(|t| hooks::handover::Offloaded {
+                ran_ns: t.offloaded_ns,
+                // As for its polls: whole periods, within the time it ran.
+                cpu_wait_ns: t.offloaded_cpu_wait_ns.min(t.offloaded_ns),
+                queued_ns: t.offloaded_queued_ns,
+            }),
         })
     }
 
     /// Writes the totals as `tokio.*` data of `span` (a transaction, or a
-    /// child span), the request having ended at `end_ns`: milliseconds as
+    /// child span), the request having ended at `end_ns` (with `times`, as
+    /// [`PollTotals::snapshot`]): milliseconds as
     /// floating-point numbers, counts as integers; all under one lock of
     /// the span.
-    pub(crate) fn record(&self, span: &TransactionOrSpan, end_ns: u64) {
-        let Some(totals) = self.snapshot(end_ns) else {
+    pub(crate) fn record(
+        &self,
+        span: &TransactionOrSpan,
+        end_ns: u64,
+        times: Option<hooks::RequestTimesNow>,
+    ) {
+        let Some(totals) = self.snapshot(end_ns, times) else {
             return;
         };
         match span {
@@ -179,22 +200,44 @@ pub(crate) struct PollTracker {
     waker: Option<Waker>,
     totals: PollTotals,
     long_poll_ns: u64,
+    /// Whether the future is a request's own (see
+    /// `hooks::poll::set_started`).
+    own: bool,
+    /// When the request's first poll began, if before this tracker's first
+    /// poll (see [`PollTracker::begun_at`]).
+    begun_ns: Option<u64>,
 }
 
 impl PollTracker {
     /// A tracker while a profiling session runs (without one, nothing
-    /// reads what it would note).
-    pub(crate) fn if_profiling() -> Option<Self> {
-        Some(Self::with_long_poll_ns(hooks::session()?.long_poll_ns()))
+    /// reads what it would note), of a request's own future (`own`) or of
+    /// work it handed off.
+    pub(crate) fn if_profiling(own: bool) -> Option<Self> {
+        Some(Self::new(&hooks::session()?, own))
     }
 
-    fn with_long_poll_ns(long_poll_ns: u64) -> Self {
+    /// A tracker in `session` (see [`PollTracker::if_profiling`]).
+    pub(crate) fn new(session: &hooks::SessionRef, own: bool) -> Self {
+        Self::with_long_poll_ns(session.long_poll_ns(), own)
+    }
+
+    fn with_long_poll_ns(long_poll_ns: u64, own: bool) -> Self {
         Self {
             state: fresh_state(),
             waker: None,
             totals: PollTotals::default(),
             long_poll_ns,
+            own,
+            begun_ns: None,
         }
+    }
+
+    /// The same tracker, of a request whose first poll began at `begun_ns`
+    /// (`CLOCK_REALTIME`), before its transaction started: its time is
+    /// counted from there, so its parts make the transaction's duration.
+    pub(crate) fn begun_at(mut self, begun_ns: u64) -> Self {
+        self.begun_ns = Some(begun_ns);
+        self
     }
 
     /// The totals so far.
@@ -225,19 +268,30 @@ impl PollTracker {
         if let Some(from) = queued_from {
             self.totals.queued_ns += start.saturating_sub(from);
         }
-        hooks::poll::set_started(queued_from.unwrap_or(hooks::poll::NOT_WOKEN), start);
+        hooks::poll::set_started(
+            queued_from.unwrap_or(hooks::poll::NOT_WOKEN),
+            start,
+            self.own,
+        );
         let waker = self
             .waker
             .get_or_insert_with(|| Waker::from(Arc::clone(&self.state)));
         let mut inner_cx = Context::from_waker(waker);
         hooks::poll::take_last_published_ns();
         let out = enter(&mut inner_cx);
-        hooks::poll::set_started(0, 0);
+        hooks::poll::set_started(0, 0, false);
         // The span's exit published the thread's word back, and read the
         // clock then: the poll's end (read here only when it did not).
         let end = match hooks::poll::take_last_published_ns() {
             0 => hooks::wall_ns(),
             published => published.max(start),
+        };
+        // A request's first poll began when its middleware took it up,
+        // before the transaction and the span it opened: from then on its
+        // time is one of the three parts.
+        let start = match self.begun_ns {
+            Some(begun) if first => begun.min(start),
+            _ => start,
         };
         let took = end.saturating_sub(start);
         let t = &mut self.totals;
@@ -287,7 +341,8 @@ mod tests {
 
     #[test]
     fn the_measured_totals_are_the_ones_recorded() {
-        // (`CPU_WAIT` is set by the transport, for a profiled request.)
+        // (`CPU_WAIT` and the offloaded ones come from the request's
+        // times, for a profiled request.)
         let recorded = [
             hooks::keys::POLLS,
             hooks::keys::POLLED,
@@ -295,6 +350,9 @@ mod tests {
             hooks::keys::AWAITING,
             hooks::keys::LONGEST_POLL,
             hooks::keys::CPU_WAIT,
+            hooks::keys::OFFLOADED,
+            hooks::keys::OFFLOADED_CPU_WAIT,
+            hooks::keys::OFFLOADED_QUEUED,
         ];
         for (name, _) in hooks::keys::TOKIO_MEASUREMENTS {
             assert!(recorded.contains(&name), "{name}");
@@ -308,7 +366,7 @@ mod tests {
         let task_waker = Waker::from(Arc::clone(&task));
         let cx = Context::from_waker(&task_waker);
         // A request woken after its last poll, then ended.
-        let mut first = PollTracker::with_long_poll_ns(u64::MAX);
+        let mut first = PollTracker::with_long_poll_ns(u64::MAX, true);
         let mut kept = None;
         first.poll(&cx, |inner| kept = Some(inner.waker().clone()));
         let kept = kept.unwrap();
@@ -319,7 +377,7 @@ mod tests {
         drop(first);
         // The next request on this thread gets that state, with neither the
         // wake nor the task of the one before.
-        let mut second = PollTracker::with_long_poll_ns(u64::MAX);
+        let mut second = PollTracker::with_long_poll_ns(u64::MAX, true);
         assert_eq!(Arc::as_ptr(&second.state), state, "reused");
         assert_eq!(second.state.woken_ns.load(Ordering::Relaxed), 0);
         second.state.task.wake();
@@ -333,12 +391,12 @@ mod tests {
         // A state whose waker someone still holds (a timer, an I/O driver)
         // stays theirs: the next request gets another, and the held waker
         // still wakes its task.
-        let mut third = PollTracker::with_long_poll_ns(u64::MAX);
+        let mut third = PollTracker::with_long_poll_ns(u64::MAX, true);
         assert_eq!(Arc::as_ptr(&third.state), state);
         let mut held = None;
         third.poll(&cx, |inner| held = Some(inner.waker().clone()));
         drop(third);
-        let fourth = PollTracker::with_long_poll_ns(u64::MAX);
+        let fourth = PollTracker::with_long_poll_ns(u64::MAX, true);
         assert_ne!(
             Arc::as_ptr(&fourth.state),
             state,
@@ -353,7 +411,7 @@ mod tests {
         let task = Arc::new(Task::default());
         let task_waker = Waker::from(Arc::clone(&task));
         let cx = Context::from_waker(&task_waker);
-        let mut tracker = PollTracker::with_long_poll_ns(10_000_000);
+        let mut tracker = PollTracker::with_long_poll_ns(10_000_000, true);
         let mut kept = None;
         tracker.poll(&cx, |inner| kept = Some(inner.waker().clone()));
         let kept = kept.unwrap();

@@ -7,7 +7,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use std::sync::Arc;
+
 use sentry_core::{Hub, TransactionOrSpan};
+use sentry_profiling::hooks::RequestTimes;
 
 use crate::poll::PollTracker;
 
@@ -24,6 +27,22 @@ pin_project_lite::pin_project! {
         // child span (not the transaction, whose totals are the request's):
         // it gets this future's totals when the future completes.
         sentry_span: Option<TransactionOrSpan>,
+        // Work a request handed off (`spawn_in_span`): its request's times,
+        // which get each poll's time and wait, and when it was spawned.
+        offloaded: Option<(Arc<RequestTimes>, u64)>,
+    }
+}
+
+impl<F> Profiled<F> {
+    /// Marks the future as work its request handed off (a task of
+    /// `spawn_in_span`, spawned now): its polls' time goes to the request's
+    /// `tokio.offloaded` totals.
+    pub(crate) fn offloaded(mut self) -> Self {
+        if self.tracker.is_some() {
+            self.offloaded = crate::layer::request_times(&self.span)
+                .map(|times| (times, sentry_profiling::hooks::wall_ns()));
+        }
+        self
     }
 }
 
@@ -57,8 +76,13 @@ pub trait ProfiledExt: Future + Sized {
         Profiled {
             inner: self,
             span: tracing::Span::current(),
-            tracker: PollTracker::if_profiling(),
+            // Not the request's own future: awaited directly, its polls
+            // are inside the request's own (whose word it keeps, so it
+            // publishes nothing and its mark is never read); spawned, its
+            // polls are work the request handed off.
+            tracker: PollTracker::if_profiling(false),
             sentry_span,
+            offloaded: None,
         }
     }
 }
@@ -77,7 +101,22 @@ impl<F: Future> Future for Profiled<F> {
             inner.poll(cx)
         };
         let poll = match this.tracker.as_mut() {
-            Some(tracker) => tracker.poll(cx, run),
+            Some(tracker) => {
+                let before = *tracker.totals();
+                let poll = tracker.poll(cx, run);
+                if let Some((times, spawned_ns)) = this.offloaded.as_ref() {
+                    let after = tracker.totals();
+                    // A first poll waited from the spawn; a later one from
+                    // its wake (the tracker's queued time).
+                    let waited = if before.polls == 0 {
+                        after.first_start_ns.saturating_sub(*spawned_ns)
+                    } else {
+                        after.queued_ns - before.queued_ns
+                    };
+                    times.offloaded(waited, after.polled_ns - before.polled_ns);
+                }
+                poll
+            }
             None => run(cx),
         };
         if poll.is_ready() {
@@ -85,7 +124,7 @@ impl<F: Future> Future for Profiled<F> {
             {
                 tracker
                     .totals()
-                    .record(&target, sentry_profiling::hooks::wall_ns());
+                    .record(&target, sentry_profiling::hooks::wall_ns(), None);
             }
         }
         poll

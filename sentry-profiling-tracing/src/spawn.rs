@@ -27,12 +27,14 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    tokio::spawn(future.profiled())
+    tokio::spawn(future.profiled().offloaded())
 }
 
 /// `tokio::task::spawn_blocking(f)` with the current span entered while
 /// `f` runs on the blocking pool, so its CPU shows in the request's
 /// profile, and the time it waited for a blocking thread shown as queued.
+/// The request's transaction gets the time `f` waited to start and ran
+/// (`tokio.offloaded_queued`, `tokio.offloaded`).
 ///
 /// Panics like `tokio::task::spawn_blocking` outside a Tokio runtime.
 pub fn spawn_blocking_in_span<F, R>(f: F) -> tokio::task::JoinHandle<R>
@@ -40,14 +42,41 @@ where
     F: FnOnce() -> R + Send + 'static,
     R: Send + 'static,
 {
-    let span = tracing::Span::current();
     let spawned_ns = sentry_profiling::hooks::wall_ns();
+    let span = tracing::Span::current();
+    let times = crate::layer::request_times(&span);
     tokio::task::spawn_blocking(move || {
         // From the spawn to the start on a blocking thread, the work was
         // queued; the word the span publishes carries that.
-        sentry_profiling::hooks::poll::set_started(spawned_ns, 0);
+        sentry_profiling::hooks::poll::set_started(spawned_ns, 0, false);
         let _entered = span.enter();
-        sentry_profiling::hooks::poll::set_started(0, 0);
+        sentry_profiling::hooks::poll::set_started(0, 0, false);
+        // Its start is read last, right before it: its wait to start is
+        // then the pool's and this thread's, not the span's entry.
+        // Counted when the closure ends, or unwinds.
+        let _ran = times.map(|times| Ran {
+            times,
+            spawned_ns,
+            start_ns: sentry_profiling::hooks::wall_ns(),
+        });
         f()
     })
+}
+
+/// A closure of [`spawn_blocking_in_span`] running: adds its wait to start
+/// and its run to its request's times when it ends.
+struct Ran {
+    times: std::sync::Arc<sentry_profiling::hooks::RequestTimes>,
+    spawned_ns: u64,
+    start_ns: u64,
+}
+
+impl Drop for Ran {
+    fn drop(&mut self) {
+        let end_ns = sentry_profiling::hooks::wall_ns();
+        self.times.offloaded(
+            self.start_ns.saturating_sub(self.spawned_ns),
+            end_ns.saturating_sub(self.start_ns),
+        );
+    }
 }

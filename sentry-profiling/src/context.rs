@@ -76,7 +76,8 @@ const HISTORY: usize = 128;
 
 /// One published word and when (`CLOCK_REALTIME`, ns), with, for a poll
 /// of an instrumented future that begins here, when that future was woken
-/// (see [`set_poll_woken`]; 0: not known).
+/// (see [`set_poll_woken`]; 0: not known), and [`OWN_POLL`] if that future
+/// is a request's own rather than work it handed off.
 struct Entry {
     value: AtomicU64,
     since_ns: AtomicU64,
@@ -161,11 +162,21 @@ thread_local! {
     static GUARD: Cell<Option<SlotGuard>> = const { Cell::new(None) };
     /// When the future whose poll this thread is about to begin was woken,
     /// and when that poll began (0: unknown; see [`set_poll_woken`]); taken
-    /// by the next publication.
+    /// by the next publication. Stays because `Span::enter`, whose layer
+    /// callback publishes the word, takes no argument to carry them.
     static POLL_WOKEN: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
-    /// See [`take_last_published_ns`].
+    /// See [`take_last_published_ns`]. Stays because a span's exit, whose
+    /// layer callback read the clock, returns nothing to the poll it ends.
     static LAST_PUBLISHED_NS: Cell<u64> = const { Cell::new(0) };
 }
+
+/// The mark an entry's wake time carries (its highest bit, far above any
+/// `CLOCK_REALTIME` in ns before the year 2262) when the poll it begins is
+/// of a request's own future (`http_layer()`'s), not of work the request
+/// handed off (`spawn_in_span`, `spawn_blocking_in_span`): the time such a
+/// poll waits for a CPU is the request's own. Readers of the wake time
+/// never see it ([`read_changes`] takes it off).
+pub(crate) const OWN_POLL: u64 = 1 << 63;
 
 /// Says when the instrumented future this thread is about to poll was
 /// woken (`CLOCK_REALTIME`, ns; 1: it was not woken, as for its first
@@ -385,6 +396,47 @@ pub(crate) fn word_at(slot: u32, tid: i32, at_ns: u64) -> Option<u64> {
     }
 }
 
+/// Whether thread `tid` (publishing in `slot`) last stood in the request
+/// of word `word`, at or before `at_ns`, in a poll of that request's own
+/// future (the publication carried [`OWN_POLL`]). The latest such
+/// publication, not only the one in force at `at_ns`: a wait at the end of
+/// a poll is often counted at a tick after the thread left the request,
+/// and filed under the request it stood in. False when it was offloaded
+/// work, or when that publication is no longer kept (the time then counts
+/// as the request's other work, never as its own).
+pub(crate) fn own_poll_at(slot: u32, tid: i32, at_ns: u64, word: u64) -> bool {
+    let i = slot as usize;
+    if i >= MAX_SLOTS || OWNERS[i].load(Ordering::Acquire) != tid as u32 {
+        return false;
+    }
+    let claimed_at = CLAIMED_AT[i].load(Ordering::Relaxed);
+    let before = PUBLISHED[i].changes.load(Ordering::Acquire);
+    // Newest first, as `word_at` reads, back to the latest publication of
+    // `word` at or before `at_ns`.
+    for back in 1..HISTORY as u64 {
+        let Some(n) = before.checked_sub(back) else {
+            return false;
+        };
+        let entry = &HISTORY_TABLE[i].0[n as usize % HISTORY];
+        let since = entry.since_ns.load(Ordering::Relaxed);
+        let value = entry.value.load(Ordering::Relaxed);
+        let woken = entry.woken_ns.load(Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Acquire);
+        if PUBLISHED[i].changes.load(Ordering::Relaxed) >= n + HISTORY as u64 {
+            // Overwritten while read.
+            return false;
+        }
+        if since < claimed_at {
+            // A previous thread's.
+            return false;
+        }
+        if since <= at_ns && value == word {
+            return woken & OWN_POLL != 0 && OWNERS[i].load(Ordering::Acquire) == tid as u32;
+        }
+    }
+    false
+}
+
 /// Where [`read_changes`] left off in each slot.
 #[derive(Debug, Default)]
 pub(crate) struct ChangeCursor {
@@ -503,7 +555,7 @@ fn read_entries(
         let entry = &HISTORY_TABLE[i].0[n as usize % HISTORY];
         let value = entry.value.load(Ordering::Relaxed);
         let since = entry.since_ns.load(Ordering::Relaxed);
-        let woken = entry.woken_ns.load(Ordering::Relaxed);
+        let woken = entry.woken_ns.load(Ordering::Relaxed) & !OWN_POLL;
         std::sync::atomic::fence(Ordering::Acquire);
         if PUBLISHED[i].changes.load(Ordering::Relaxed) >= n + HISTORY as u64 {
             // Overwritten while read.
@@ -660,6 +712,46 @@ mod tests {
             times[0] <= start && times[2] >= start,
             "the other words read the clock: {times:?}"
         );
+    }
+
+    #[test]
+    fn a_wait_is_the_requests_own_where_its_thread_last_stood_in_its_own_poll() {
+        let _serial = serial();
+        let tid = 4_500_000u32;
+        let (lane, other) = (
+            crate::attribution::LANE_BASE + 41,
+            crate::attribution::LANE_BASE + 42,
+        );
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<u64>>();
+        let (done_tx, done) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::spawn(move || {
+            let mut at = Vec::new();
+            // A poll of the request's own future, then its end.
+            set_poll_woken(1 | OWN_POLL, 0);
+            publish(lane, || tid);
+            at.push(crate::sys::realtime_ns());
+            publish(0, || tid);
+            at.push(crate::sys::realtime_ns());
+            // The same request's offloaded work, then another request's.
+            set_poll_woken(1, 0);
+            publish(lane, || tid);
+            at.push(crate::sys::realtime_ns());
+            publish(other, || tid);
+            at.push(crate::sys::realtime_ns());
+            tx.send(at).unwrap();
+            // Stays alive (its slot its own) until the checks are done.
+            let _ = done.recv();
+        });
+        let at = rx.recv().unwrap();
+        let slot = slots_by_tid()[&tid];
+        let own = |i: usize| own_poll_at(slot, tid as i32, at[i], lane);
+        // In its own poll, and after it (a wait counted late), it is own;
+        // in and after its offloaded work, it is not.
+        assert_eq!((own(0), own(1), own(2), own(3)), (true, true, false, false));
+        // No such publication before the thread's first: not own.
+        assert!(!own_poll_at(slot, tid as i32, at[0] - 1_000_000_000, lane));
+        done_tx.send(()).unwrap();
+        h.join().unwrap();
     }
 
     #[test]

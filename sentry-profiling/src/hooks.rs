@@ -10,21 +10,22 @@
 
 pub use crate::attribution::is_lane;
 use crate::lanes::now_ns;
-pub use crate::request::Request;
+pub use crate::request::{Request, SessionRef, Tagging};
+pub use crate::request_times::{RequestTimes, RequestTimesNow};
 pub use crate::thread_word::{current_thread_id, set_thread_context, thread_context};
 
 /// What a request hands the transport with its transaction when it
 /// finishes it (see [`handover::finish_handed`]).
 pub mod handover {
-    pub use crate::transaction_tags::{HandedLane, Handover, PollTotals, finish_handed};
+    pub use crate::transaction_tags::{HandedLane, Handover, Offloaded, PollTotals, finish_handed};
 }
 
 /// The data keys the layer and the middleware write on transactions and
 /// spans.
 pub mod keys {
     pub use crate::transaction_tags::{
-        AWAITING, CPU_WAIT, LONG_POLLS, LONGEST_POLL, LONGEST_POLL_START, POLLED, POLLS, QUEUED,
-        TOKIO_MEASUREMENTS,
+        AWAITING, CPU_WAIT, LONG_POLLS, LONGEST_POLL, LONGEST_POLL_START, OFFLOADED,
+        OFFLOADED_CPU_WAIT, OFFLOADED_QUEUED, POLLED, POLLS, QUEUED, TOKIO_MEASUREMENTS,
     };
     pub use crate::transport::{OS_THREAD_ID, OS_THREAD_NAME};
 
@@ -64,73 +65,13 @@ pub mod workspace {
 /// configured, this process's session not sampled, or a forked child).
 #[inline]
 pub fn session() -> Option<SessionRef> {
-    crate::session::current().map(SessionRef)
+    crate::session::current().map(|c| SessionRef(crate::request::Holder::Looked(c)))
 }
 
-/// The running session, borrowed for the few calls made in a row where it
-/// was looked up: reading it touches no reference count. Not to be kept:
-/// a new session (the SDK initialised again) is only seen by a new
-/// [`session`].
-pub struct SessionRef(pub(crate) crate::session::Current);
-
-impl std::fmt::Debug for SessionRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionRef").finish_non_exhaustive()
-    }
-}
-
-impl SessionRef {
-    /// Whether samples are being taken right now (either lifecycle): what
-    /// [`SessionRef::running_profiler_id`] answers, without copying the id.
-    pub fn is_running(&self) -> bool {
-        self.0.is_running()
-    }
-
-    /// The session's `profiler_id` if samples are being taken right now
-    /// (either lifecycle), for tagging transactions and spans.
-    pub fn running_profiler_id(&self) -> Option<std::sync::Arc<str>> {
-        if self.0.is_running() {
-            self.0.profiler_id().map(|_| self.0.profiler_id_shared())
-        } else {
-            None
-        }
-    }
-
-    /// The long-poll threshold in nanoseconds (see
-    /// `ProfilingIntegration::long_poll_threshold`).
-    pub fn long_poll_ns(&self) -> u64 {
-        self.0.long_poll_ns()
-    }
-
-    /// An instrumented request's poll ran past the long-poll threshold.
-    pub fn long_poll_seen(&self) {
-        self.0.long_poll_seen();
-    }
-
-    /// The configured lifecycle.
-    pub fn lifecycle(&self) -> crate::ProfileLifecycle {
-        self.0.lifecycle()
-    }
-
-    /// The configured thread attribution.
-    pub fn attribution(&self) -> crate::attribution::ThreadAttribution {
-        self.0.attribution()
-    }
-
-    /// Whether the session makes transaction-based (V1) profiles, whose
-    /// too-short transactions are pointed back at their OS thread (so
-    /// transactions and spans carry the OS-thread keys until they are
-    /// sent).
-    pub fn transaction_profiling(&self) -> bool {
-        self.0.v1().is_some()
-    }
-
-    /// With transaction-based (V1) profiling: whether the transaction of
-    /// root span `lane` named `name` gets a profile (the same decision
-    /// [`Request::begin`] made). Always false in continuous mode.
-    pub fn transaction_profiled(&self, lane: u64, name: &str) -> bool {
-        self.0.v1().is_some_and(|v1| v1.sampled(lane, name))
-    }
+/// A new lane id, as a request takes at its creation: for a test that
+/// publishes a request's context word without a session.
+pub fn next_lane() -> u64 {
+    crate::lanes::next_lane()
 }
 
 /// `CLOCK_REALTIME` in nanoseconds: the clock of samples, context-word
@@ -152,14 +93,24 @@ pub mod poll {
     /// ([`NOT_WOKEN`]: not woken, its first poll), begun at `start_ns`
     /// (read from [`super::wall_ns`] by the caller; 0: the publication
     /// reads the clock): the context word the span publishes carries both.
-    /// Call it right before entering the span, and with `(0, 0)` right
-    /// after (an entry that published nothing leaves it set).
+    /// `own`: the future is a request's own (`http_layer()`'s), not work
+    /// it handed off, so the time this poll waits for a CPU is the
+    /// request's `tokio.cpu_wait` rather than its `tokio.offloaded_cpu_wait`.
+    /// Call it right before entering the span, and with `(0, 0, false)`
+    /// right after (an entry that published nothing leaves it set).
     #[inline]
-    pub fn set_started(woken_ns: u64, start_ns: u64) {
+    pub fn set_started(woken_ns: u64, start_ns: u64, own: bool) {
         #[cfg(profiling_supported)]
-        crate::context::set_poll_woken(woken_ns, start_ns);
+        crate::context::set_poll_woken(
+            if own && woken_ns != 0 {
+                woken_ns | crate::context::OWN_POLL
+            } else {
+                woken_ns
+            },
+            start_ns,
+        );
         #[cfg(not(profiling_supported))]
-        let _ = (woken_ns, start_ns);
+        let _ = (woken_ns, start_ns, own);
     }
 
     /// When this thread last published a new context word (0: not since

@@ -120,7 +120,6 @@ mod attribution;
 mod chunk;
 #[cfg(profiling_supported)]
 mod context;
-mod cpu_waits;
 mod encode;
 mod error;
 mod export;
@@ -133,6 +132,7 @@ mod lanes;
 mod options;
 mod own_line;
 mod request;
+mod request_times;
 #[cfg(profiling_supported)]
 mod sampler;
 #[cfg(not(profiling_supported))]

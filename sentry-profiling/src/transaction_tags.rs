@@ -106,11 +106,24 @@ pub const QUEUED: &str = "tokio.queued";
 /// Data key: milliseconds neither polled nor queued: waiting for what it
 /// awaited.
 pub const AWAITING: &str = "tokio.awaiting";
-/// Data key (only for a profiled request): milliseconds its threads were
-/// shown waiting for a CPU, runnable but not running (the profile's
-/// `(waiting for a CPU)` under its lane, up to when its transaction was
-/// sent): part of the time polled.
+/// Data key (only for a profiled request): milliseconds its future's own
+/// polls were shown waiting for a CPU, runnable but not running (the
+/// profile's `(waiting for a CPU)` in those polls, up to when its
+/// transaction was finished): part of the time polled, and never more.
 pub const CPU_WAIT: &str = "tokio.cpu_wait";
+/// Data key (only for a profiled request): milliseconds its offloaded work
+/// (closures of `spawn_blocking_in_span`, tasks of `spawn_in_span`) ran,
+/// waiting for a CPU included: time beside its future's, not part of the
+/// duration's three parts.
+pub const OFFLOADED: &str = "tokio.offloaded";
+/// Data key (only for a profiled request): milliseconds its offloaded work
+/// was shown waiting for a CPU: part of [`OFFLOADED`].
+pub const OFFLOADED_CPU_WAIT: &str = "tokio.offloaded_cpu_wait";
+/// Data key (only for a profiled request): milliseconds its offloaded work
+/// waited to start: a closure from its spawn to its start on a blocking
+/// thread (the pool's limit reached), a task from its spawn to its first
+/// poll and from its wakes to its polls.
+pub const OFFLOADED_QUEUED: &str = "tokio.offloaded_queued";
 /// Data key: the longest poll, in milliseconds.
 pub const LONGEST_POLL: &str = "tokio.longest_poll";
 /// Data key (only when there were some): polls at least the long-poll
@@ -121,14 +134,17 @@ pub const LONG_POLLS: &str = "tokio.long_polls";
 pub const LONGEST_POLL_START: &str = "tokio.longest_poll.start";
 
 /// The poll totals `sentry-profiling-tracing` records on a request's
-/// transaction, with the unit each has as a Sentry measurement: six custom
+/// transaction, with the unit each has as a Sentry measurement: nine custom
 /// measurements, all valid for Relay (names of letters, digits, `_` and
 /// `.`, none a built-in one), within Sentry's default budget of ten per
 /// transaction.
-pub const TOKIO_MEASUREMENTS: [(&str, &str); 6] = [
+pub const TOKIO_MEASUREMENTS: [(&str, &str); 9] = [
     (AWAITING, "millisecond"),
     (CPU_WAIT, "millisecond"),
     (LONGEST_POLL, "millisecond"),
+    (OFFLOADED, "millisecond"),
+    (OFFLOADED_CPU_WAIT, "millisecond"),
+    (OFFLOADED_QUEUED, "millisecond"),
     (POLLED, "millisecond"),
     (POLLS, "none"),
     (QUEUED, "millisecond"),
@@ -137,7 +153,7 @@ pub const TOKIO_MEASUREMENTS: [(&str, &str); 6] = [
 /// [`TOKIO_MEASUREMENTS`] as JSON around each value: the name and the
 /// opening of its object, then the unit and the closing (a unit test checks
 /// they match).
-const MEASUREMENT_JSON: [(&str, &str); 6] = [
+const MEASUREMENT_JSON: [(&str, &str); 9] = [
     (
         "\"tokio.awaiting\":{\"value\":",
         ",\"unit\":\"millisecond\"}",
@@ -148,6 +164,18 @@ const MEASUREMENT_JSON: [(&str, &str); 6] = [
     ),
     (
         "\"tokio.longest_poll\":{\"value\":",
+        ",\"unit\":\"millisecond\"}",
+    ),
+    (
+        "\"tokio.offloaded\":{\"value\":",
+        ",\"unit\":\"millisecond\"}",
+    ),
+    (
+        "\"tokio.offloaded_cpu_wait\":{\"value\":",
+        ",\"unit\":\"millisecond\"}",
+    ),
+    (
+        "\"tokio.offloaded_queued\":{\"value\":",
         ",\"unit\":\"millisecond\"}",
     ),
     ("\"tokio.polled\":{\"value\":", ",\"unit\":\"millisecond\"}"),
@@ -173,20 +201,38 @@ pub struct PollTotals {
     pub long_polls: u64,
     /// When the longest poll began (`CLOCK_REALTIME`, ns).
     pub longest_start_ns: u64,
-    /// Time its threads were shown waiting for a CPU, ns (see
-    /// [`CPU_WAIT`]); `None` for a request not profiled. The transport
-    /// sets it.
+    /// Time its future's polls were shown waiting for a CPU, ns (see
+    /// [`CPU_WAIT`]); `None` for a request not profiled.
     pub cpu_wait_ns: Option<u64>,
+    /// Its offloaded work's totals (see [`OFFLOADED`]); `None` for a
+    /// request not profiled.
+    pub offloaded: Option<Offloaded>,
+}
+
+/// The totals of a request's offloaded work, ns each (see [`OFFLOADED`],
+/// [`OFFLOADED_CPU_WAIT`], [`OFFLOADED_QUEUED`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Offloaded {
+    /// Time it ran, waiting for a CPU included.
+    pub ran_ns: u64,
+    /// Time it was shown waiting for a CPU.
+    pub cpu_wait_ns: u64,
+    /// Time it waited to start.
+    pub queued_ns: u64,
 }
 
 impl PollTotals {
     /// The values of [`TOKIO_MEASUREMENTS`], in its order and in their
     /// units: milliseconds, or a count (`None`: not known).
-    fn measurements(&self) -> [Option<Amount>; 6] {
+    fn measurements(&self) -> [Option<Amount>; 9] {
+        let off = self.offloaded;
         [
             Some(Amount::Ms(self.awaiting_ns)),
             self.cpu_wait_ns.map(Amount::Ms),
             Some(Amount::Ms(self.longest_ns)),
+            off.map(|o| Amount::Ms(o.ran_ns)),
+            off.map(|o| Amount::Ms(o.cpu_wait_ns)),
+            off.map(|o| Amount::Ms(o.queued_ns)),
             Some(Amount::Ms(self.polled_ns)),
             Some(Amount::Count(self.polls)),
             Some(Amount::Ms(self.queued_ns)),
@@ -194,8 +240,8 @@ impl PollTotals {
     }
 
     /// The totals as data keys ([`POLLS`] and the rest; the two long-poll
-    /// keys only when there were long polls, [`CPU_WAIT`] only when
-    /// known).
+    /// keys only when there were long polls, [`CPU_WAIT`] and the
+    /// offloaded ones only when known).
     pub fn data(&self) -> impl Iterator<Item = (&'static str, Value)> + use<> {
         let ms = |ns: u64| Value::from(ns as f64 / 1e6);
         let long = self.long_polls > 0;
@@ -205,6 +251,12 @@ impl PollTotals {
             (QUEUED, Some(ms(self.queued_ns))),
             (AWAITING, Some(ms(self.awaiting_ns))),
             (CPU_WAIT, self.cpu_wait_ns.map(ms)),
+            (OFFLOADED, self.offloaded.map(|o| ms(o.ran_ns))),
+            (
+                OFFLOADED_CPU_WAIT,
+                self.offloaded.map(|o| ms(o.cpu_wait_ns)),
+            ),
+            (OFFLOADED_QUEUED, self.offloaded.map(|o| ms(o.queued_ns))),
             (LONGEST_POLL, Some(ms(self.longest_ns))),
             (LONG_POLLS, long.then(|| Value::from(self.long_polls))),
             (
@@ -284,7 +336,9 @@ pub struct HandedLane {
 
 thread_local! {
     /// What is handed to the transport with the transaction being
-    /// finished on this thread (see [`finish_handed`]).
+    /// finished on this thread (see [`finish_handed`]). Stays because the
+    /// SDK's `Transaction::finish` carries nothing but the transaction to
+    /// the transport, which it calls on this thread.
     static HANDED: std::cell::Cell<Option<Handover>> = const { std::cell::Cell::new(None) };
 }
 
@@ -720,6 +774,11 @@ mod tests {
             long_polls: 0,
             longest_start_ns: 0,
             cpu_wait_ns: Some(620_000),
+            offloaded: Some(Offloaded {
+                ran_ns: 4_000_000,
+                cpu_wait_ns: 250_000,
+                queued_ns: 1_500_000,
+            }),
         };
         let mut bytes = b"head\n".to_vec();
         let tx = sentry_core::protocol::Transaction::default();
@@ -742,6 +801,7 @@ mod tests {
         // A request not profiled has no time waiting for a CPU to show.
         let unprofiled = PollTotals {
             cpu_wait_ns: None,
+            offloaded: None,
             ..totals
         };
         let mut bytes = Vec::new();

@@ -16,7 +16,7 @@ mod names;
 
 use std::time::Duration;
 
-use sentry_profiling::hooks::{Request, current_thread_id, set_thread_context};
+use sentry_profiling::hooks::{current_thread_id, set_thread_context};
 use sentry_profiling::{Sampler, SamplerConfig, Symbolizer};
 
 /// How long the request blocks its thread: less than the 100 ms a period
@@ -46,7 +46,7 @@ fn spin(ms: u64) -> u64 {
 #[test]
 fn a_thread_that_exits_right_after_blocking_in_a_request_keeps_its_samples() {
     // The request's context word, as the tracing layer publishes a lane.
-    let lane = Request::new().lane();
+    let lane = sentry_profiling::hooks::next_lane();
     // Another thread keeps running, as a service's other work does: the
     // sampler ticks every period rather than dozing while the application
     // idles (a dozing one is woken by the session when a request begins).

@@ -185,6 +185,11 @@ where
     Fut: std::future::Future<Output = T>,
 {
     let guard = sentry::init(options);
+    // `sentry::init` binds the client to this thread's hub, which is the
+    // process's main hub only on the first thread that used one; the
+    // runtime's threads start from the main hub. A binary whose tests each
+    // run a service one after the other needs the client there too.
+    sentry::Hub::main().bind_client(sentry::Hub::current().client());
     sentry_profiling_examples::init_tracing();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)

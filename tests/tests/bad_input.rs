@@ -402,13 +402,9 @@ fn profiles_sampler_garbage() {
     assert!(!profiled(2, "negative"));
     assert!(profiled(3, "huge"));
     // Transaction-based mode samples whenever a profiled root is active.
-    let request = sentry_profiling::hooks::Request::new();
-    assert!(request.begin(
-        &sentry_profiling::hooks::session().unwrap(),
-        true,
-        &std::sync::Arc::from("huge"),
-        Default::default,
-    ));
+    let request =
+        sentry_profiling::hooks::Request::new(&sentry_profiling::hooks::session().unwrap());
+    assert!(request.begin(true, &std::sync::Arc::from("huge"), Default::default,));
     bad_input_busy(Duration::from_millis(300));
     wait_for_samples();
     request.finish();

@@ -38,8 +38,9 @@
 //!    pprof export), and the three others show the time from the gate to
 //!    the worker's return as queued.
 //!
-//! One test, so that the Sentry hubs and profilers of the runs never
-//! overlap.
+//! Each run is a test of its own (a story: its setup, what it shows, and
+//! each bound with the mechanism it comes from); they take one lock, so
+//! that the Sentry hubs and profilers of the runs never overlap.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -652,10 +653,23 @@ async fn get_as(addr: std::net::SocketAddr, path: &str, k: u64, n: u64) -> Strin
     http_get_with(addr, path, &[("sentry-trace", header.as_str())]).await
 }
 
+/// One run at a time: each initialises Sentry and a profiler of its own,
+/// and the truth is recorded in statics.
+static ONE_RUN_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_run_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    // A run that failed leaves nothing behind the next one trips on.
+    ONE_RUN_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Saturated (1): rounds of eight CPU-bound requests sent at once on two
+/// workers; most of each request's time is queued, and the data and what
+/// Sentry shows agree with the truth.
 #[test]
-fn queued_and_awaiting_time_match_the_truth() {
-    // 1. Saturated: rounds of eight CPU-bound requests sent at once, on
-    // two workers.
+fn saturated_workers_queue_requests() {
+    let _one = one_run_at_a_time();
     const CLIENTS: u64 = 8;
     const ROUNDS: u64 = 6;
     let (saturated, _, _) = run("saturated", 2, |addr| async move {
@@ -684,8 +698,13 @@ fn queued_and_awaiting_time_match_the_truth() {
         ms(queued),
         ms(polled)
     );
+}
 
-    // 2. Idle: one request at a time.
+/// Idle (2): one request at a time; a CPU-bound request queues next to
+/// nothing beyond the OS's own delay, and a sleep is awaiting.
+#[test]
+fn an_idle_runtime_queues_next_to_nothing_and_a_sleep_awaits() {
+    let _one = one_run_at_a_time();
     let (idle, _, _) = run("idle", 2, |addr| async move {
         for n in 0..5 {
             assert!(
@@ -707,10 +726,12 @@ fn queued_and_awaiting_time_match_the_truth() {
     // An idle runtime queues next to nothing: a wake waits only for the
     // OS to run the parked worker, a scheduler slice now and then on a
     // busy machine (3 to 5 ms a request beside four CPU hogs), which the
-    // kernel counts as the worker's run delay. Less that delay, the
-    // queued time (the data, which agrees with the truth above) is far
-    // below what the saturated runtime queued each request. Request 0 of
-    // each kind is a warm-up (the blocking pool starts its thread for it).
+    // kernel counts as the worker's run delay, and for the runtime's own
+    // path from the wake to the poll (a few microseconds). Less that
+    // delay, the queued time (the data, which agrees with the truth above)
+    // is that path and the clock reads between the records and the layer:
+    // under a millisecond for the median request. Request 0 of each kind
+    // is a warm-up (the blocking pool starts its thread for it).
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
@@ -723,12 +744,10 @@ fn queued_and_awaiting_time_match_the_truth() {
             (s.data_queued_ms - ms(os_ns)).max(0.0)
         })
         .collect();
-    let saturated_queued = median(saturated.iter().map(|s| s.data_queued_ms).collect());
     println!("idle: queued beyond the OS's delay {idle_queued:.1?} ms");
     assert!(
-        median(idle_queued.clone()) < f64::max(1.0, saturated_queued / 5.0),
-        "idle: queued beyond the OS's delay {idle_queued:?} ms, saturated: \
-         {saturated_queued:.1} ms a request (median)"
+        median(idle_queued.clone()) < 1.0,
+        "idle: queued beyond the OS's delay {idle_queued:?} ms"
     );
     // A 60 ms sleep is awaiting, less the time a thread was preempted
     // between the two records' clock reads (the layer's poll lies between
@@ -741,9 +760,14 @@ fn queued_and_awaiting_time_match_the_truth() {
             "idle: a 60 ms sleep is awaiting: {s:?}"
         );
     }
+}
 
-    // 3. A blocked worker: one worker, three requests awaiting a gate that
-    // an OS thread opens while a fourth blocks the worker for 100 ms.
+/// A blocked worker (3): one worker, three requests awaiting a gate that an
+/// OS thread opens while a fourth blocks the worker for 100 ms: that poll
+/// is a long poll, shown where it blocked, and the three are queued.
+#[test]
+fn a_blocked_worker_makes_a_long_poll_and_queues_the_others() {
+    let _one = one_run_at_a_time();
     let (blocked, long_polls, (labelled, unlabelled)) = run("blocked", 1, |addr| async move {
         BLOCKING_SINCE.store(0, std::sync::atomic::Ordering::SeqCst);
         let opener = std::thread::spawn(|| {
@@ -787,22 +811,21 @@ fn queued_and_awaiting_time_match_the_truth() {
         blocker.long_polls >= 1 && blocker.longest_poll_ms >= 99.0,
         "the blocking poll is a long poll on its transaction: {blocker:?}"
     );
-    // The sampler finds the worker blocked within a few periods (it had
-    // run the request's first poll without a timer capture, and may have
-    // dozed before): most of the block shows where it blocked, and the
-    // rest claims no function. The periods before the first look that
-    // finds it blocked, and after the block until the next look, show
-    // `(running: no stack captured in time)` where the kernel counted the
-    // thread running, `(waiting: where not read in time)` where it did not
-    // (when in them it blocked is not known) (measured: 47 to 52 ms of
-    // `block_worker` with 24 to 32 ms not known on either side, in 2 of 16
-    // runs beside hogs and 1 CI run; 60 ms or more of `block_worker` in
-    // the others). Beside CPU hogs the worker, woken from its block, may
-    // wait for a core before it runs on: the kernel counts that wait, and
-    // the periods after the block show it as `(waiting for a CPU)`, the
-    // request's time too (10 to 20 ms in 4 of 10 runs beside four hogs;
-    // before the kernel's counts were ordered, those periods showed
-    // `block_worker`, where the worker no longer was).
+    // Where the 100 ms block shows, from what the sampler guarantees. A
+    // request in flight keeps the sampler from its deep doze (the first
+    // lane wakes it), so it dozes at most a light doze (four periods,
+    // `LIGHT_DOZE_PERIODS`); after it, the first tick finds the worker's
+    // CPU clock moved (it ran the request's first poll) and the next finds
+    // it still and reads where it waits. So at most six periods (59.4 ms)
+    // of the block pass before it is seen in `block_worker`, which is
+    // shown from then to the block's end: 40 ms at least. The periods
+    // before that look show `(running: no stack captured in time)` where
+    // the kernel counted the thread running and `(waiting: where not read
+    // in time)` where it did not; beside CPU hogs the worker, woken from
+    // its block, may wait for a core, shown `(waiting for a CPU)`. Every
+    // period wholly inside the block shows one of the four: all but the
+    // two periods at its edges (whose fills may stand for the moments
+    // just outside it), 80 ms at least.
     assert!(
         blocker.shown_block_worker_ns >= 40_000_000
             && blocker.shown_block_worker_ns

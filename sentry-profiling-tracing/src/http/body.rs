@@ -15,6 +15,7 @@ use http_body::{Body, Frame, SizeHint};
 use sentry_core::protocol::SpanStatus;
 use sentry_core::{Hub, Transaction, TransactionOrSpan};
 
+use sentry_profiling::hooks::RequestTimes;
 use sentry_profiling::hooks::handover::{HandedLane, Handover};
 
 use crate::poll::PollTracker;
@@ -43,6 +44,13 @@ pub(super) struct RequestScope {
     /// The lane handed to the transport with our transaction rather than
     /// tagged on it.
     pub(super) lane: Option<HandedLane>,
+    /// The request's times measured away from its future (see
+    /// `sentry_profiling::hooks::RequestTimes`), taken from its root span
+    /// after its first poll (when its lane is registered); `Some(None)`:
+    /// looked for, and it has none.
+    pub(super) times: Option<Option<Arc<RequestTimes>>>,
+    /// The session the request was made in (kept; `None` while none runs).
+    pub(super) session: Option<sentry_profiling::hooks::SessionRef>,
 }
 
 impl RequestScope {
@@ -73,20 +81,32 @@ impl RequestScope {
             untagged,
             name,
             lane,
+            times,
+            session,
         } = self;
         let run = |cx: &mut Context<'_>| {
             Hub::run(Arc::clone(hub), || {
                 let _entered = span.enter();
-                if untagged.is_some() {
-                    tag(untagged, transaction.is_some(), name, lane);
+                if let (true, Some(session)) = (untagged.is_some(), session.as_ref()) {
+                    tag(session, untagged, transaction.is_some(), name, lane);
                 }
                 f(cx)
             })
         };
-        match tracker {
+        let out = match tracker {
             Some(tracker) => tracker.poll(cx, run),
             None => run(cx),
+        };
+        if times.is_none() && tracker.is_some() {
+            // Once, after the first poll began the request.
+            *times = Some(crate::layer::request_times(span));
         }
+        out
+    }
+
+    /// Its times so far (see [`RequestScope::times`]).
+    fn times_now(&self) -> Option<sentry_profiling::hooks::RequestTimesNow> {
+        self.times.as_ref()?.as_ref().map(|t| t.now())
     }
 
     /// Writes the request's poll totals on `target` (see
@@ -95,7 +115,7 @@ impl RequestScope {
         if let Some(tracker) = &self.tracker {
             tracker
                 .totals()
-                .record(target, sentry_profiling::hooks::wall_ns());
+                .record(target, sentry_profiling::hooks::wall_ns(), self.times_now());
         }
     }
 
@@ -113,6 +133,7 @@ impl RequestScope {
     /// totals as measurements), and any other transport adds them after
     /// the SDK has copied the transaction's trace context.
     pub(super) fn end(self, status: Option<SpanStatus>) {
+        let times = self.times_now();
         let RequestScope {
             span,
             transaction,
@@ -128,13 +149,17 @@ impl RequestScope {
             // The request's end: its root span closed (its lane ended).
             let end_ns = sentry_profiling::hooks::wall_ns();
             let handover = Handover {
-                totals: tracker.and_then(|t| t.totals().snapshot(end_ns)),
+                totals: tracker.and_then(|t| t.totals().snapshot(end_ns, times)),
                 lane,
             };
+            // Ended where its parts end, so that they make its duration.
+            let end = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(end_ns);
             if handover.totals.is_none() && handover.lane.is_none() {
-                tx.finish();
+                tx.finish_with_timestamp(end);
             } else {
-                sentry_profiling::hooks::handover::finish_handed(handover, || tx.finish());
+                sentry_profiling::hooks::handover::finish_handed(handover, || {
+                    tx.finish_with_timestamp(end)
+                });
             }
         }
     }
@@ -144,6 +169,7 @@ impl RequestScope {
 /// `own`: it is the transaction this middleware started, named `name`,
 /// whose lane goes to `lane` instead.
 fn tag(
+    session: &sentry_profiling::hooks::SessionRef,
     untagged: &mut Option<TransactionOrSpan>,
     own: bool,
     name: &Arc<str>,
@@ -159,19 +185,19 @@ fn tag(
     // Whether the profiler runs, without copying its id: a handed lane
     // does not need it (the transport writes it), and every thread shares
     // its reference count.
-    let Some(session) = sentry_profiling::hooks::session().filter(|s| s.is_running()) else {
+    if !session.is_running() {
         return;
-    };
+    }
     let Some(target) = untagged.take() else {
         return;
     };
     let word = sentry_profiling::hooks::thread_context();
-    if own && crate::layer::lane_is_handed(&session, word) {
+    if let sentry_profiling::hooks::Tagging::HandLane(id) = session.tagging(word, own) {
         // Its lane is named as it is: the transport writes the
         // transaction's name as the lane's.
-        *lane = Some(HandedLane { id: word });
+        *lane = Some(HandedLane { id });
     } else if let Some(profiler_id) = session.running_profiler_id() {
-        crate::layer::tag_with_thread(&session, &target, &profiler_id, word, Some(name));
+        crate::layer::tag_with_thread(session, &target, &profiler_id, word, Some(name));
     } else {
         // Stopped just now: tagged at a later poll, if it runs again.
         *untagged = Some(target);

@@ -141,6 +141,7 @@ pub(super) fn let_go(
         period_ns,
     };
     let (tid, name, start) = (t.info.tid, &t.name, t.info.start_time);
+    let word_slot = t.word_slot;
     t.ledger.drain(&view, |left| match left {
         ledger::Out::Sample(sample) => emit(out, c, sample),
         ledger::Out::Fill {
@@ -152,7 +153,10 @@ pub(super) fn let_go(
             if *stack == [crate::frames::WAITING_FOR_CPU_FRAME]
                 && crate::attribution::is_lane(context)
             {
-                crate::cpu_waits::add(context, period_ns);
+                let own = word_slot.is_some_and(|slot| {
+                    crate::context::own_poll_at(slot, tid, timestamp_ns, context)
+                });
+                out.cpu_waited(context, own, period_ns);
             }
             let sample = Sample::new(timestamp_ns, tid, name.clone(), stack, context, true)
                 .with_thread_start(start);

@@ -17,6 +17,13 @@ pub(crate) trait Consumer: Send {
     /// no room for it: the sample is dropped, and counted.
     fn take(&mut self, sample: Sample) -> bool;
 
+    /// The sampler showed a thread waiting for a CPU for `ns` under the
+    /// context word `lane` (a request's lane), inside a poll of that
+    /// request's own future (`own`) or in work the request handed off.
+    fn cpu_waited(&mut self, lane: u64, own: bool, ns: u64) {
+        let _ = (lane, own, ns);
+    }
+
     /// After each tick. Returns true when the application did something the
     /// sampler looks at again before it dozes: a thread entered or left a
     /// request since the tick before, perhaps after the tick looked at it

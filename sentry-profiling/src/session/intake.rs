@@ -16,9 +16,12 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
+use rustc_hash::FxHashMap;
+
 use super::Session;
 use crate::lanes::registry::LANES_HIGH_WATER;
 use crate::lanes::{Change, ChangeCursor, now_ns};
+use crate::request_times::RequestTimes;
 use crate::sampler::{Consumer, Sample};
 
 /// How often the sampler thread hands the chunk thread a batch while it
@@ -79,6 +82,11 @@ pub(super) struct Intake {
     sent_at: Instant,
     /// Samples one batch holds, at most (`SamplerConfig::queue_capacity`).
     sample_room: usize,
+    /// The times of the requests in flight with a lane, by lane (see
+    /// [`Consumer::cpu_waited`]): each request hands its own, and one no
+    /// longer held by its request is let go at the next batch.
+    times: FxHashMap<u64, Arc<RequestTimes>>,
+    new_times: Option<Receiver<super::NewTimes>>,
 }
 
 impl Intake {
@@ -90,6 +98,8 @@ impl Intake {
         sample_room: usize,
     ) -> Self {
         Self {
+            new_times: session.take_request_times(),
+            times: FxHashMap::default(),
             session,
             cursor: ChangeCursor::starting_now(),
             batch: Batch::default(),
@@ -133,6 +143,9 @@ impl Intake {
             return;
         }
         self.sent_at = Instant::now();
+        // Requests that ended (only this table holds their times) are let
+        // go: waits shown for them from now on reach no transaction.
+        self.times.retain(|_, t| Arc::strong_count(t) > 1);
         if self.batch.is_empty() && !self.batch.last {
             return;
         }
@@ -163,7 +176,19 @@ impl Consumer for Intake {
         true
     }
 
+    fn cpu_waited(&mut self, lane: u64, own: bool, ns: u64) {
+        if let Some(new) = &self.new_times {
+            self.times.extend(new.try_iter());
+        }
+        if let Some(times) = self.times.get(&lane) {
+            times.cpu_waited(own, ns);
+        }
+    }
+
     fn ticked(&mut self) -> bool {
+        if let Some(new) = &self.new_times {
+            self.times.extend(new.try_iter());
+        }
         let changed = self.read_changes() > 0;
         self.hand_on(false);
         changed

@@ -23,7 +23,9 @@
 //! The session depends on the sampler, the lanes and the encoders, never on
 //! the Sentry glue (`transport`, `transaction_profile`, `integration`): the
 //! glue hands it a sink and pending transactions through the traits above.
-//! A unit test (`no_import_circle`) keeps it that way.
+//! Unit tests (`import_graph`: `the_core_never_names_the_glue`,
+//! `no_import_circle`), which read the crate's module graph from its `use`
+//! trees and paths, keep it that way.
 //!
 //! Everything an application thread calls here (root span started/finished,
 //! start/stop) is a few atomic operations: the sampler is created paused on
@@ -40,7 +42,7 @@ mod stats;
 pub(crate) mod v1;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -50,6 +52,7 @@ use crate::attribution::ThreadAttribution;
 use crate::export::{ExportTarget, FileRetention};
 use crate::lanes::{LaneLink, LaneRegistry};
 use crate::options::{ProfileLifecycle, SamplerConfig};
+use crate::request_times::RequestTimes;
 use crate::sampler::{SamplerControl, SamplerStats};
 use intake::Command;
 use sink::ChunkSink;
@@ -92,6 +95,18 @@ impl std::ops::Deref for Current {
     }
 }
 
+impl Current {
+    /// The session itself, to keep beyond this moment (one reference
+    /// count): what a request that holds something of it keeps, so that it
+    /// gives it back there.
+    pub(crate) fn shared(&self) -> Arc<Session> {
+        match &*self.0 {
+            Some(session) => Arc::clone(session),
+            None => unreachable!("a Current always holds a session"),
+        }
+    }
+}
+
 /// The current session, or the last one after it shut down (none in a
 /// forked child, whose copy of the counters would only mislead).
 pub(crate) fn last() -> Option<Arc<Session>> {
@@ -125,6 +140,10 @@ pub(crate) struct SessionConfig {
     pub(crate) short_request_lanes: bool,
 }
 
+/// A request's lane and its times, handed to the intake (see
+/// [`Session::request_times`]).
+pub(super) type NewTimes = (u64, Arc<RequestTimes>);
+
 /// How long `sentry::init` waits for the sampler to be ready, at most.
 const SAMPLER_READY_WAIT: Duration = Duration::from_secs(2);
 
@@ -140,6 +159,11 @@ pub(crate) struct Session {
     commands: Mutex<Option<Sender<Command>>>,
     /// Lanes registered by application threads, read by the chunk thread.
     lanes: LaneRegistry,
+    /// Where a request with a lane hands its [`RequestTimes`] to the
+    /// sampler thread's intake, which adds its threads' waits for a CPU.
+    times: OnceLock<SyncSender<NewTimes>>,
+    /// The intake's end of that queue, until the intake takes it.
+    times_rx: Mutex<Option<Receiver<NewTimes>>>,
     v1_queue: OnceLock<std::sync::mpsc::SyncSender<Box<dyn PendingProfile>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Root spans active (trace lifecycle): counted as each begins and
@@ -171,6 +195,8 @@ impl Session {
             control: OnceLock::new(),
             commands: Mutex::new(None),
             lanes: LaneRegistry::default(),
+            times: OnceLock::new(),
+            times_rx: Mutex::new(None),
             v1_queue: OnceLock::new(),
             thread: Mutex::new(None),
             active_roots: crate::own_line::SpreadCount::default(),
@@ -215,6 +241,12 @@ impl Session {
         let Some(lane_rx) = self.lanes.open() else {
             return;
         };
+        // As many as lanes can be in flight: a request that registered its
+        // lane always finds room, unless the intake is behind by that much.
+        let (times_tx, times_rx) =
+            std::sync::mpsc::sync_channel(crate::lanes::registry::MAX_LANES_IN_FLIGHT);
+        let _ = self.times.set(times_tx);
+        *self.times_rx.lock().unwrap_or_else(|e| e.into_inner()) = Some(times_rx);
         let (v1_tx, v1_rx) = std::sync::mpsc::sync_channel(v1::V1_QUEUE);
         let _ = self.v1_queue.set(v1_tx);
         let this = Arc::clone(self);
@@ -453,6 +485,25 @@ impl Session {
         self.lanes.started(lane, link, start_ns)
     }
 
+    /// Hands the times of the request of lane `lane` (registered) to the
+    /// sampler thread's intake, which adds the waits for a CPU it shows
+    /// under that lane; never blocks. False (nothing will be added) when
+    /// the intake is that far behind or gone.
+    pub(crate) fn request_times(&self, lane: u64, times: &Arc<RequestTimes>) -> bool {
+        self.times
+            .get()
+            .is_some_and(|tx| tx.try_send((lane, Arc::clone(times))).is_ok())
+    }
+
+    /// The intake's end of the queue [`Session::request_times`] fills
+    /// (once).
+    pub(super) fn take_request_times(&self) -> Option<Receiver<NewTimes>> {
+        self.times_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
     /// Reports the end of a lane for which [`Session::lane_started`]
     /// returned true; never blocks.
     pub(crate) fn lane_finished(&self, lane: u64, end_ns: u64) {
@@ -534,60 +585,4 @@ impl Session {
 }
 
 #[cfg(test)]
-mod tests {
-    /// The Sentry glue may depend on the session and the core, never the
-    /// reverse: no core module names a glue module. Scans the sources, so a
-    /// new import of a glue module into the core fails here.
-    #[test]
-    fn no_import_circle() {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let core = [
-            "session",
-            "lanes",
-            "sampler",
-            "encode",
-            "chunk",
-            "export.rs",
-            "symbolize",
-            "unwind",
-            "sys",
-            "options.rs",
-            "context.rs",
-            "attribution.rs",
-        ];
-        // Spelled in pieces, so that this test does not find itself.
-        let glue = [
-            "transport",
-            "transaction_profile",
-            "integration",
-            "hooks",
-            "request",
-        ]
-        .map(|m| format!("crate::{m}"));
-        let mut files = Vec::new();
-        for c in core {
-            collect(&src.join(c), &mut files);
-        }
-        assert!(files.len() > 20, "found the sources: {files:?}");
-        let mut offenders = Vec::new();
-        for f in files {
-            let text = std::fs::read_to_string(&f).unwrap();
-            for g in &glue {
-                if text.contains(g.as_str()) {
-                    offenders.push(format!("{} names {g}", f.display()));
-                }
-            }
-        }
-        assert!(offenders.is_empty(), "core depends on glue: {offenders:#?}");
-    }
-
-    fn collect(path: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-        if path.is_dir() {
-            for e in std::fs::read_dir(path).unwrap() {
-                collect(&e.unwrap().path(), out);
-            }
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path.to_owned());
-        }
-    }
-}
+mod import_graph;

@@ -242,7 +242,7 @@ impl Transport for ProfilingTransport {
         // thread (`sentry-profiling-tracing`'s requests): its poll totals,
         // and its lane when it is not tagged with it.
         let carries = carries_transaction(&envelope);
-        let Handover { mut totals, lane } = carries.then(take_handed).flatten().unwrap_or_default();
+        let Handover { totals, lane } = carries.then(take_handed).flatten().unwrap_or_default();
         if crate::sys::in_forked_child() {
             // No profiler runs in a forked child: nothing to link or attach.
             let link = Link {
@@ -290,11 +290,7 @@ impl Transport for ProfilingTransport {
             // Here, on the thread that finished the transaction, while the
             // lane's samples are still being taken: the chunk thread
             // must know the window before the lane's chunk is written.
-            let reported = report_lane_windows(&envelope, lane.as_ref().map(|l| l.id));
-            // Its time waiting for a CPU, as its profile shows it so far.
-            if let (Some(t), Some(lane)) = (totals.as_mut(), reported) {
-                t.cpu_wait_ns = Some(crate::cpu_waits::of(lane));
-            }
+            report_lane_windows(&self.runtime, &envelope, lane.as_ref().map(|l| l.id));
         }
         let link = Link {
             lane,
@@ -532,19 +528,21 @@ fn remove_http_root_spans(tx: &mut sentry_core::protocol::Transaction<'_>) {
 /// `envelope` (its lane `handed` with it, or the lane it is tagged with):
 /// the transaction may begin before its lane and end after it (on a busy
 /// machine, many milliseconds), and Sentry shows the lane over the
-/// transaction's whole window. Returns the first such lane.
-fn report_lane_windows(envelope: &Envelope, handed: Option<u64>) -> Option<u64> {
-    let session = crate::session::current()?;
-    let mut first = None;
+/// transaction's whole window. To this transport's own session, the one
+/// its lanes were registered with (never looked up again: after the SDK is
+/// initialised again, another one runs).
+fn report_lane_windows(session: &Session, envelope: &Envelope, handed: Option<u64>) {
+    if crate::sys::in_forked_child() {
+        // The chunk thread stayed in the parent: nobody reads the windows.
+        return;
+    }
     for item in envelope.items() {
         if let EnvelopeItem::Transaction(tx) = item {
             if let Some((lane, start_ns, end_ns)) = lane_window(tx, handed) {
                 session.lane_transaction(lane, start_ns, end_ns);
-                first = first.or(Some(lane));
             }
         }
     }
-    first
 }
 
 #[cfg(test)]
