@@ -61,10 +61,11 @@ where
     let handed_ns = sentry_profiling::hooks::wall_ns();
     move || {
         // From the hand-over to the start on the other thread, the work
-        // was queued; the word the span publishes carries that.
-        sentry_profiling::hooks::poll::set_started(handed_ns, 0);
+        // was queued; the word the span publishes carries that. The work
+        // is offloaded: its waits for a CPU are not the future's own polls'.
+        sentry_profiling::hooks::poll::set_started(handed_ns, 0, false);
         let _entered = span.enter();
-        sentry_profiling::hooks::poll::set_started(0, 0);
+        sentry_profiling::hooks::poll::set_started(0, 0, false);
         f()
     }
 }
