@@ -36,6 +36,13 @@ pub(super) extern "C" fn handler(
     info: *mut libc::siginfo_t,
     ucontext: *mut libc::c_void,
 ) {
+    // Installed with SA_NODEFER (see `install`), the handler can be
+    // interrupted by its own signal: such a nested delivery returns at
+    // once, so no capture shows the handler's own frames and no slot is
+    // claimed twice by one thread. Its period is lost, as an overrun's is.
+    if IN_HANDLER.with(|h| h.swap(true, Ordering::Relaxed)) {
+        return;
+    }
     // SAFETY: __errno_location returns the calling thread's errno slot, valid
     // for the thread's lifetime; it is async-signal-safe.
     let errno = unsafe { libc::__errno_location() };
@@ -46,6 +53,15 @@ pub(super) extern "C" fn handler(
     unsafe { capture(info, ucontext) };
     // SAFETY: `errno` is valid (above).
     unsafe { *errno = saved_errno };
+    IN_HANDLER.with(|h| h.store(false, Ordering::Relaxed));
+}
+
+thread_local! {
+    /// Whether the thread is inside the handler (see [`handler`]). A
+    /// `const`-initialised atomic with no destructor: reading it in the
+    /// handler is a plain TLS access, with no lazy initialisation and no
+    /// allocation.
+    static IN_HANDLER: std::sync::atomic::AtomicBool = const { std::sync::atomic::AtomicBool::new(false) };
 }
 
 /// The body of the handler: finds the slot the signal was sent for, claims
