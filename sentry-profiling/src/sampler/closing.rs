@@ -111,6 +111,10 @@ impl Consumer for Closing {
         self.inner.take(sample)
     }
 
+    fn cpu_waited(&mut self, lane: u64, own: bool, ns: u64) {
+        self.inner.cpu_waited(lane, own, ns);
+    }
+
     fn ticked(&mut self) -> bool {
         self.inner.ticked()
     }

@@ -20,9 +20,9 @@ pub(crate) trait Consumer: Send {
     /// The sampler showed a thread waiting for a CPU for `ns` under the
     /// context word `lane` (a request's lane), inside a poll of that
     /// request's own future (`own`) or in work the request handed off.
-    fn cpu_waited(&mut self, lane: u64, own: bool, ns: u64) {
-        let _ = (lane, own, ns);
-    }
+    /// No default: a consumer that wraps another must pass it on (one
+    /// that did not left every request's `tokio.cpu_wait` at 0).
+    fn cpu_waited(&mut self, lane: u64, own: bool, ns: u64);
 
     /// After each tick. Returns true when the application did something the
     /// sampler looks at again before it dozes: a thread entered or left a
@@ -58,4 +58,7 @@ impl Consumer for SyncSender<Sample> {
     fn take(&mut self, sample: Sample) -> bool {
         self.try_send(sample).is_ok()
     }
+
+    /// A standalone sampler has no requests to add waits to.
+    fn cpu_waited(&mut self, _lane: u64, _own: bool, _ns: u64) {}
 }
