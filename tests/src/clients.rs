@@ -29,7 +29,8 @@ pub(crate) fn burn(ms: u64) -> u64 {
     x
 }
 
-fn thread_cpu() -> Duration {
+/// The calling thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`).
+pub fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use sentry_profiling::{ProfileLifecycle, ProfilingIntegration};
+use sentry_profiling_tests::clients::thread_cpu;
 use sentry_profiling_tests::{CaptureTransport, functions_in_window, split_items};
 use serde_json::Value;
 use tracing_subscriber::prelude::*;
@@ -38,18 +39,6 @@ fn init(capture: &std::sync::Arc<CaptureTransport>) -> sentry::ClientInitGuard {
     // Give the chunk thread time to create the (paused) sampler.
     std::thread::sleep(Duration::from_millis(200));
     guard
-}
-
-/// This thread's CPU time.
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "the thread's CPU clock is readable");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 #[inline(never)]

@@ -8,7 +8,7 @@
 //! sampler thread probes what it calls itself.
 
 use super::send::{QueuedSigInfo, queue_signal};
-use super::timer::{KernelSigEvent, create_on_cpu_clock};
+use super::timer::{KernelSigEvent, create_on_cpu_clock, set_timer};
 use super::*;
 
 /// `sigev_notify` value of a timer that notifies nobody.
@@ -60,32 +60,18 @@ pub(crate) fn probe_cpu_timer() -> Result<(), (&'static str, i32)> {
         _pad: [0; 11],
     };
     let id = create_on_cpu_clock(tid, &event).map_err(|e| ("timer_create", e))?;
-    let zero = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    let spec = libc::itimerspec {
-        it_interval: zero,
-        it_value: zero,
-    };
-    // SAFETY: timer_settime on the timer just created, reading a valid
-    // itimerspec (all zero: disarmed) and writing no old value.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_timer_settime,
-            id as libc::c_long,
-            0 as libc::c_long,
-            std::ptr::from_ref(&spec),
-            std::ptr::null_mut::<libc::itimerspec>(),
-        )
-    };
-    let mut result = if rc == 0 {
-        Ok(())
-    } else {
-        Err(("timer_settime", last_errno()))
-    };
+    // Disarmed (all zero): the probe changes nothing.
+    let mut result = set_timer(id, std::time::Duration::ZERO, std::time::Duration::ZERO)
+        .map_err(|e| ("timer_settime", e));
     if result.is_ok() {
-        let mut current = spec;
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let mut current = libc::itimerspec {
+            it_interval: zero,
+            it_value: zero,
+        };
         // SAFETY: timer_gettime on the timer just created, writing a valid
         // itimerspec.
         let rc = unsafe {
