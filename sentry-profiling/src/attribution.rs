@@ -14,6 +14,11 @@
 /// parts of Sentry's pipeline expect thread ids to be.
 pub const LANE_BASE: u64 = 1_000_000_000;
 
+/// The first profile thread id of short-lived threads' shared timelines
+/// (see `sampler::short_lived`): above every thread id Linux hands out
+/// (2^22) and below the lanes' ids ([`LANE_BASE`]).
+pub(crate) const SHORT_LIVED_BASE: u32 = 500_000_000;
+
 /// Whether a context word names a lane.
 pub fn is_lane(context: u64) -> bool {
     context >= LANE_BASE

@@ -36,7 +36,7 @@ pub(super) const NUDGE_AFTER: Duration = Duration::from_micros(500);
 /// has some timers caught that it would have fired late: one capture
 /// still stands for each period.
 ///
-/// [`Services::catch_stalled_timer`]: super::worker::Services::catch_stalled_timer
+/// [`Services::catch_stalled_timer`]: super::services::Services::catch_stalled_timer
 pub(super) const STALLED_TIMER_SLACK_NS: u64 = 5_000_000;
 
 /// The smallest share of the wall time a thread must have spent on a CPU

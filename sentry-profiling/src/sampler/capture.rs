@@ -13,10 +13,11 @@ use super::answers::{
     STALLED_TIMER_SLACK_NS, awaited, emit_for, flush, request, sample_of,
 };
 use super::denied::{Capability, Refusal, is_denial};
+use super::services::Services;
 use super::state::Awaited;
 use super::stats::Counters;
 use super::threads::Tracked;
-use super::worker::{Services, Worker};
+use super::worker::Worker;
 use crate::sys::{self, Slot};
 
 impl Services {

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use super::Sample;
 use super::consumer::Consumer;
-use super::short_lived::SHORT_LIVED_BASE;
+use crate::attribution::SHORT_LIVED_BASE;
 
 /// What is known of one tracked thread's samples so far.
 #[derive(Debug)]

@@ -92,6 +92,7 @@ mod ledger;
 mod periods;
 mod requests;
 mod sample;
+mod services;
 mod short_lived;
 mod state;
 mod stats;

@@ -38,14 +38,10 @@ use std::time::{Duration, Instant};
 
 use super::Sample;
 use super::answers::emit;
+use super::services::Services;
 use super::stats::Counters;
-use super::worker::Services;
+use crate::attribution::SHORT_LIVED_BASE;
 use crate::sys;
-
-/// The first profile thread id of short-lived threads: above every thread
-/// id Linux hands out (2^22) and below the lanes' ids
-/// ([`crate::attribution::LANE_BASE`]).
-pub(crate) const SHORT_LIVED_BASE: u32 = 500_000_000;
 
 /// Spare slots for the process timer's captures. A capture waits in its
 /// slot until the next tick (a period at most, or until the doze it ends):

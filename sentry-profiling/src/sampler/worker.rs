@@ -17,6 +17,7 @@ use super::consumer::Consumer;
 use super::denied::Denials;
 use super::ledger;
 use super::requests::CapturedRequests;
+use super::services::Services;
 use super::short_lived::ShortLived;
 use super::state::Awaited;
 use super::stats::Counters;
@@ -90,26 +91,6 @@ pub(super) struct Worker {
     /// The process-wide timer that samples threads not listed yet, and
     /// where their captures are filed.
     pub(super) short_lived: ShortLived,
-}
-
-/// What a thread's tick uses besides the thread (see `capture`): the
-/// configuration, the unwinder and its buffers, the stack mappings, the
-/// requests with a capture, the refused system calls, and where the
-/// samples go.
-pub(super) struct Services {
-    pub(super) config: SamplerConfig,
-    pub(super) period: Duration,
-    pub(super) out: Closing,
-    pub(super) unwinder: StackUnwinder,
-    pub(super) frames: Vec<u64>,
-    /// Reused to copy the stacks of threads blocked in the kernel.
-    pub(super) copy_buf: Vec<u8>,
-    /// Where thread stacks are mapped (their bounds are learned there).
-    pub(super) maps: StackMaps,
-    /// The requests a stack was captured in (see `Services::nudge`).
-    pub(super) requests: CapturedRequests,
-    /// The system calls the kernel refused (see `denied`).
-    pub(super) denied: Denials,
 }
 
 /// `CLOCK_REALTIME` (as samples are stamped) and the monotonic clock (as

@@ -53,6 +53,7 @@
 //! uninstalled: restoring `SIG_DFL` while a queued signal is in flight would
 //! kill the process.
 
+mod copy;
 mod handler;
 mod install;
 mod probe;
@@ -65,7 +66,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(test)]
-use handler::copy_own_memory;
+use copy::copy_own_memory;
 use handler::handler;
 pub(crate) use install::{install_handler, signal_restorers};
 pub(crate) use probe::{probe_cpu_timer, probe_signal, probe_vm_read};

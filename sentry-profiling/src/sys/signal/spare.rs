@@ -30,7 +30,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use super::handler::copy_to_thread_pointer;
+use super::copy::copy_to_thread_pointer;
 use super::slot::{ARENA, ARENA_LEN};
 use super::timer::KernelSigEvent;
 use super::*;
