@@ -235,10 +235,22 @@ pub(crate) struct Attribution {
     pub(crate) dlopen_samples: u64,
     /// Long-lived threads (by name) without a single sample.
     pub(crate) unsampled_long_lived: Vec<String>,
+    /// Samples on the shared timelines of short-lived threads (profile
+    /// thread ids from 500,000,000, named `"{name} (short-lived
+    /// threads)"`) that a thread of that name, running at that time,
+    /// accounts for.
+    pub(crate) short_lived: u64,
     /// Misattributed samples (the first few, described) and their count.
     pub(crate) wrong: Vec<String>,
     pub(crate) wrong_count: u64,
 }
+
+/// The first profile thread id of the short-lived threads' shared
+/// timelines, and the first lane id (the crate's `LANE_BASE`).
+const SHORT_LIVED_BASE: u32 = 500_000_000;
+const LANE_BASE: u32 = 1_000_000_000;
+/// The suffix of a shared timeline's name.
+const SHORT_LIVED_SUFFIX: &str = " (short-lived threads)";
 
 /// Checks every sample against the recorded lives: a sample of thread id
 /// `t` at time `ts` must carry the name of the thread that held `t` at
@@ -268,8 +280,44 @@ pub(crate) fn check_attribution(digest: &Digest, lives: &[Life]) -> Attribution 
             out.wrong.push(what);
         }
     };
+    let mut by_name: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, l) in lives.iter().enumerate() {
+        by_name.entry(l.name.as_str()).or_default().push(i);
+    }
+    let alive_then = |i: usize, ts_ns: u64| {
+        let l = &lives[i];
+        ts_ns + LIFETIME_SLACK_NS >= l.start_ns
+            && ts_ns <= l.end_ns.saturating_add(LIFETIME_SLACK_NS)
+    };
     for s in &digest.samples {
         let name = digest.names[s.name as usize].as_str();
+        // A short-lived thread's capture, filed on its name's shared
+        // timeline: some thread of that name (or a churn thread not named
+        // yet, under its parent's) must have been alive then.
+        if (SHORT_LIVED_BASE..LANE_BASE).contains(&s.tid) {
+            let base = name.strip_suffix(SHORT_LIVED_SUFFIX).unwrap_or(name);
+            let named = by_name
+                .get(base)
+                .is_some_and(|v| v.iter().any(|&i| alive_then(i, s.ts_ns)));
+            let unnamed_child = base == SPAWNER
+                && lives
+                    .iter()
+                    .enumerate()
+                    .any(|(i, l)| l.spawned && alive_then(i, s.ts_ns));
+            if name.ends_with(SHORT_LIVED_SUFFIX) && (named || unnamed_child) {
+                out.short_lived += 1;
+            } else {
+                wrong(
+                    &mut out,
+                    format!(
+                        "sample of shared timeline {} at {} named {name:?}, but no thread \
+                         of that name was alive then",
+                        s.tid, s.ts_ns
+                    ),
+                );
+            }
+            continue;
+        }
         let covering: Vec<usize> = by_tid
             .get(&s.tid)
             .into_iter()

@@ -360,8 +360,11 @@ fn main() -> ExitCode {
         attribution.parent_named
     );
     println!(
-        "  samples verified {}, of unrecorded threads {}, misattributed {}",
-        attribution.verified, attribution.other_threads, attribution.wrong_count
+        "  samples verified {}, on short-lived threads' shared timelines {}, of unrecorded threads {}, misattributed {}",
+        attribution.verified,
+        attribution.short_lived,
+        attribution.other_threads,
+        attribution.wrong_count
     );
     println!(
         "  dlopen/dlclose cycles {} (unloaded after dlclose {}/{} checked), samples of the \
