@@ -177,7 +177,12 @@ impl Consumer for Intake {
     }
 
     fn cpu_waited(&mut self, lane: u64, own: bool, ns: u64) {
-        if let Some(new) = &self.new_times {
+        // The requests begun since the last tick are read (`ticked`) only
+        // when this wait's is not known yet: most waits are of a request
+        // already known, and each read of the queue is a channel poll.
+        if !self.times.contains_key(&lane)
+            && let Some(new) = &self.new_times
+        {
             self.times.extend(new.try_iter());
         }
         if let Some(times) = self.times.get(&lane) {
