@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use rustc_hash::{FxBuildHasher, FxHashSet};
 
-use sentry_core::protocol::{SpanId, TraceId, Value};
+use sentry_core::protocol::{SpanId, TraceId};
 use sentry_core::{Hub, Transaction, TransactionOrSpan};
-use sentry_profiling::hooks::{Request, RequestTimes, SessionRef, Tagging};
+use sentry_profiling::hooks::{Request, RequestTimes, SessionRef};
 use tracing::Subscriber;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -107,6 +107,7 @@ impl Reach {
                 ext.insert(SpanLane {
                     lane: request.lane(),
                     request: Some(request),
+                    session: None,
                     name: Some(root.name),
                     transaction: root.transaction,
                     ids: root.ids,
@@ -146,6 +147,9 @@ struct SpanLane {
     /// The request a root span stands for (its lane, and what it holds of
     /// the profiler until the span closes); only on root spans.
     request: Option<Request>,
+    /// The session a child span's request began in, kept (its request's
+    /// one look-up, not repeated for each span); only on child spans.
+    session: Option<SessionRef>,
     /// The root span's display name (its `otel.name` field, else its
     /// static name), shared with this thread's other requests of that name
     /// (see [`intern`]); only on root spans.
@@ -248,8 +252,6 @@ thread_local! {
     /// calls `on_enter` and `on_exit` on the thread that enters, and the
     /// word is that thread's, so the stack is too.
     static CONTEXT_STACK: RefCell<ContextStack> = const { RefCell::new(ContextStack::new()) };
-    /// The kernel name of this thread, read once.
-    static THREAD_NAME: RefCell<Option<String>> = const { RefCell::new(None) };
     /// The root-span names this thread has seen (see [`intern`]).
     static NAMES: RefCell<FxHashSet<Arc<str>>> = const { RefCell::new(FxHashSet::with_hasher(FxBuildHasher)) };
     /// The buffer an `otel.name` field is formatted into before it is
@@ -280,85 +282,6 @@ pub(crate) fn intern(name: &str) -> Arc<str> {
         names.insert(Arc::clone(&n));
         n
     })
-}
-
-fn thread_name() -> String {
-    THREAD_NAME.with(|n| {
-        n.borrow_mut()
-            .get_or_insert_with(|| {
-                std::fs::read_to_string(format!(
-                    "/proc/self/task/{}/comm",
-                    sentry_profiling::hooks::current_thread_id()
-                ))
-                .map(|s| s.trim_end().to_owned())
-                .unwrap_or_default()
-            })
-            .clone()
-    })
-}
-
-/// Tags a Sentry transaction or span with the thread its samples are filed
-/// under, as the session decides (see `hooks::SessionRef::tagging`; a
-/// lane handed to the transport is not written here), so Sentry's UI finds
-/// them.
-pub(crate) fn tag_with_thread(
-    session: &SessionRef,
-    span: &TransactionOrSpan,
-    profiler_id: &str,
-    lane: u64,
-    lane_name: Option<&str>,
-) {
-    let (id, name, os_thread_keys) = match session.tagging(lane, false) {
-        Tagging::Lane {
-            lane,
-            os_thread_keys,
-        } => (lane, lane_name.map(str::to_owned), os_thread_keys),
-        Tagging::OsThread | Tagging::HandLane(_) => (
-            sentry_profiling::hooks::current_thread_id(),
-            Some(thread_name()),
-            false,
-        ),
-    };
-    span.set_data("thread.id", Value::String(id.to_string()));
-    if let Some(name) = name {
-        span.set_data("thread.name", Value::String(name));
-    }
-    if os_thread_keys {
-        // For transaction profiles: a request too short for its lane to get
-        // two samples is linked by this OS thread instead. Continuous
-        // profiling keeps every lane (the chunk thread gives each at
-        // least two samples), so it does without these keys.
-        span.set_data(
-            sentry_profiling::hooks::keys::OS_THREAD_ID,
-            Value::String(sentry_profiling::hooks::current_thread_id().to_string()),
-        );
-        span.set_data(
-            sentry_profiling::hooks::keys::OS_THREAD_NAME,
-            Value::String(thread_name()),
-        );
-    }
-    match span {
-        TransactionOrSpan::Span(_) => {
-            span.set_data("profiler_id", Value::String(profiler_id.to_owned()));
-        }
-        TransactionOrSpan::Transaction(_) => {
-            if session.transaction_profiled(lane, lane_name.unwrap_or_default()) {
-                span.set_data(
-                    sentry_profiling::hooks::keys::TRANSACTION_PROFILE_MARKER,
-                    Value::Bool(true),
-                );
-            }
-        }
-    }
-}
-
-/// Whether a transaction or span already carries the thread its samples
-/// are filed under.
-pub(crate) fn is_tagged(span: &TransactionOrSpan) -> bool {
-    match span {
-        TransactionOrSpan::Transaction(tx) => tx.data().iter().any(|(key, _)| key == "thread.id"),
-        TransactionOrSpan::Span(s) => s.data().contains_key("thread.id"),
-    }
 }
 
 /// Finds a span's `otel.name` field, written into `buf`.
@@ -430,16 +353,11 @@ where
     };
     // Only root spans hold a request.
     let request = own.and_then(|l| l.request.as_ref());
-    // A request's own session (kept since its root span was made, not
-    // looked up again); a child span's is looked up, once for starting
-    // and tagging it.
-    let looked_up;
+    // The session its request began in (kept since its root span was
+    // made, not looked up again).
     let session = match request {
         Some(request) => Some(request.session()),
-        None => {
-            looked_up = sentry_profiling::hooks::session();
-            looked_up.as_ref()
-        }
+        None => own.and_then(|l| l.session.as_ref()),
     };
     // Whether the profiler runs; its id is copied only to write it
     // (every thread shares it, and each copy touches its reference
@@ -525,14 +443,9 @@ fn tag_entered(
     lane: u64,
     lane_name: Option<&str>,
 ) {
-    if http_root && !(matches!(s, TransactionOrSpan::Span(_)) && outer.is_some()) {
-        return;
-    }
-    let Some(profiler_id) = session.running_profiler_id() else {
-        return;
-    };
+    use crate::tag::{Target, tag};
     if !http_root {
-        tag_with_thread(session, s, &profiler_id, lane, lane_name);
+        tag(session, s, Target::Entered, lane, lane_name);
     }
     // The root span is a child of a transaction that was already there
     // (tower-http's `TraceLayer` inside `sentry-tower`): the transaction
@@ -540,9 +453,7 @@ fn tag_entered(
     // span of a transaction names it (a handler may open more than one).
     if let (TransactionOrSpan::Span(_), Some(tx)) = (s, outer) {
         let tx = TransactionOrSpan::Transaction(tx.clone());
-        if !is_tagged(&tx) {
-            tag_with_thread(session, &tx, &profiler_id, lane, lane_name);
-        }
+        tag(session, &tx, Target::Reused, lane, lane_name);
     }
 }
 
@@ -570,7 +481,14 @@ where
             // A child of a span outside any request (or of a request whose
             // lane was refused) is left alone: no extension, nothing on entry.
             Some(parent) => match parent.extensions().get::<SpanLane>() {
-                Some(l) if l.lane != 0 => l.lane,
+                Some(l) if l.lane != 0 => {
+                    let session = match (&l.request, &l.session) {
+                        (Some(request), _) => request.session().keep(),
+                        (None, Some(session)) => session.keep(),
+                        (None, None) => return,
+                    };
+                    (l.lane, session)
+                }
                 _ => return,
             },
             None => {
@@ -606,6 +524,7 @@ where
                 span.extensions_mut().insert(SpanLane {
                     lane: request.lane(),
                     request: Some(request),
+                    session: None,
                     name: Some(name.unwrap_or_else(|| intern(meta.name()))),
                     transaction,
                     ids: None,
@@ -614,9 +533,11 @@ where
                 return;
             }
         };
+        let (lane, session) = lane;
         span.extensions_mut().insert(SpanLane {
             lane,
             request: None,
+            session: Some(session),
             name: None,
             transaction: None,
             ids: None,

@@ -54,6 +54,7 @@ mod poll;
 mod profiled;
 #[cfg(feature = "tokio")]
 mod spawn;
+mod tag;
 mod threads;
 
 /// The data keys of an instrumented request's poll totals, on its

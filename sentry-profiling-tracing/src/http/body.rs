@@ -165,9 +165,9 @@ impl RequestScope {
     }
 }
 
-/// Tags `untagged` (see [`RequestScope::poll`]) once the profiler runs;
-/// `own`: it is the transaction this middleware started, named `name`,
-/// whose lane goes to `lane` instead.
+/// Tags `untagged` (see [`RequestScope::poll`]) once the profiler runs
+/// (see `crate::tag`); `own`: it is the transaction this middleware
+/// started, named `name`, whose lane goes to `lane` instead.
 fn tag(
     session: &sentry_profiling::hooks::SessionRef,
     untagged: &mut Option<TransactionOrSpan>,
@@ -175,32 +175,17 @@ fn tag(
     name: &Arc<str>,
     lane: &mut Option<HandedLane>,
 ) {
-    // A reused transaction may have been tagged by the tracing layer
-    // already, through a span of its own (tower-http's `TraceLayer` inside
-    // `sentry-tower`).
-    if !own && untagged.as_ref().is_some_and(crate::layer::is_tagged) {
-        *untagged = None;
-        return;
-    }
-    // Whether the profiler runs, without copying its id: a handed lane
-    // does not need it (the transport writes it), and every thread shares
-    // its reference count.
-    if !session.is_running() {
-        return;
-    }
+    use crate::tag::{Tagged, Target};
     let Some(target) = untagged.take() else {
         return;
     };
+    let whose = if own { Target::Own } else { Target::Reused };
     let word = sentry_profiling::hooks::thread_context();
-    if let sentry_profiling::hooks::Tagging::HandLane(id) = session.tagging(word, own) {
-        // Its lane is named as it is: the transport writes the
-        // transaction's name as the lane's.
-        *lane = Some(HandedLane { id });
-    } else if let Some(profiler_id) = session.running_profiler_id() {
-        crate::layer::tag_with_thread(session, &target, &profiler_id, word, Some(name));
-    } else {
-        // Stopped just now: tagged at a later poll, if it runs again.
-        *untagged = Some(target);
+    match crate::tag::tag(session, &target, whose, word, Some(name)) {
+        Tagged::Done => {}
+        Tagged::Handed(handed) => *lane = Some(handed),
+        // Tagged at a later poll, if it runs again.
+        Tagged::NotRunning => *untagged = Some(target),
     }
 }
 
