@@ -296,6 +296,10 @@ fn start_request(p: Pending) -> RequestScope {
     // The request's one look-up of the session, kept for its life (by its
     // scope here, and by its root span's request).
     let session = sentry_profiling::hooks::session().map(|s| s.keep());
+    // Its times, shared with its root span's request (see `RequestScope`).
+    let times = session
+        .as_ref()
+        .map(|_| Arc::new(sentry_profiling::hooks::RequestTimes::default()));
     let parent = Hub::current();
     let hub = Arc::new(Hub::new_from_top(&parent));
     // The transaction to tag with the request's thread: ours, or one that
@@ -311,7 +315,8 @@ fn start_request(p: Pending) -> RequestScope {
         }
     };
     let name = crate::layer::intern(&p.name);
-    let span = root_span(&p, &hub, &name, untagged.as_ref(), ids, session.as_ref());
+    let root = session.as_ref().zip(times.as_ref());
+    let span = root_span(&p, &hub, &name, untagged.as_ref(), ids, root);
     let request = p.request;
     hub.configure_scope(|s| {
         s.add_event_processor(move |mut event| {
@@ -333,7 +338,7 @@ fn start_request(p: Pending) -> RequestScope {
         untagged,
         name,
         lane: None,
-        times: None,
+        times,
         session,
     }
 }
@@ -381,7 +386,10 @@ fn root_span(
     name: &Arc<str>,
     untagged: Option<&TransactionOrSpan>,
     ids: Option<(TraceId, SpanId)>,
-    session: Option<&sentry_profiling::hooks::SessionRef>,
+    session: Option<(
+        &sentry_profiling::hooks::SessionRef,
+        &Arc<sentry_profiling::hooks::RequestTimes>,
+    )>,
 ) -> tracing::Span {
     let span = Hub::run(Arc::clone(hub), || {
         tracing::info_span!(
@@ -395,7 +403,7 @@ fn root_span(
         )
     });
     // Without a session, the layer tracks nothing.
-    if let Some(session) = session {
+    if let Some((session, times)) = session {
         let transaction = match untagged {
             Some(TransactionOrSpan::Transaction(tx)) => Some(tx.clone()),
             _ => None,
@@ -407,6 +415,7 @@ fn root_span(
                 transaction,
                 name: Arc::clone(name),
                 ids,
+                times: Arc::clone(times),
             },
         );
     }

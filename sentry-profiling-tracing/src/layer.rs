@@ -103,7 +103,7 @@ impl Reach {
                     // Handed once, right after the span was made.
                     return;
                 }
-                let request = Request::new(&root.session);
+                let request = Request::with_times(&root.session, root.times);
                 ext.insert(SpanLane {
                     lane: request.lane(),
                     request: Some(request),
@@ -232,6 +232,10 @@ pub(crate) struct HttpRoot {
     /// (no incoming trace, which the SDK may reject and replace): the layer
     /// would otherwise copy the transaction's whole trace context for them.
     pub(crate) ids: Option<(TraceId, SpanId)>,
+    /// The times the request measures into once its lane is registered,
+    /// which the middleware reads at its end (see
+    /// `sentry_profiling::hooks::Request::with_times`).
+    pub(crate) times: Arc<RequestTimes>,
 }
 
 /// Hands what `http_layer()` knows of the root span it just created to the

@@ -46,6 +46,8 @@ pub struct Request {
     /// Its time beyond its future's own polls, shared with whoever measures
     /// it (see [`RequestTimes`]); made when its lane is registered.
     times: OnceLock<Arc<RequestTimes>>,
+    /// The times its maker keeps a handle on (see [`Request::with_times`]).
+    given: Option<Arc<RequestTimes>>,
 }
 
 impl Request {
@@ -60,7 +62,18 @@ impl Request {
             held: AtomicU8::new(0),
             session: session.keep(),
             times: OnceLock::new(),
+            given: None,
         }
+    }
+
+    /// The same as [`Request::new`], with the times it will measure into
+    /// if its lane is registered ([`RequestTimes::registered`] says
+    /// whether): the maker (`http_layer()`) reads them at the end without
+    /// looking the request up.
+    pub fn with_times(session: &SessionRef, times: Arc<RequestTimes>) -> Self {
+        let mut request = Self::new(session);
+        request.given = Some(times);
+        request
     }
 
     /// The session it was made in (see [`Request::new`]).
@@ -139,8 +152,12 @@ impl Request {
                 held |= HOLDS_LANE;
                 // Its threads' samples are filed under its lane from now
                 // on: the sampler side learns where to add their waits.
-                let times = Arc::new(RequestTimes::default());
+                let times = match &self.given {
+                    Some(given) => Arc::clone(given),
+                    None => Arc::new(RequestTimes::default()),
+                };
                 if session.0.request_times(self.lane, &times) {
+                    times.set_registered();
                     let _ = self.times.set(times);
                 }
             }

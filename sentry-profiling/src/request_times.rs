@@ -4,7 +4,7 @@
 //! and the spawn helpers, which add its offloaded work's time. A core
 //! type: the session holds it without knowing the request.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The parts of a request's time measured away from the future that
 /// serves it, kept with the request (no table, nothing keyed by its word):
@@ -25,6 +25,9 @@ pub struct RequestTimes {
     /// its start on a blocking thread, from a task's spawn to its first
     /// poll, and from a task's wakes to its polls, ns.
     offloaded_queued_ns: AtomicU64,
+    /// Whether the request's lane was registered with these times (its
+    /// threads' samples are filed under it, and their waits added here).
+    registered: AtomicBool,
 }
 
 /// A snapshot of [`RequestTimes`], ns each.
@@ -58,6 +61,18 @@ impl RequestTimes {
         self.offloaded_queued_ns
             .fetch_add(queued_ns, Ordering::Relaxed);
         self.offloaded_ns.fetch_add(ran_ns, Ordering::Relaxed);
+    }
+
+    /// Whether the request's lane was registered with these times (see
+    /// `Request::with_times`): only then do they measure anything. Read on
+    /// the thread that began the request, after it began.
+    pub fn registered(&self) -> bool {
+        self.registered.load(Ordering::Relaxed)
+    }
+
+    /// The request's lane was registered with these times.
+    pub(crate) fn set_registered(&self) {
+        self.registered.store(true, Ordering::Relaxed);
     }
 
     /// The totals so far.

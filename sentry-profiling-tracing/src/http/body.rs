@@ -45,10 +45,10 @@ pub(super) struct RequestScope {
     /// tagged on it.
     pub(super) lane: Option<HandedLane>,
     /// The request's times measured away from its future (see
-    /// `sentry_profiling::hooks::RequestTimes`), taken from its root span
-    /// after its first poll (when its lane is registered); `Some(None)`:
-    /// looked for, and it has none.
-    pub(super) times: Option<Option<Arc<RequestTimes>>>,
+    /// `sentry_profiling::hooks::RequestTimes`), shared with its root
+    /// span's request, which measures into them once its lane is
+    /// registered (`None` while no session runs).
+    pub(super) times: Option<Arc<RequestTimes>>,
     /// The session the request was made in (kept; `None` while none runs).
     pub(super) session: Option<sentry_profiling::hooks::SessionRef>,
 }
@@ -81,7 +81,7 @@ impl RequestScope {
             untagged,
             name,
             lane,
-            times,
+            times: _,
             session,
         } = self;
         let run = |cx: &mut Context<'_>| {
@@ -93,20 +93,19 @@ impl RequestScope {
                 f(cx)
             })
         };
-        let out = match tracker {
+        match tracker {
             Some(tracker) => tracker.poll(cx, run),
             None => run(cx),
-        };
-        if times.is_none() && tracker.is_some() {
-            // Once, after the first poll began the request.
-            *times = Some(crate::layer::request_times(span));
         }
-        out
     }
 
-    /// Its times so far (see [`RequestScope::times`]).
+    /// Its times so far (see [`RequestScope::times`]); `None` for a request
+    /// whose lane was not registered.
     fn times_now(&self) -> Option<sentry_profiling::hooks::RequestTimesNow> {
-        self.times.as_ref()?.as_ref().map(|t| t.now())
+        self.times
+            .as_ref()
+            .filter(|t| t.registered())
+            .map(|t| t.now())
     }
 
     /// Writes the request's poll totals on `target` (see
