@@ -834,6 +834,9 @@ fn shown_in_fill(
 }
 
 #[cfg(test)]
+mod timelines;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
