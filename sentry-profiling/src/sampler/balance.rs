@@ -3,9 +3,8 @@
 //! `/proc/self/task/<tid>/schedstat` at each reading, against the periods
 //! its samples of running code and its fills already show.
 //!
-//! The ledger (`ledger.rs`) places a thread's samples on its period slots
-//! and decides when they leave; this is the third of its concerns, the
-//! balances that decide what a fill whose place is a guess shows: `(waiting
+//! The ledger (`ledger.rs`) joins three concerns: placement (`slots.rs`),
+//! the held queue (`held.rs`), and this one, the balances that decide what a fill whose place is a guess shows: `(waiting
 //! for a CPU)` for a period of counted run delay, `(running: no stack
 //! captured in time)` for a period of counted CPU time no sample shows.
 //!
@@ -16,7 +15,9 @@
 //! period (a fill shows a whole period once half of one is owed). Fills
 //! shown waiting because the thread was *found* runnable and not running
 //! at a look are shown at once, and paid back from the run delay the
-//! kernel counts later (at most [`MAX_OWED_PERIODS`] ahead).
+//! kernel counts later (at most [`MAX_OWED_PERIODS`] ahead). The thread's
+//! account (`period.rs`) checks the stronger form for the waits: over any
+//! interval from a reading on.
 
 /// Most periods of fills a thread's ledger remembers having shown waiting
 /// for a CPU, or running, before the kernel counted that time: a thread
@@ -40,9 +41,30 @@ pub(super) enum Settled {
     Uncaptured,
 }
 
+/// One reading of the kernel's counts of a thread.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Reading {
+    /// When they were read (`CLOCK_REALTIME`, ns): they cover the fills up
+    /// to then.
+    pub(super) at_ns: u64,
+    /// Whether the thread was last found waiting (blocked in the kernel):
+    /// the time these counts cover began with that wait (see
+    /// `Ledger::blocked_first`).
+    pub(super) began_waiting: bool,
+    /// The request the thread stands in now (0 for none).
+    pub(super) lane_now: u64,
+    /// Its CPU time and run delay counted since the reading before, ns;
+    /// `None` at the first reading.
+    pub(super) since: Option<(u64, u64)>,
+}
+
 /// A thread's balances (see the module doc).
 #[derive(Debug, Default)]
 pub(super) struct Balance {
+    /// When the counts were last read (see [`Reading::at_ns`]).
+    counted_to_ns: u64,
+    /// See [`Reading::began_waiting`], at the latest reading.
+    began_waiting: bool,
     /// Run delay counted that no fill shows yet, ns, less the fills that
     /// showed such a wait before the kernel counted it.
     cpu_wait_ns: i64,
@@ -80,9 +102,51 @@ impl Balance {
         self.running_since_read = self.running_since_read.saturating_add(1);
     }
 
+    /// The kernel's counts were read (see [`Reading`]); `held_fills` fills
+    /// are held now.
+    pub(super) fn read(&mut self, reading: Reading, period_ns: u64, held_fills: i64) {
+        self.counted_to_ns = reading.at_ns;
+        self.began_waiting = reading.began_waiting;
+        match reading.since {
+            Some((cpu_ns, run_delay_ns)) => self.counted(
+                cpu_ns,
+                run_delay_ns,
+                period_ns,
+                reading.lane_now,
+                held_fills,
+            ),
+            None => self.counting_from_now(reading.lane_now),
+        }
+    }
+
+    /// Records a reading at `at_ns` that counted nothing (for the tests'
+    /// stories).
+    #[cfg(test)]
+    pub(super) fn was_read(&mut self, at_ns: u64, began_waiting: bool) {
+        self.counted_to_ns = at_ns;
+        self.began_waiting = began_waiting;
+    }
+
+    /// When the counts were last read: they cover the fills up to then.
+    pub(super) fn counted_to_ns(&self) -> u64 {
+        self.counted_to_ns
+    }
+
+    /// Whether the time the latest counts cover began with the thread
+    /// found waiting.
+    pub(super) fn began_waiting(&self) -> bool {
+        self.began_waiting
+    }
+
+    /// The run delay counted that no fill shows yet, ns (0 if fills showed
+    /// more, found waiting before the kernel counted it).
+    pub(super) fn carried_wait_ns(&self) -> u64 {
+        u64::try_from(self.cpu_wait_ns).unwrap_or(0)
+    }
+
     /// The counts are read for the first time now: the samples of running
     /// code queued so far are not part of what the next count covers.
-    pub(super) fn counting_from_now(&mut self, lane_now: u64) {
+    fn counting_from_now(&mut self, lane_now: u64) {
         self.running_since_read = 0;
         self.lane_at_read = lane_now;
     }
@@ -93,7 +157,7 @@ impl Balance {
     /// stands in now (0 for none). Neither balance is owed for more than
     /// the fills held now (and one) can show, so a time shows in the
     /// periods it was counted for, not in later ones.
-    pub(super) fn counted(
+    fn counted(
         &mut self,
         cpu_ns: u64,
         run_delay_ns: u64,

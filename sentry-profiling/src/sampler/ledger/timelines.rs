@@ -122,7 +122,11 @@ fn story(rows: &[&str]) {
             (cols.next() == Some(name)).then(|| cols.collect())
         })
     };
-    let lanes: Vec<u64> = row("in").expect("an `in` row").into_iter().map(lane_of).collect();
+    let lanes: Vec<u64> = row("in")
+        .expect("an `in` row")
+        .into_iter()
+        .map(lane_of)
+        .collect();
     let n = lanes.len();
     let column = |name: &str| -> Vec<&str> {
         let cols = row(name).unwrap_or_else(|| vec!["."; n]);
@@ -133,7 +137,13 @@ fn story(rows: &[&str]) {
     let expected = row("shows").expect("a `shows` row");
     let mut shown: Vec<Vec<String>> = vec![Vec::new(); n];
     let mut l = Ledger::default();
-    l.counting_from_now(0);
+    let first = Reading {
+        at_ns: 0,
+        began_waiting: false,
+        lane_now: 0,
+        since: None,
+    };
+    l.kernel_read(first, P);
     let mut found = Found::Nowhere;
     let keep = |shown: &mut Vec<Vec<String>>, ts: u64, frame: u64, context: u64| {
         let k = ((ts + P / 2) / P).clamp(1, n as u64) as usize - 1;
@@ -151,8 +161,8 @@ fn story(rows: &[&str]) {
             let sample = Sample::new(ts, 7, Arc::from("t"), stack.clone(), lane, false);
             running.push(l.push_sample(sample));
         }
-        l.last_slot = Some(slot);
-        let placed = l.place_tick(vec![slot], &running, P / 2, P);
+        let slots = l.slots_of_tick(1, slot, P, None, 0);
+        let placed = l.place_tick(slots, &running, P / 2, P);
         for free in placed.free {
             l.push_fill(free, Some(Some(lane)), found.standing(lane));
         }
@@ -173,17 +183,19 @@ fn story(rows: &[&str]) {
         let read = counts[k] != ".";
         if read {
             let (cpu, delay) = counts[k].split_once('/').expect("counts as cpu/delay");
-            l.counted_to_ns = slot;
-            l.began_waiting = matches!(found, Found::Blocked { left_ns: None, .. });
-            l.kernel_counted(
-                cpu.parse().expect("cpu ns"),
-                delay.parse().expect("delay ns"),
-                P,
-                lane,
-            );
+            let reading = Reading {
+                at_ns: slot,
+                began_waiting: matches!(found, Found::Blocked { left_ns: None, .. }),
+                lane_now: lane,
+                since: Some((
+                    cpu.parse().expect("cpu ns"),
+                    delay.parse().expect("delay ns"),
+                )),
+            };
+            l.kernel_read(reading, P);
         }
         if !captured {
-            l.alive_ns = l.alive_ns.max(if read { slot - 1 } else { slot });
+            l.alive_at(if read { slot - 1 } else { slot });
         }
         match looks[k] {
             "b" => {
@@ -230,7 +242,10 @@ fn story(rows: &[&str]) {
         expected.join(" "),
         "\n  slots {}\n  want  {}\n  got   {}",
         (1..=n).map(|k| format!("{k:<3}")).collect::<String>(),
-        expected.iter().map(|s| format!("{s:<3}")).collect::<String>(),
+        expected
+            .iter()
+            .map(|s| format!("{s:<3}"))
+            .collect::<String>(),
         got.iter().map(|s| format!("{s:<3}")).collect::<String>(),
     );
 }
