@@ -214,26 +214,30 @@ impl Balance {
     /// a wait for a CPU (found runnable); `running`, it shows running code
     /// (`ran`: a stack that ran; otherwise a single synthetic frame, a
     /// guess). Where both balances are owed, the larger goes first.
+    /// `spare`: whether what they owe may be shown in this fill; not while
+    /// fills held after it need all of it (see `Ledger::drain`), and the
+    /// fill then shows what it would without the counts (a guess the
+    /// counts left over: a wait whose place was not read).
     pub(super) fn settle(
         &mut self,
-        waiting: bool,
-        running: bool,
-        ran: bool,
-        synthetic: bool,
+        (waiting, running, ran, synthetic): (bool, bool, bool, bool),
+        spare: bool,
         period_ns: u64,
     ) -> Settled {
         let (period, half) = (period_ns.max(1) as i64, (period_ns / 2) as i64);
         let floor = -MAX_OWED_PERIODS * period;
+        let owes_wait = spare && self.cpu_wait_ns >= half;
+        let owes_cpu = spare && self.ran_ns >= half;
         let settled = if waiting {
             Settled::AsIs
-        } else if self.cpu_wait_ns >= half && self.cpu_wait_ns >= self.ran_ns {
+        } else if owes_wait && self.cpu_wait_ns >= self.ran_ns {
             Settled::WaitingForCpu
-        } else if running && !ran && self.counted && synthetic && self.ran_ns < half {
+        } else if running && !ran && self.counted && synthetic && !owes_cpu {
             // A period its place was not known for (it ran since it was
             // last found), which the counts do not show running: the
             // thread was blocked, somewhere not read.
             Settled::WaitingUnread
-        } else if running || self.ran_ns < half {
+        } else if running || !owes_cpu {
             Settled::AsIs
         } else {
             Settled::Uncaptured
@@ -292,7 +296,7 @@ mod tests {
         let mut b = Balance::default();
         b.counted(0, 230, P, 0, 3);
         let shown: Vec<Settled> = (0..3)
-            .map(|_| b.settle(false, false, false, true, P))
+            .map(|_| b.settle((false, false, false, true), true, P))
             .collect();
         assert_eq!(
             shown,
@@ -303,7 +307,10 @@ mod tests {
             ]
         );
         b.counted(0, 0, P, 0, 1);
-        assert_eq!(b.settle(false, false, false, true, P), Settled::AsIs);
+        assert_eq!(
+            b.settle((false, false, false, true), true, P),
+            Settled::AsIs
+        );
     }
 
     // Found runnable at a look, a fill shows the wait at once (owed); the
@@ -314,9 +321,12 @@ mod tests {
     #[test]
     fn a_wait_shown_before_it_was_counted_is_not_shown_twice() {
         let mut b = Balance::default();
-        assert_eq!(b.settle(true, false, false, true, P), Settled::AsIs);
+        assert_eq!(b.settle((true, false, false, true), true, P), Settled::AsIs);
         b.counted(0, 100, P, 0, 1);
-        assert_eq!(b.settle(false, false, false, true, P), Settled::AsIs);
+        assert_eq!(
+            b.settle((false, false, false, true), true, P),
+            Settled::AsIs
+        );
     }
 
     // CPU time no capture shows becomes `(running: no stack captured in
@@ -332,7 +342,7 @@ mod tests {
         b.ran_a_period();
         b.counted(430, 0, P, 0, 3);
         let shown: Vec<Settled> = (0..3)
-            .map(|_| b.settle(false, false, false, false, P))
+            .map(|_| b.settle((false, false, false, false), true, P))
             .collect();
         assert_eq!(
             shown,
@@ -346,12 +356,34 @@ mod tests {
         let mut b = Balance::default();
         b.counted(0, 0, P, 0, 1);
         assert_eq!(
-            b.settle(false, true, false, true, P),
+            b.settle((false, true, false, true), true, P),
             Settled::WaitingUnread
         );
         // Before any count is read, a guess stands.
         let mut fresh = Balance::default();
-        assert_eq!(fresh.settle(false, true, false, true, P), Settled::AsIs);
+        assert_eq!(
+            fresh.settle((false, true, false, true), true, P),
+            Settled::AsIs
+        );
+    }
+
+    // Owed a period of each, kept for fills held after this one: it shows
+    // what it would without the counts, and the balances stay owed.
+    #[test]
+    fn what_is_owed_is_kept_for_the_fills_it_is_spared_for() {
+        let mut b = Balance::default();
+        b.counted(100, 100, P, 0, 2);
+        let guess = (false, true, false, true);
+        assert_eq!(b.settle(guess, false, P), Settled::WaitingUnread);
+        assert_eq!(
+            b.settle((false, false, false, true), false, P),
+            Settled::AsIs
+        );
+        assert_eq!(b.settle(guess, true, P), Settled::WaitingForCpu);
+        // The guess of running stands for the CPU time owed; then nothing
+        // is owed.
+        assert_eq!(b.settle(guess, true, P), Settled::AsIs);
+        assert_eq!(b.settle(guess, true, P), Settled::WaitingUnread);
     }
 
     // The wait counted at a reading outside the request is the request's

@@ -163,6 +163,22 @@ impl Held {
             .count()
     }
 
+    /// How many held fills `counts` counts, from their time and where they
+    /// stand.
+    pub(super) fn count_fills(&self, counts: impl Fn(u64, &AtTick) -> bool) -> usize {
+        self.pending
+            .iter()
+            .filter(|p| match p {
+                Pending::Fill {
+                    timestamp_ns,
+                    at_tick,
+                    ..
+                } => counts(*timestamp_ns, at_tick),
+                Pending::Sample(_) => false,
+            })
+            .count()
+    }
+
     /// The latest queued sample of running code before `t` (0: none).
     /// Those are never cancelled: a gap checked against them and the
     /// samples already emitted stays checked whatever fills are cancelled

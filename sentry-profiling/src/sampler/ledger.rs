@@ -198,17 +198,18 @@ impl Ledger {
     }
 
     /// The stack a fill shows once the kernel's counts are settled (see
-    /// `Balance::settle`), its context, and what the thread spent its
-    /// period doing (for its account): `stack`, which shows running code if `ran`, or a
+    /// `Balance::settle`; `spare`: whether what they owe may go to this
+    /// fill), its context, and what the thread spent its period doing (for
+    /// its account): `stack`, which shows running code if `ran`, or a
     /// synthetic frame in its place. A wait the kernel counted, shown in a
     /// fill outside any request (`context` 0), is filed under the request
     /// the thread waited in: never shown as the stack of a thread parked
     /// after it.
     fn settle(
         &mut self,
-        stack: Arc<[u64]>,
-        mut context: u64,
+        (stack, mut context): (Arc<[u64]>, u64),
         ran: bool,
+        spare: bool,
         period_ns: u64,
     ) -> (Arc<[u64]>, u64, Spent) {
         let frame = (stack.len() == 1).then(|| stack[0]);
@@ -217,7 +218,7 @@ impl Ledger {
         let synthetic = super::periods::synthetic;
         match self
             .balance
-            .settle(waiting, running, ran, frame.is_some(), period_ns)
+            .settle((waiting, running, ran, frame.is_some()), spare, period_ns)
         {
             Settled::AsIs => {
                 let spent = Spent::of_fill(&stack, ran);
@@ -239,6 +240,27 @@ impl Ledger {
                 (frame, context, Spent::OnCpu)
             }
         }
+    }
+
+    /// Whether what the kernel's counts owe may go to a fill leaving now
+    /// that does not stand in a request's poll (see `in_poll` in
+    /// [`Ledger::drain`]): only what the fills held after it in a poll,
+    /// and covered by the counts, do not need. The run delay and CPU time
+    /// of a worker that polls requests between parking fell in its polls,
+    /// where it ran or waited for a CPU, not where it parked: given in
+    /// time order, a wait counted after the worker parked went to the
+    /// period it parked in, and a poll's period showed a wait not read
+    /// (a request's polls showed less than its time).
+    fn spare(&self, in_poll: &impl Fn(u64, &AtTick) -> bool, period_ns: u64) -> bool {
+        let owed = self.balance.owed_periods(period_ns);
+        if owed <= 0 {
+            return true;
+        }
+        let covered_to = self.balance.counted_to_ns();
+        let needed = self
+            .held
+            .count_fills(|ts, at_tick| ts <= covered_to && in_poll(ts, at_tick));
+        owed > needed as i64
     }
 
     /// How many of the fills leaving now filed under no request show where
@@ -312,6 +334,17 @@ impl Ledger {
             self.held.samples_queued()
         };
         let mut blocked_first = self.blocked_first(view);
+        // A fill standing in a request whose place there is not known: the
+        // thread was in the request's poll, running or runnable (one
+        // blocked in a request is found there: it is looked at every tick
+        // it stands in one).
+        let in_poll = |timestamp_ns: u64, at_tick: &AtTick| match at_tick {
+            AtTick::InRequest(context) => {
+                let place = place_at(timestamp_ns).0;
+                !(place.known && place.context == *context)
+            }
+            _ => false,
+        };
         while let Some(front) = self.held.front() {
             let overfull = self.held.overfull();
             if let Pending::Fill {
@@ -348,6 +381,7 @@ impl Ledger {
             };
             let guessed = matches!(at_tick, AtTick::Outside | AtTick::Unknown);
             let (place, stale) = place_at(timestamp_ns);
+            let spare = in_poll(timestamp_ns, &at_tick) || self.spare(&in_poll, view.period_ns);
             let shown = shown_in_fill(at_tick, place, force);
             let Some((stack, context, ran)) = shown else {
                 continue;
@@ -358,7 +392,7 @@ impl Ledger {
                 let spent = Spent::of_fill(&stack, ran);
                 (stack, context, spent)
             } else {
-                self.settle(stack, context, ran, view.period_ns)
+                self.settle((stack, context), ran, spare, view.period_ns)
             };
             self.account.shown(spent, view.period_ns);
             out(Out::Fill {

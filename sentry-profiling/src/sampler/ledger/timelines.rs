@@ -329,3 +329,48 @@ fn a_thread_woken_from_its_wait_shows_the_wait_then_what_it_ran() {
         "shows   -9   -9   -9   -9   -U      -U",
     ]);
 }
+
+// A worker polls request A, then parks between its polls (outside any
+// request, where no look read it), then polls A again; its timer catches
+// it in A at periods 1 and 4. The counts at tick 4: two periods of CPU
+// time (the capture's, and one no capture saw) and no wait. Inside A's
+// poll the thread ran or waited for a CPU (a thread blocked in a request
+// is found there: it is looked at every tick it stands in one), so the
+// period it ran without a capture is A's; the one outside is where it
+// blocked, not read. (Given in time order, A's period showed a wait not
+// read, and the worker's own period the CPU time: A's poll showed less
+// than it ran.)
+#[test]
+fn what_a_worker_ran_between_captures_goes_to_the_poll_it_ran_in() {
+    story(&[
+        "in      A      -    A    A",
+        "ran     C      .    .    C",
+        "counts  100/0  .    .    200/0",
+        "shows   A1     -?   AU   A1",
+    ]);
+}
+
+// The same with a wait for a CPU counted instead: it is shown in A's poll,
+// where the thread was runnable, not at the period it parked (filed under
+// A, outside its poll: A's poll showed a wait not read).
+#[test]
+fn a_wait_for_a_cpu_goes_to_the_poll_it_fell_in() {
+    story(&[
+        "in      A      -    A    A",
+        "ran     C      .    .    C",
+        "counts  100/0  .    .    100/100",
+        "shows   A1     -?   AW   A1",
+    ]);
+}
+
+// Counts for more than the polls' periods: those go first to the polls,
+// the rest to the periods outside them, in time order.
+#[test]
+fn counts_beyond_the_polls_periods_go_to_the_periods_outside_them() {
+    story(&[
+        "in      A      -    A    -    A",
+        "ran     C      .    .    .    C",
+        "counts  100/0  .    .    .    100/200",
+        "shows   A1     AW   AW   -?   A1",
+    ]);
+}
