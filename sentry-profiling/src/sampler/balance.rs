@@ -36,9 +36,33 @@ pub(super) enum Settled {
     /// `(waiting: where not read in time)`: a guessed running period the
     /// counts do not show running.
     WaitingUnread,
+    /// `(waiting for a CPU)` in a request's poll that the counts do not
+    /// explain yet: the thread was in the poll, so on a CPU or runnable
+    /// (not blocked), the counts read so far are all shown already, and
+    /// they are less behind on its run delay than on its CPU time.
+    /// Like a wait found at a look, it is shown at once and paid back from
+    /// the run delay counted later.
+    WaitingInPoll,
     /// `(running: no stack captured in time)`, for a period of counted CPU
     /// time no sample shows.
     Uncaptured,
+}
+
+/// What a fill shows before it is settled against the balances (see
+/// [`Balance::settle`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Guess {
+    /// It already shows a wait for a CPU (found runnable).
+    pub(super) waiting: bool,
+    /// It shows running code: a stack that ran (`ran`), or else a single
+    /// synthetic frame (a guess).
+    pub(super) running: bool,
+    pub(super) ran: bool,
+    /// Its stack is a single synthetic frame.
+    pub(super) synthetic: bool,
+    /// It stands in a request's poll where the thread was not found
+    /// blocked: it was on a CPU or runnable there.
+    pub(super) in_poll: bool,
 }
 
 /// One reading of the kernel's counts of a thread.
@@ -210,20 +234,25 @@ impl Balance {
         self.wait_lane
     }
 
-    /// Settles one fill against the balances: `waiting`, it already shows
-    /// a wait for a CPU (found runnable); `running`, it shows running code
-    /// (`ran`: a stack that ran; otherwise a single synthetic frame, a
-    /// guess). Where both balances are owed, the larger goes first.
-    /// `spare`: whether what they owe may be shown in this fill; not while
-    /// fills held after it need all of it (see `Ledger::drain`), and the
-    /// fill then shows what it would without the counts (a guess the
-    /// counts left over: a wait whose place was not read).
-    pub(super) fn settle(
-        &mut self,
-        (waiting, running, ran, synthetic): (bool, bool, bool, bool),
-        spare: bool,
-        period_ns: u64,
-    ) -> Settled {
+    /// Settles one fill against the balances (`fill`: what it shows).
+    /// Where both balances are owed, the larger goes first. `spare`:
+    /// whether what they owe may be shown in this fill; not while fills
+    /// held after it need all of it (see `Ledger::drain`), and the fill
+    /// then shows what it would without the counts (a guess the counts
+    /// left over: a wait whose place was not read). A guess in a request's
+    /// poll is not such a wait while the balances are behind (the counts
+    /// read so far are shown already, by waits found at a look and by
+    /// captures, and do not cover it yet; the thread was not blocked in
+    /// the poll): it shows the part they are least behind on, waiting for
+    /// a CPU or running, paid back from what the kernel counts later.
+    pub(super) fn settle(&mut self, fill: Guess, spare: bool, period_ns: u64) -> Settled {
+        let Guess {
+            waiting,
+            running,
+            ran,
+            synthetic,
+            in_poll,
+        } = fill;
         let (period, half) = (period_ns.max(1) as i64, (period_ns / 2) as i64);
         let floor = -MAX_OWED_PERIODS * period;
         let owes_wait = spare && self.cpu_wait_ns >= half;
@@ -233,16 +262,25 @@ impl Balance {
         } else if owes_wait && self.cpu_wait_ns >= self.ran_ns {
             Settled::WaitingForCpu
         } else if running && !ran && self.counted && synthetic && !owes_cpu {
-            // A period its place was not known for (it ran since it was
-            // last found), which the counts do not show running: the
-            // thread was blocked, somewhere not read.
-            Settled::WaitingUnread
+            if !in_poll || self.cpu_wait_ns.saturating_add(self.ran_ns) >= 0 {
+                // A period its place was not known for (it ran since it
+                // was last found), which the counts do not show running:
+                // the thread was blocked, somewhere not read.
+                Settled::WaitingUnread
+            } else if self.cpu_wait_ns >= self.ran_ns {
+                // In a request's poll (so not blocked), and the counts
+                // read so far are all shown already (waits found at a
+                // look, captures): this period is not counted yet.
+                Settled::WaitingInPoll
+            } else {
+                Settled::AsIs
+            }
         } else if running || !owes_cpu {
             Settled::AsIs
         } else {
             Settled::Uncaptured
         };
-        let waited = waiting || settled == Settled::WaitingForCpu;
+        let waited = waiting || matches!(settled, Settled::WaitingForCpu | Settled::WaitingInPoll);
         let shows_running = matches!(settled, Settled::Uncaptured)
             || (settled == Settled::AsIs && running && !waiting);
         if waited {
@@ -263,7 +301,7 @@ impl Balance {
         match settled {
             Settled::WaitingForCpu => t.shown_waiting += period_ns,
             Settled::Uncaptured => t.shown_uncaptured += period_ns,
-            Settled::AsIs | Settled::WaitingUnread => {}
+            Settled::AsIs | Settled::WaitingUnread | Settled::WaitingInPoll => {}
         }
         debug_assert!(
             t.shown_waiting <= t.run_delay + period_ns / 2,
@@ -286,6 +324,17 @@ mod tests {
 
     const P: u64 = 100;
 
+    /// A fill outside any poll: `waiting`, `running`, `ran`, `synthetic`.
+    fn g(waiting: bool, running: bool, ran: bool, synthetic: bool) -> Guess {
+        Guess {
+            waiting,
+            running,
+            ran,
+            synthetic,
+            in_poll: false,
+        }
+    }
+
     // A thread's story, one reading of its counts per line:
     //
     //   reading  run delay  CPU   held fills   fills settle as
@@ -296,7 +345,7 @@ mod tests {
         let mut b = Balance::default();
         b.counted(0, 230, P, 0, 3);
         let shown: Vec<Settled> = (0..3)
-            .map(|_| b.settle((false, false, false, true), true, P))
+            .map(|_| b.settle(g(false, false, false, true), true, P))
             .collect();
         assert_eq!(
             shown,
@@ -308,7 +357,7 @@ mod tests {
         );
         b.counted(0, 0, P, 0, 1);
         assert_eq!(
-            b.settle((false, false, false, true), true, P),
+            b.settle(g(false, false, false, true), true, P),
             Settled::AsIs
         );
     }
@@ -321,10 +370,13 @@ mod tests {
     #[test]
     fn a_wait_shown_before_it_was_counted_is_not_shown_twice() {
         let mut b = Balance::default();
-        assert_eq!(b.settle((true, false, false, true), true, P), Settled::AsIs);
+        assert_eq!(
+            b.settle(g(true, false, false, true), true, P),
+            Settled::AsIs
+        );
         b.counted(0, 100, P, 0, 1);
         assert_eq!(
-            b.settle((false, false, false, true), true, P),
+            b.settle(g(false, false, false, true), true, P),
             Settled::AsIs
         );
     }
@@ -342,7 +394,7 @@ mod tests {
         b.ran_a_period();
         b.counted(430, 0, P, 0, 3);
         let shown: Vec<Settled> = (0..3)
-            .map(|_| b.settle((false, false, false, false), true, P))
+            .map(|_| b.settle(g(false, false, false, false), true, P))
             .collect();
         assert_eq!(
             shown,
@@ -356,13 +408,13 @@ mod tests {
         let mut b = Balance::default();
         b.counted(0, 0, P, 0, 1);
         assert_eq!(
-            b.settle((false, true, false, true), true, P),
+            b.settle(g(false, true, false, true), true, P),
             Settled::WaitingUnread
         );
         // Before any count is read, a guess stands.
         let mut fresh = Balance::default();
         assert_eq!(
-            fresh.settle((false, true, false, true), true, P),
+            fresh.settle(g(false, true, false, true), true, P),
             Settled::AsIs
         );
     }
@@ -373,10 +425,10 @@ mod tests {
     fn what_is_owed_is_kept_for_the_fills_it_is_spared_for() {
         let mut b = Balance::default();
         b.counted(100, 100, P, 0, 2);
-        let guess = (false, true, false, true);
+        let guess = g(false, true, false, true);
         assert_eq!(b.settle(guess, false, P), Settled::WaitingUnread);
         assert_eq!(
-            b.settle((false, false, false, true), false, P),
+            b.settle(g(false, false, false, true), false, P),
             Settled::AsIs
         );
         assert_eq!(b.settle(guess, true, P), Settled::WaitingForCpu);
@@ -384,6 +436,32 @@ mod tests {
         // is owed.
         assert_eq!(b.settle(guess, true, P), Settled::AsIs);
         assert_eq!(b.settle(guess, true, P), Settled::WaitingUnread);
+    }
+
+    // A guess of running in a request's poll while the balances are behind
+    // (a wait found at a look, shown before the kernel counted it): the
+    // thread was not blocked in the poll, and the counts do not cover the
+    // period yet, so it shows the part the balances are least behind on,
+    // and owes it. Not behind, the counts covered it: a wait not read.
+    #[test]
+    fn a_guess_in_a_poll_the_counts_do_not_cover_yet_waited_or_ran() {
+        let mut b = Balance::default();
+        b.counted(0, 0, P, 0, 1);
+        let in_poll = Guess {
+            in_poll: true,
+            ..g(false, true, false, true)
+        };
+        assert_eq!(b.settle(in_poll, true, P), Settled::WaitingUnread);
+        let found = g(true, false, false, true);
+        assert_eq!(b.settle(found, true, P), Settled::AsIs);
+        assert_eq!(b.settle(in_poll, true, P), Settled::AsIs);
+        assert_eq!(b.settle(in_poll, true, P), Settled::WaitingInPoll);
+        // The kernel counts the waits: paid back, nothing more shown.
+        b.counted(0, 200, P, 0, 1);
+        assert_eq!(
+            b.settle(g(false, false, false, true), true, P),
+            Settled::AsIs
+        );
     }
 
     // The wait counted at a reading outside the request is the request's

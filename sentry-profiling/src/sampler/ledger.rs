@@ -23,7 +23,7 @@
 use std::sync::Arc;
 
 use super::Sample;
-use super::balance::{Balance, Reading, Settled};
+use super::balance::{Balance, Guess, Reading, Settled};
 use super::held::{Held, Pending};
 use super::period::{Account, Spent};
 use super::periods::AtTick;
@@ -198,8 +198,8 @@ impl Ledger {
     }
 
     /// The stack a fill shows once the kernel's counts are settled (see
-    /// `Balance::settle`; `spare`: whether what they owe may go to this
-    /// fill), its context, and what the thread spent its period doing (for
+    /// `Balance::settle`; `in_poll`: it stands in a request's poll;
+    /// `spare`: whether what they owe may go to this fill), its context, and what the thread spent its period doing (for
     /// its account): `stack`, which shows running code if `ran`, or a
     /// synthetic frame in its place. A wait the kernel counted, shown in a
     /// fill outside any request (`context` 0), is filed under the request
@@ -208,18 +208,20 @@ impl Ledger {
     fn settle(
         &mut self,
         (stack, mut context): (Arc<[u64]>, u64),
-        ran: bool,
+        (ran, in_poll): (bool, bool),
         spare: bool,
         period_ns: u64,
     ) -> (Arc<[u64]>, u64, Spent) {
         let frame = (stack.len() == 1).then(|| stack[0]);
-        let waiting = frame == Some(crate::frames::WAITING_FOR_CPU_FRAME);
-        let running = ran || frame == Some(crate::frames::UNCAPTURED_FRAME);
+        let fill = Guess {
+            waiting: frame == Some(crate::frames::WAITING_FOR_CPU_FRAME),
+            running: ran || frame == Some(crate::frames::UNCAPTURED_FRAME),
+            ran,
+            synthetic: frame.is_some(),
+            in_poll,
+        };
         let synthetic = super::periods::synthetic;
-        match self
-            .balance
-            .settle((waiting, running, ran, frame.is_some()), spare, period_ns)
-        {
+        match self.balance.settle(fill, spare, period_ns) {
             Settled::AsIs => {
                 let spent = Spent::of_fill(&stack, ran);
                 (stack, context, spent)
@@ -234,6 +236,10 @@ impl Ledger {
             Settled::WaitingUnread => {
                 let frame = synthetic(crate::frames::WAITING_UNREAD_FRAME);
                 (frame, context, Spent::NotKnown)
+            }
+            Settled::WaitingInPoll => {
+                let frame = synthetic(crate::frames::WAITING_FOR_CPU_FRAME);
+                (frame, context, Spent::WaitingForCpu { counted: false })
             }
             Settled::Uncaptured => {
                 let frame = synthetic(crate::frames::UNCAPTURED_FRAME);
@@ -381,7 +387,8 @@ impl Ledger {
             };
             let guessed = matches!(at_tick, AtTick::Outside | AtTick::Unknown);
             let (place, stale) = place_at(timestamp_ns);
-            let spare = in_poll(timestamp_ns, &at_tick) || self.spare(&in_poll, view.period_ns);
+            let poll = in_poll(timestamp_ns, &at_tick);
+            let spare = poll || self.spare(&in_poll, view.period_ns);
             let shown = shown_in_fill(at_tick, place, force);
             let Some((stack, context, ran)) = shown else {
                 continue;
@@ -392,7 +399,7 @@ impl Ledger {
                 let spent = Spent::of_fill(&stack, ran);
                 (stack, context, spent)
             } else {
-                self.settle((stack, context), ran, spare, view.period_ns)
+                self.settle((stack, context), (ran, poll), spare, view.period_ns)
             };
             self.account.shown(spent, view.period_ns);
             out(Out::Fill {
@@ -994,7 +1001,8 @@ mod tests {
         // Outside any request too: not the place it last waited in.
         l.push_fill(600, None, AtTick::Outside);
         l.alive_at(700);
-        l.kernel_counted(0, 100, 100, 0);
+        // (The capture at 450 ran its period.)
+        l.kernel_counted(100, 100, 100, 0);
         let got = drain(&mut l, &view(ran()));
         assert_eq!(got, [(600, WAITING, 0, true)]);
         // Never more than the fills held (and one) can show: a long wait
