@@ -19,7 +19,9 @@
 //!   shown yet (what the ledger's balance carries into it), by more than
 //!   half a period (a fill shows a whole period once half of one is owed).
 //!   Waits shown because the thread was *found* runnable are shown at once
-//!   and paid back from the run delay counted later (see `balance.rs`).
+//!   and paid back from the run delay counted later (see `balance.rs`), as
+//!   are those of a period in a request's poll the counts do not cover yet
+//!   (the thread was not blocked there).
 
 /// What a thread spent one period doing, as its sample shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +29,8 @@ pub(super) enum Spent {
     /// On a CPU: a capture, or `(running: no stack captured in time)`.
     OnCpu,
     /// Runnable, waiting for a CPU: counted by the kernel (`counted`), or
-    /// found so at a look.
+    /// found so at a look (or in a request's poll the counts do not cover
+    /// yet), and paid back from the counts later.
     WaitingForCpu { counted: bool },
     /// Blocked, where its stack shows.
     Blocked,
