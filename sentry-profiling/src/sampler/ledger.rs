@@ -11,10 +11,16 @@
 //!
 //! Here, the rules that join them: when a held fill may leave, and what it
 //! shows then (where the thread stood, or what the kernel counted, see
-//! [`Ledger::drain`]); every period a fill stands for is accounted for in
-//! the thread's [`Account`] (`period.rs`), whose invariants (a period's
-//! parts add up to it; the time shown waiting for a CPU never exceeds the
-//! run delay counted) are checked in debug builds.
+//! [`Ledger::drain`]). What the kernel counted goes first to the fills
+//! standing in a request's poll, where a worker runs or waits for a CPU
+//! (one blocked in a request is found there), then to the others in time
+//! order; a fill in a poll that the counts do not cover yet shows what they
+//! are least behind on, owed, never a wait whose place was not read (see
+//! `Ledger::spare`, `Balance::settle`). Every period a sample stands for
+//! is accounted for in the thread's [`Account`] (`period.rs`), whose
+//! invariants (a period's parts add up to it; the wait for a CPU shown
+//! from the counts never exceeds the run delay counted, over any interval
+//! from a reading on) are checked in debug builds.
 //!
 //! Everything here is decided from its arguments (no clock, no system
 //! call), so the unit tests below pin every case down, and the timelines
