@@ -93,6 +93,14 @@ pub struct SliceFigures {
     pub cpu_wait_ns: u64,
     /// `(running: no stack captured in time)` shown.
     pub uncaptured_ns: u64,
+    /// `(waiting: where not read in time)` shown: time of the requests
+    /// shown neither running nor waiting for a CPU (the requests never
+    /// block, so inside their polls it is time the ledger lost).
+    pub unread_ns: u64,
+    /// The transactions' `tokio.polled` (the time their future was polled).
+    pub polled_ns: u64,
+    /// The transactions' `tokio.cpu_wait`.
+    pub measured_cpu_wait_ns: u64,
     /// All the running time shown: every stack but those of waits
     /// (`burn_cpu`, the glue around it, and no stack captured).
     pub running_ns: u64,
@@ -136,15 +144,35 @@ impl SliceFigures {
         self.cpu_wait_ns as f64 / self.in_burn_ns.max(1) as f64
     }
 
+    /// The share of the polled time shown `(waiting: where not read in
+    /// time)`.
+    pub fn unread_share(&self) -> f64 {
+        self.unread_ns as f64 / self.polled_ns.max(1) as f64
+    }
+
+    /// The share of the polled time shown neither running nor waiting for
+    /// a CPU (`(waiting: where not read in time)` included): time the
+    /// ledger gave no request's poll, or another's. May be below zero where
+    /// waits are shown outside the polls.
+    pub fn unshown_share(&self) -> f64 {
+        (self.polled_ns as f64 - self.running_ns as f64 - self.cpu_wait_ns as f64)
+            / self.polled_ns.max(1) as f64
+    }
+
+    /// `tokio.cpu_wait` over the time shown waiting for a CPU.
+    pub fn measured_cpu_wait_ratio(&self) -> f64 {
+        self.measured_cpu_wait_ns as f64 / self.cpu_wait_ns.max(1) as f64
+    }
+
     /// The header of the table whose rows are this type's `Display`.
-    pub const TABLE_HEADER: &str = "slice  requests  in burn_cpu ms  cpu wait  shown  (estimated)  functions  of running  no stack  no capture";
+    pub const TABLE_HEADER: &str = "slice  requests  in burn_cpu ms  cpu wait  shown  (estimated)  functions  of running  no stack  no capture  unread  unshown  tx cpu_wait";
 }
 
 impl std::fmt::Display for SliceFigures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:>3} ms  {:>8}  {:>14.1}  {:>8.3}  {:>5.3}  ({:>9.3})  {:>9.3}  {:>10.3}  {:>8.4}  {:>10}",
+            "{:>3} ms  {:>8}  {:>14.1}  {:>8.3}  {:>5.3}  ({:>9.3})  {:>9.3}  {:>10.3}  {:>8.4}  {:>10}  {:>6.3}  {:>7.3}  {:>11.3}",
             self.slice_ms,
             self.requests,
             self.in_burn_ns as f64 / 1e6,
@@ -155,6 +183,9 @@ impl std::fmt::Display for SliceFigures {
             self.burn_share_of_running(),
             self.uncaptured_share(),
             self.without_capture,
+            self.unread_share(),
+            self.unshown_share(),
+            self.measured_cpu_wait_ratio(),
         )
     }
 }
@@ -354,6 +385,8 @@ pub fn measure(rounds: u64, connections: usize, readme: &str) -> Vec<SliceFigure
                 mine.cpu_wait_ns += s.weight_ns;
             } else if names.first() == Some(&Some(sentry_view::UNCAPTURED_FUNCTION)) {
                 mine.uncaptured_ns += s.weight_ns;
+            } else if names.first() == Some(&Some(sentry_view::WAITING_UNREAD_FUNCTION)) {
+                mine.unread_ns += s.weight_ns;
             }
         }
         if !captured {
@@ -369,6 +402,9 @@ pub fn measure(rounds: u64, connections: usize, readme: &str) -> Vec<SliceFigure
         fig.estimated_ns += mine.estimated_ns;
         fig.cpu_wait_ns += mine.cpu_wait_ns;
         fig.uncaptured_ns += mine.uncaptured_ns;
+        fig.unread_ns += mine.unread_ns;
+        fig.polled_ns += measurement_ns(tx, "tokio.polled");
+        fig.measured_cpu_wait_ns += measurement_ns(tx, "tokio.cpu_wait");
         for (key, ns) in mine.other_running {
             match fig.other_running.iter_mut().find(|o| o.0 == key) {
                 Some(o) => o.1 += ns,
@@ -434,6 +470,13 @@ fn charged_to_burn(chunk: &ProfileChunk, images: &[Image], rules: &Rules, stack:
     let at = stack.iter().position(|f| name_of(f) == Some(name.as_str()));
     !name.starts_with("sentry_profiling")
         && at.is_some_and(|k| stack[k + 1..].iter().any(|f| is_burn(name_of(f))))
+}
+
+/// A transaction's measurement `key` (in ms), in ns; 0 if it has none.
+fn measurement_ns(tx: &Value, key: &str) -> u64 {
+    tx.pointer(&format!("/measurements/{key}/value"))
+        .and_then(Value::as_f64)
+        .map_or(0, |ms| (ms * 1e6) as u64)
 }
 
 fn trace_of(tx: &Value) -> Option<String> {

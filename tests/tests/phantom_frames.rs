@@ -37,7 +37,11 @@ const MIN_SHOWN: f64 = 0.5;
 /// How far the time requests are shown waiting for a CPU may lie from the
 /// kernel's count of it (the run delay of their threads in the timed
 /// calls), as a ratio: 0.82 to 0.83 measured on an idle machine, 0.95 to
-/// 0.97 beside four CPU hogs. A thread's waits are shown a period per fill
+/// 0.97 beside four CPU hogs; 1.01 to 1.04 beside four CPU hogs on a
+/// machine busy with other builds (load 6 to 7) since the periods in a
+/// request's poll take the counted waits first, and those the counts do
+/// not cover yet show a wait, owed (the thread's total stays the kernel's
+/// count; more of it falls in the requests). A thread's waits are shown a period per fill
 /// of a period it did not run through (counted in fills, 0.97 of the
 /// kernel's count on an idle machine); Sentry weights each sample by the
 /// time to the next one, and waits of a few milliseconds between runs (the

@@ -224,7 +224,7 @@ pub(super) fn learned_waiting(
     context: u64,
 ) {
     // A thread that blocks is not one whose timer the kernel keeps missing.
-    t.ran_uncaptured_from = None;
+    t.timer_caught_up();
     let answer = t.place.found_waiting(stack, context, true, ts);
     t.schedule.answered(answer, tick_no, MAX_ASK_EVERY);
 }

@@ -3,9 +3,8 @@
 //! `/proc/self/task/<tid>/schedstat` at each reading, against the periods
 //! its samples of running code and its fills already show.
 //!
-//! The ledger (`ledger.rs`) places a thread's samples on its period slots
-//! and decides when they leave; this is the third of its concerns, the
-//! balances that decide what a fill whose place is a guess shows: `(waiting
+//! The ledger (`ledger.rs`) joins three concerns: placement (`slots.rs`),
+//! the held queue (`held.rs`), and this one, the balances that decide what a fill whose place is a guess shows: `(waiting
 //! for a CPU)` for a period of counted run delay, `(running: no stack
 //! captured in time)` for a period of counted CPU time no sample shows.
 //!
@@ -16,7 +15,9 @@
 //! period (a fill shows a whole period once half of one is owed). Fills
 //! shown waiting because the thread was *found* runnable and not running
 //! at a look are shown at once, and paid back from the run delay the
-//! kernel counts later (at most [`MAX_OWED_PERIODS`] ahead).
+//! kernel counts later (at most [`MAX_OWED_PERIODS`] ahead). The thread's
+//! account (`period.rs`) checks the stronger form for the waits: over any
+//! interval from a reading on.
 
 /// Most periods of fills a thread's ledger remembers having shown waiting
 /// for a CPU, or running, before the kernel counted that time: a thread
@@ -35,14 +36,59 @@ pub(super) enum Settled {
     /// `(waiting: where not read in time)`: a guessed running period the
     /// counts do not show running.
     WaitingUnread,
+    /// `(waiting for a CPU)` in a request's poll that the counts do not
+    /// explain yet: the thread was in the poll, so on a CPU or runnable
+    /// (not blocked), the counts read so far are all shown already, and
+    /// they are less behind on its run delay than on its CPU time.
+    /// Like a wait found at a look, it is shown at once and paid back from
+    /// the run delay counted later.
+    WaitingInPoll,
     /// `(running: no stack captured in time)`, for a period of counted CPU
     /// time no sample shows.
     Uncaptured,
 }
 
+/// What a fill shows before it is settled against the balances (see
+/// [`Balance::settle`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Guess {
+    /// It already shows a wait for a CPU (found runnable).
+    pub(super) waiting: bool,
+    /// It shows running code: a stack that ran (`ran`), or else a single
+    /// synthetic frame (a guess).
+    pub(super) running: bool,
+    pub(super) ran: bool,
+    /// Its stack is a single synthetic frame.
+    pub(super) synthetic: bool,
+    /// It stands in a request's poll where the thread was not found
+    /// blocked: it was on a CPU or runnable there.
+    pub(super) in_poll: bool,
+}
+
+/// One reading of the kernel's counts of a thread.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Reading {
+    /// When they were read (`CLOCK_REALTIME`, ns): they cover the fills up
+    /// to then.
+    pub(super) at_ns: u64,
+    /// Whether the thread was last found waiting (blocked in the kernel):
+    /// the time these counts cover began with that wait (see
+    /// `Ledger::blocked_first`).
+    pub(super) began_waiting: bool,
+    /// The request the thread stands in now (0 for none).
+    pub(super) lane_now: u64,
+    /// Its CPU time and run delay counted since the reading before, ns;
+    /// `None` at the first reading.
+    pub(super) since: Option<(u64, u64)>,
+}
+
 /// A thread's balances (see the module doc).
 #[derive(Debug, Default)]
 pub(super) struct Balance {
+    /// When the counts were last read (see [`Reading::at_ns`]).
+    counted_to_ns: u64,
+    /// See [`Reading::began_waiting`], at the latest reading.
+    began_waiting: bool,
     /// Run delay counted that no fill shows yet, ns, less the fills that
     /// showed such a wait before the kernel counted it.
     cpu_wait_ns: i64,
@@ -80,9 +126,51 @@ impl Balance {
         self.running_since_read = self.running_since_read.saturating_add(1);
     }
 
+    /// The kernel's counts were read (see [`Reading`]); `held_fills` fills
+    /// are held now.
+    pub(super) fn read(&mut self, reading: Reading, period_ns: u64, held_fills: i64) {
+        self.counted_to_ns = reading.at_ns;
+        self.began_waiting = reading.began_waiting;
+        match reading.since {
+            Some((cpu_ns, run_delay_ns)) => self.counted(
+                cpu_ns,
+                run_delay_ns,
+                period_ns,
+                reading.lane_now,
+                held_fills,
+            ),
+            None => self.counting_from_now(reading.lane_now),
+        }
+    }
+
+    /// Records a reading at `at_ns` that counted nothing (for the tests'
+    /// stories).
+    #[cfg(test)]
+    pub(super) fn was_read(&mut self, at_ns: u64, began_waiting: bool) {
+        self.counted_to_ns = at_ns;
+        self.began_waiting = began_waiting;
+    }
+
+    /// When the counts were last read: they cover the fills up to then.
+    pub(super) fn counted_to_ns(&self) -> u64 {
+        self.counted_to_ns
+    }
+
+    /// Whether the time the latest counts cover began with the thread
+    /// found waiting.
+    pub(super) fn began_waiting(&self) -> bool {
+        self.began_waiting
+    }
+
+    /// The run delay counted that no fill shows yet, ns (0 if fills showed
+    /// more, found waiting before the kernel counted it).
+    pub(super) fn carried_wait_ns(&self) -> u64 {
+        u64::try_from(self.cpu_wait_ns).unwrap_or(0)
+    }
+
     /// The counts are read for the first time now: the samples of running
     /// code queued so far are not part of what the next count covers.
-    pub(super) fn counting_from_now(&mut self, lane_now: u64) {
+    fn counting_from_now(&mut self, lane_now: u64) {
         self.running_since_read = 0;
         self.lane_at_read = lane_now;
     }
@@ -93,7 +181,7 @@ impl Balance {
     /// stands in now (0 for none). Neither balance is owed for more than
     /// the fills held now (and one) can show, so a time shows in the
     /// periods it was counted for, not in later ones.
-    pub(super) fn counted(
+    fn counted(
         &mut self,
         cpu_ns: u64,
         run_delay_ns: u64,
@@ -146,35 +234,53 @@ impl Balance {
         self.wait_lane
     }
 
-    /// Settles one fill against the balances: `waiting`, it already shows
-    /// a wait for a CPU (found runnable); `running`, it shows running code
-    /// (`ran`: a stack that ran; otherwise a single synthetic frame, a
-    /// guess). Where both balances are owed, the larger goes first.
-    pub(super) fn settle(
-        &mut self,
-        waiting: bool,
-        running: bool,
-        ran: bool,
-        synthetic: bool,
-        period_ns: u64,
-    ) -> Settled {
+    /// Settles one fill against the balances (`fill`: what it shows).
+    /// Where both balances are owed, the larger goes first. `spare`:
+    /// whether what they owe may be shown in this fill; not while fills
+    /// held after it need all of it (see `Ledger::drain`), and the fill
+    /// then shows what it would without the counts (a guess the counts
+    /// left over: a wait whose place was not read). A guess in a request's
+    /// poll is not such a wait while the balances are behind (the counts
+    /// read so far are shown already, by waits found at a look and by
+    /// captures, and do not cover it yet; the thread was not blocked in
+    /// the poll): it shows the part they are least behind on, waiting for
+    /// a CPU or running, paid back from what the kernel counts later.
+    pub(super) fn settle(&mut self, fill: Guess, spare: bool, period_ns: u64) -> Settled {
+        let Guess {
+            waiting,
+            running,
+            ran,
+            synthetic,
+            in_poll,
+        } = fill;
         let (period, half) = (period_ns.max(1) as i64, (period_ns / 2) as i64);
         let floor = -MAX_OWED_PERIODS * period;
+        let owes_wait = spare && self.cpu_wait_ns >= half;
+        let owes_cpu = spare && self.ran_ns >= half;
         let settled = if waiting {
             Settled::AsIs
-        } else if self.cpu_wait_ns >= half && self.cpu_wait_ns >= self.ran_ns {
+        } else if owes_wait && self.cpu_wait_ns >= self.ran_ns {
             Settled::WaitingForCpu
-        } else if running && !ran && self.counted && synthetic && self.ran_ns < half {
-            // A period its place was not known for (it ran since it was
-            // last found), which the counts do not show running: the
-            // thread was blocked, somewhere not read.
-            Settled::WaitingUnread
-        } else if running || self.ran_ns < half {
+        } else if running && !ran && self.counted && synthetic && !owes_cpu {
+            if !in_poll || self.cpu_wait_ns.saturating_add(self.ran_ns) >= 0 {
+                // A period its place was not known for (it ran since it
+                // was last found), which the counts do not show running:
+                // the thread was blocked, somewhere not read.
+                Settled::WaitingUnread
+            } else if self.cpu_wait_ns >= self.ran_ns {
+                // In a request's poll (so not blocked), and the counts
+                // read so far are all shown already (waits found at a
+                // look, captures): this period is not counted yet.
+                Settled::WaitingInPoll
+            } else {
+                Settled::AsIs
+            }
+        } else if running || !owes_cpu {
             Settled::AsIs
         } else {
             Settled::Uncaptured
         };
-        let waited = waiting || settled == Settled::WaitingForCpu;
+        let waited = waiting || matches!(settled, Settled::WaitingForCpu | Settled::WaitingInPoll);
         let shows_running = matches!(settled, Settled::Uncaptured)
             || (settled == Settled::AsIs && running && !waiting);
         if waited {
@@ -195,7 +301,7 @@ impl Balance {
         match settled {
             Settled::WaitingForCpu => t.shown_waiting += period_ns,
             Settled::Uncaptured => t.shown_uncaptured += period_ns,
-            Settled::AsIs | Settled::WaitingUnread => {}
+            Settled::AsIs | Settled::WaitingUnread | Settled::WaitingInPoll => {}
         }
         debug_assert!(
             t.shown_waiting <= t.run_delay + period_ns / 2,
@@ -218,6 +324,17 @@ mod tests {
 
     const P: u64 = 100;
 
+    /// A fill outside any poll: `waiting`, `running`, `ran`, `synthetic`.
+    fn g(waiting: bool, running: bool, ran: bool, synthetic: bool) -> Guess {
+        Guess {
+            waiting,
+            running,
+            ran,
+            synthetic,
+            in_poll: false,
+        }
+    }
+
     // A thread's story, one reading of its counts per line:
     //
     //   reading  run delay  CPU   held fills   fills settle as
@@ -228,7 +345,7 @@ mod tests {
         let mut b = Balance::default();
         b.counted(0, 230, P, 0, 3);
         let shown: Vec<Settled> = (0..3)
-            .map(|_| b.settle(false, false, false, true, P))
+            .map(|_| b.settle(g(false, false, false, true), true, P))
             .collect();
         assert_eq!(
             shown,
@@ -239,7 +356,10 @@ mod tests {
             ]
         );
         b.counted(0, 0, P, 0, 1);
-        assert_eq!(b.settle(false, false, false, true, P), Settled::AsIs);
+        assert_eq!(
+            b.settle(g(false, false, false, true), true, P),
+            Settled::AsIs
+        );
     }
 
     // Found runnable at a look, a fill shows the wait at once (owed); the
@@ -250,9 +370,15 @@ mod tests {
     #[test]
     fn a_wait_shown_before_it_was_counted_is_not_shown_twice() {
         let mut b = Balance::default();
-        assert_eq!(b.settle(true, false, false, true, P), Settled::AsIs);
+        assert_eq!(
+            b.settle(g(true, false, false, true), true, P),
+            Settled::AsIs
+        );
         b.counted(0, 100, P, 0, 1);
-        assert_eq!(b.settle(false, false, false, true, P), Settled::AsIs);
+        assert_eq!(
+            b.settle(g(false, false, false, true), true, P),
+            Settled::AsIs
+        );
     }
 
     // CPU time no capture shows becomes `(running: no stack captured in
@@ -268,7 +394,7 @@ mod tests {
         b.ran_a_period();
         b.counted(430, 0, P, 0, 3);
         let shown: Vec<Settled> = (0..3)
-            .map(|_| b.settle(false, false, false, false, P))
+            .map(|_| b.settle(g(false, false, false, false), true, P))
             .collect();
         assert_eq!(
             shown,
@@ -282,12 +408,60 @@ mod tests {
         let mut b = Balance::default();
         b.counted(0, 0, P, 0, 1);
         assert_eq!(
-            b.settle(false, true, false, true, P),
+            b.settle(g(false, true, false, true), true, P),
             Settled::WaitingUnread
         );
         // Before any count is read, a guess stands.
         let mut fresh = Balance::default();
-        assert_eq!(fresh.settle(false, true, false, true, P), Settled::AsIs);
+        assert_eq!(
+            fresh.settle(g(false, true, false, true), true, P),
+            Settled::AsIs
+        );
+    }
+
+    // Owed a period of each, kept for fills held after this one: it shows
+    // what it would without the counts, and the balances stay owed.
+    #[test]
+    fn what_is_owed_is_kept_for_the_fills_it_is_spared_for() {
+        let mut b = Balance::default();
+        b.counted(100, 100, P, 0, 2);
+        let guess = g(false, true, false, true);
+        assert_eq!(b.settle(guess, false, P), Settled::WaitingUnread);
+        assert_eq!(
+            b.settle(g(false, false, false, true), false, P),
+            Settled::AsIs
+        );
+        assert_eq!(b.settle(guess, true, P), Settled::WaitingForCpu);
+        // The guess of running stands for the CPU time owed; then nothing
+        // is owed.
+        assert_eq!(b.settle(guess, true, P), Settled::AsIs);
+        assert_eq!(b.settle(guess, true, P), Settled::WaitingUnread);
+    }
+
+    // A guess of running in a request's poll while the balances are behind
+    // (a wait found at a look, shown before the kernel counted it): the
+    // thread was not blocked in the poll, and the counts do not cover the
+    // period yet, so it shows the part the balances are least behind on,
+    // and owes it. Not behind, the counts covered it: a wait not read.
+    #[test]
+    fn a_guess_in_a_poll_the_counts_do_not_cover_yet_waited_or_ran() {
+        let mut b = Balance::default();
+        b.counted(0, 0, P, 0, 1);
+        let in_poll = Guess {
+            in_poll: true,
+            ..g(false, true, false, true)
+        };
+        assert_eq!(b.settle(in_poll, true, P), Settled::WaitingUnread);
+        let found = g(true, false, false, true);
+        assert_eq!(b.settle(found, true, P), Settled::AsIs);
+        assert_eq!(b.settle(in_poll, true, P), Settled::AsIs);
+        assert_eq!(b.settle(in_poll, true, P), Settled::WaitingInPoll);
+        // The kernel counts the waits: paid back, nothing more shown.
+        b.counted(0, 200, P, 0, 1);
+        assert_eq!(
+            b.settle(g(false, false, false, true), true, P),
+            Settled::AsIs
+        );
     }
 
     // The wait counted at a reading outside the request is the request's

@@ -559,13 +559,13 @@ impl Worker {
             }
             let alive = sys::thread_cpu_time_ns(t.info.tid).is_some();
             if alive {
-                t.ledger.alive_ns = u64::MAX;
+                t.ledger.alive_at(u64::MAX);
             }
             flush(&mut services.out, c, t, Flush::Leaving, period_ns);
             // Fills after the thread was last seen alive are dropped.
             t.ledger.clear();
             if alive {
-                t.ledger.alive_ns = sys::realtime_ns();
+                t.ledger.alive_until(sys::realtime_ns());
             }
             t.schedule.reset_checks();
         }

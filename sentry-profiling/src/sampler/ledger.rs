@@ -1,215 +1,39 @@
-//! Each thread's ledger of sampling periods: which period slots its samples
-//! take, which samples it holds back, and in what order they leave.
+//! Each thread's ledger of sampling periods: its three concerns put
+//! together, and what a fill shows when it leaves.
 //!
-//! The sampler's ticks cut wall time into period slots, one per tick at
-//! the tick's deadline (a late tick stands for the slots it missed, one
-//! period apart back from the latest deadline passed when it runs: see
-//! [`tick_span`]; and for a thread whose capture it harvested later still,
-//! up to that capture: see [`thread_slots`]). Every slot of a live thread
-//! gets at least one sample:
+//! - placement (`slots.rs`): which period slots a thread's samples take,
+//!   and which get fills;
+//! - the held queue (`held.rs`): its samples waiting to leave, in time
+//!   order, until the thread is known alive at their time and where it
+//!   stands is known;
+//! - the balances of the kernel's counts (`balance.rs`): the run delay and
+//!   CPU time counted that its samples do not show yet.
 //!
-//! - a sample of running code (a timer capture, or a stand-in for a period
-//!   the kernel counted without a capture, where its counts of the
-//!   thread's CPU time cannot be read) takes the free slot nearest to
-//!   it within half a period, a held fill's slot included (that fill is
-//!   then cancelled); one that finds none is an extra sample, kept;
-//! - every slot left free gets a fill.
-//!
-//! So each slot has a sample within half a period of it, and two
-//! consecutive samples of a live thread are never more than two periods
-//! apart: Sentry weights a sample by the time to the next sample of its
-//! thread, and a slot without a sample would be charged to the sample
-//! before it. A held fill is cancelled only by a sample of running code in
-//! its own slot, never by a count of captures elsewhere.
-//!
-//! A thread's samples leave in time order: a fill is held until the thread
-//! is known alive at its time (no sample outlives its thread) and where it
-//! stands is known, and the samples after it wait with it.
+//! Here, the rules that join them: when a held fill may leave, and what it
+//! shows then (where the thread stood, or what the kernel counted, see
+//! [`Ledger::drain`]). What the kernel counted goes first to the fills
+//! standing in a request's poll, where a worker runs or waits for a CPU
+//! (one blocked in a request is found there), then to the others in time
+//! order; a fill in a poll that the counts do not cover yet shows what they
+//! are least behind on, owed, never a wait whose place was not read (see
+//! `Ledger::spare`, `Balance::settle`). Every period a sample stands for
+//! is accounted for in the thread's [`Account`] (`period.rs`), whose
+//! invariants (a period's parts add up to it; the wait for a CPU shown
+//! from the counts never exceeds the run delay counted, over any interval
+//! from a reading on) are checked in debug builds.
 //!
 //! Everything here is decided from its arguments (no clock, no system
-//! call), so the unit tests below pin every case down.
+//! call), so the unit tests below pin every case down, and the timelines
+//! (`ledger/timelines.rs`) draw a thread's story period by period.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::Sample;
-use super::balance::{Balance, Settled};
+use super::balance::{Balance, Guess, Reading, Settled};
+use super::held::{Held, Pending};
+use super::period::{Account, Spent};
 use super::periods::AtTick;
-
-/// Most samples beyond one per slot a thread's ledger remembers, to cancel
-/// held fills for.
-const MAX_SURPLUS: i64 = 4;
-
-/// Most samples a thread may hold; more means the oldest is written out.
-pub(super) const MAX_PENDING: usize = 256;
-
-/// A thread's sample waiting to be emitted; a thread's samples leave in
-/// time order (see the sampler's module docs).
-#[derive(Debug)]
-pub(super) enum Pending {
-    /// A tick at which the thread was not captured, to be recorded with the
-    /// stack it waits in (and the context word captured with that stack)
-    /// once the thread is known alive at or after it; `at_tick` is what the
-    /// thread's published context word said at the tick.
-    Fill {
-        timestamp_ns: u64,
-        /// The context word the thread published at the fill's moment
-        /// (see `periods::standing`).
-        word: Option<Option<u64>>,
-        at_tick: AtTick,
-    },
-    /// A sample of running code.
-    Sample(super::Sample),
-}
-
-impl Pending {
-    pub(super) fn timestamp_ns(&self) -> u64 {
-        match self {
-            Self::Fill { timestamp_ns, .. } => *timestamp_ns,
-            Self::Sample(s) => s.timestamp_ns(),
-        }
-    }
-}
-
-/// The period slots a tick stands for, oldest first: `periods` slots one
-/// `period_ns` apart ending at `slot_end` (the tick's deadline), only those
-/// after `last_slot` (the thread's slot at its previous tick). A thread
-/// seen for the first time gets the latest slot only.
-pub(super) fn slot_times(
-    periods: u32,
-    slot_end: u64,
-    last_slot: Option<u64>,
-    period_ns: u64,
-) -> Vec<u64> {
-    let Some(last) = last_slot else {
-        return vec![slot_end];
-    };
-    (0..u64::from(periods))
-        .rev()
-        .map(|j| slot_end.saturating_sub(j.saturating_mul(period_ns)))
-        .filter(|&s| s > last)
-        .collect()
-}
-
-/// A thread's slots at a tick (see [`slot_times`]), carried on to the
-/// latest deadline before its latest capture `latest_ns` harvested then,
-/// if that is later than the tick's latest slot: a sampler thread
-/// preempted in the middle of a tick harvests captures taken after the
-/// tick began, and a slot they left behind that the next tick filled
-/// would leave after them, out of its place. At most `max_extra` slots
-/// are added.
-pub(super) fn thread_slots(
-    periods: u32,
-    slot_end: u64,
-    last_slot: Option<u64>,
-    period_ns: u64,
-    latest_ns: Option<u64>,
-    max_extra: u32,
-) -> Vec<u64> {
-    let period_ns = period_ns.max(1);
-    let extra = latest_ns.map_or(0, |c| {
-        (c.saturating_sub(slot_end) / period_ns).min(u64::from(max_extra))
-    });
-    slot_times(
-        periods.saturating_add(extra as u32),
-        slot_end + extra * period_ns,
-        last_slot,
-        period_ns,
-    )
-}
-
-/// What a tick that runs `late_ns` after its deadline stands for, with
-/// `owed` periods missed before it (at most `max_periods` in all): how
-/// many periods, how many whole periods after its deadline it ran (those
-/// deadlines are its own too), and its latest slot, the latest deadline
-/// passed (`now_ns` is when it runs).
-///
-/// A tick that runs more than a period late stands for every deadline
-/// passed by now: the captures it harvests were taken up to now, and a
-/// slot they left behind that the next tick filled would leave after
-/// them, out of its place (a gap of the stall's length).
-pub(super) fn tick_span(
-    owed: u32,
-    late_ns: u64,
-    period_ns: u64,
-    now_ns: u64,
-    max_periods: u32,
-) -> (u32, u32, u64) {
-    let period_ns = period_ns.max(1);
-    let passed = (late_ns / period_ns).min(u64::from(max_periods)) as u32;
-    let periods = (1 + owed + passed).min(max_periods.max(1));
-    (periods, passed, now_ns.saturating_sub(late_ns % period_ns))
-}
-
-/// The times of a tick's stand-ins: one for each of the `missed` periods
-/// the kernel counted without a capture (at most the tick's `periods`),
-/// a microsecond apart right after the tick's latest capture at `after`
-/// (the thread ran through them, running what it shows; no request may
-/// get a moment it was not running in). None without a capture this tick,
-/// or without a stack to repeat.
-pub(super) fn stand_in_times(
-    after: Option<u64>,
-    missed: u32,
-    periods: u32,
-    has_stack: bool,
-) -> Vec<u64> {
-    match after {
-        Some(after) if has_stack => (1..=u64::from(missed.min(periods)))
-            .map(|i| after + i * 1_000)
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// Where one tick's samples of running code went.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Placement {
-    /// Held fills whose slot a sample of running code took (their
-    /// timestamps).
-    pub(super) cancelled: Vec<u64>,
-    /// The tick's slots no sample took: each gets a fill.
-    pub(super) free: Vec<u64>,
-    /// Samples of running code that found no free slot near them (their
-    /// timestamps).
-    pub(super) extra: Vec<u64>,
-}
-
-/// Places samples of running code (`running`, in time order) on the free
-/// slots: the tick's new `slots` and the slots of `held` fills. Each takes
-/// the free slot nearest to it within `half_ns` (the older on a tie).
-pub(super) fn place(slots: &[u64], held: &[u64], running: &[u64], half_ns: u64) -> Placement {
-    // (slot time, whether it is a held fill), in time order.
-    let mut free: Vec<(u64, bool)> = held
-        .iter()
-        .map(|&t| (t, true))
-        .chain(slots.iter().map(|&t| (t, false)))
-        .collect();
-    free.sort_unstable();
-    let mut out = Placement::default();
-    for &ts in running {
-        let nearest = free
-            .iter()
-            .enumerate()
-            .filter(|(_, (slot, _))| slot.abs_diff(ts) <= half_ns)
-            .min_by_key(|(_, (slot, _))| slot.abs_diff(ts))
-            .map(|(i, _)| i);
-        match nearest {
-            Some(i) => {
-                let (slot, held) = free.remove(i);
-                if held {
-                    out.cancelled.push(slot);
-                }
-            }
-            None => out.extra.push(ts),
-        }
-    }
-    out.free = free
-        .into_iter()
-        .filter(|&(_, held)| !held)
-        .map(|(t, _)| t)
-        .collect();
-    out
-}
+use super::slots::{Placement, Slots};
 
 /// Where a thread's fills stand when they leave, unless their
 /// [`AtTick`] says otherwise (see [`Ledger::drain`]).
@@ -264,37 +88,17 @@ pub(super) struct DrainView {
     pub(super) period_ns: u64,
 }
 
-/// One thread's ledger.
+/// One thread's ledger (see the module doc).
 #[derive(Debug, Default)]
 pub(super) struct Ledger {
-    /// Samples waiting to leave, in time order.
-    pending: VecDeque<Pending>,
-    /// The time up to which the thread is known to have been alive.
-    pub(super) alive_ns: u64,
-    /// The newest timestamp of the samples that left so far.
-    pub(super) emitted_ns: u64,
-    /// The slot of the thread's latest tick.
-    pub(super) last_slot: Option<u64>,
-    /// The thread's latest capture: its time, stack and context word.
-    last_capture: Option<(u64, Arc<[u64]>, u64)>,
-    /// Samples queued beyond the slots given (at most `MAX_SURPLUS`): held
-    /// fills that have a sample of running code close on both sides are
-    /// cancelled while there are any.
-    surplus: u32,
-    /// Samples of running code after the latest slot that took no slot
-    /// yet: the next tick's slot may be theirs (a tick runs after its
-    /// deadline, and harvests captures taken since).
-    carried: Vec<u64>,
-    /// What the kernel counted of the thread that its samples do not show
-    /// yet (see [`Balance`]).
+    /// Where its samples go.
+    slots: Slots,
+    /// What waits to leave.
+    held: Held,
+    /// What the kernel counted that its samples do not show yet.
     balance: Balance,
-    /// When the kernel's counts were last read (`CLOCK_REALTIME`, ns): they
-    /// cover the fills up to then.
-    pub(super) counted_to_ns: u64,
-    /// Whether the thread was last found waiting (blocked in the kernel)
-    /// when the kernel's counts were last read: the time they cover began
-    /// with that wait (see [`Ledger::blocked_first`]).
-    pub(super) began_waiting: bool,
+    /// What the periods that left stood for.
+    account: Account,
 }
 
 impl Ledger {
@@ -306,36 +110,46 @@ impl Ledger {
     /// period, and the guess is left only for time it was blocked.
     pub(super) fn wants_counts(&self, place: &FillPlace) -> bool {
         place.ran
-            && self.pending.iter().any(|p| {
-                matches!(p, Pending::Fill { timestamp_ns, .. }
-                    if *timestamp_ns > self.counted_to_ns && *timestamp_ns <= self.alive_ns)
-            })
+            && self
+                .held
+                .any_fill_within(self.balance.counted_to_ns(), self.held.alive_ns())
     }
 
-    /// The slots of the fills held, oldest first.
-    pub(super) fn held_fills(&self) -> Vec<u64> {
-        self.pending
-            .iter()
-            .filter_map(|p| match p {
-                Pending::Fill { timestamp_ns, .. } => Some(*timestamp_ns),
-                Pending::Sample(_) => None,
-            })
-            .collect()
+    /// The thread is known to have been alive at `ns`.
+    pub(super) fn alive_at(&mut self, ns: u64) {
+        self.held.alive_at(ns);
+    }
+
+    /// The thread is known alive up to `ns` and no later (set anew, after
+    /// its held samples were dropped).
+    pub(super) fn alive_until(&mut self, ns: u64) {
+        self.held.alive_until(ns);
+    }
+
+    /// The latest moment the thread is known to have been alive: at its
+    /// latest sample or look, or the latest reading of its counts.
+    pub(super) fn known_alive_ns(&self) -> u64 {
+        self.held.alive_ns().max(self.balance.counted_to_ns())
+    }
+
+    /// The thread's period slots at a tick (see `slots::thread_slots`):
+    /// `periods` ending at `slot_end`, carried on to its latest capture
+    /// `latest_ns`, by at most `max_extra`.
+    pub(super) fn slots_of_tick(
+        &mut self,
+        periods: u32,
+        slot_end: u64,
+        period_ns: u64,
+        latest_ns: Option<u64>,
+        max_extra: u32,
+    ) -> Vec<u64> {
+        self.slots
+            .of_tick(periods, slot_end, period_ns, latest_ns, max_extra)
     }
 
     /// Places one tick's samples of running code (already queued) on the
-    /// tick's `slots` and the held fills' (see [`place`]), cancels the held
-    /// fills whose slot they took, and returns the placement (the free
-    /// slots get fills).
-    ///
-    /// A sample that found no free slot within half a period may then take
-    /// a free slot up to a period before it, if the sample of running code
-    /// (or the sample already emitted) before that slot is at most two
-    /// periods before it: no gap longer than two periods opens, and a busy
-    /// thread whose captures drift against the ticks (a CPU-time timer
-    /// fires at the kernel's scheduler tick) is not sampled more often than
-    /// once per period (`place_late`). Likewise, while the thread has more
-    /// samples than slots, held fills go (`cancel_surplus`).
+    /// tick's `slots` and the held fills' (see `Slots::place_tick`); the
+    /// free slots of the placement returned get fills.
     pub(super) fn place_tick(
         &mut self,
         slots: Vec<u64>,
@@ -343,172 +157,27 @@ impl Ledger {
         half_ns: u64,
         period_ns: u64,
     ) -> Placement {
-        let mut all = std::mem::take(&mut self.carried);
-        if all.is_empty() && running.is_empty() {
-            // Nothing ran (a parked thread, most of the time): every new
-            // slot is free, and nothing else changes.
-            return Placement {
-                free: slots,
-                ..Placement::default()
-            };
-        }
-        all.extend_from_slice(running);
-        all.sort_unstable();
-        let placing = all.len();
-        let mut p = place(&slots, &self.held_fills(), &all, half_ns);
-        self.cancel(&p.cancelled);
-        let extra = self.place_late(&mut p, period_ns);
-        // Those after the latest slot wait for the next tick's.
-        let latest = self.last_slot.unwrap_or(0);
-        let (carried, extra): (Vec<u64>, Vec<u64>) = extra.into_iter().partition(|&t| t > latest);
-        self.carried = carried;
-        // A sample carried to the next tick counts there, where it takes
-        // its slot: counted now, it would make a surplus for a tick and
-        // cancel a fill its slot needs.
-        let queued = (placing - self.carried.len() + p.free.len()) as i64;
-        let given = (slots.len() + p.cancelled.len()) as i64;
-        self.surplus = (i64::from(self.surplus) + queued - given).clamp(0, MAX_SURPLUS) as u32;
-        self.cancel_surplus(&mut p, period_ns);
-        p.extra = extra;
-        p
+        self.slots
+            .place_tick(&mut self.held, slots, running, half_ns, period_ns)
     }
 
-    /// The samples `place` found no slot for (`p.extra`) take a free or
-    /// held slot up to a period before them when no gap longer than two
-    /// periods opens; returns those that still have none.
-    fn place_late(&mut self, p: &mut Placement, period_ns: u64) -> Vec<u64> {
-        let mut extra = Vec::new();
-        for &ts in &p.extra {
-            let held = self.held_fills();
-            let Some(slot) = p
-                .free
-                .iter()
-                .chain(&held)
-                .copied()
-                .filter(|&s| s < ts && ts - s <= period_ns)
-                .max()
-            else {
-                extra.push(ts);
-                continue;
-            };
-            let before = self.running_before(slot).max(self.emitted_ns);
-            if ts.saturating_sub(before) > 2 * period_ns {
-                extra.push(ts);
-                continue;
-            }
-            if let Some(i) = p.free.iter().position(|&s| s == slot) {
-                p.free.remove(i);
-            } else {
-                self.cancel(&[slot]);
-                p.cancelled.push(slot);
-            }
-        }
-        extra
-    }
-
-    /// While the thread has more samples than slots (`surplus`: extra
-    /// ones, and fills of slots a sample of running code came too late to
-    /// take), held fills with a sample of running code at most two periods
-    /// away on both sides are cancelled.
-    fn cancel_surplus(&mut self, p: &mut Placement, period_ns: u64) {
-        if self.surplus == 0 {
-            return;
-        }
-        for f in self.held_fills() {
-            if self.surplus == 0 {
-                break;
-            }
-            let before = self.running_before(f).max(self.emitted_ns);
-            if self
-                .running_after(f)
-                .is_some_and(|a| a - before <= 2 * period_ns)
-            {
-                self.cancel(&[f]);
-                p.cancelled.push(f);
-                self.surplus -= 1;
-            }
-        }
-    }
-
-    /// The latest queued sample of running code before `t` (0: none).
-    /// Those are never cancelled: a gap checked against them and the
-    /// samples already emitted stays checked whatever fills are cancelled
-    /// later.
-    fn running_before(&self, t: u64) -> u64 {
-        self.pending
-            .iter()
-            .filter_map(|p| match p {
-                Pending::Sample(s) if s.timestamp_ns() < t => Some(s.timestamp_ns()),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// The earliest queued sample of running code after `t`.
-    fn running_after(&self, t: u64) -> Option<u64> {
-        self.pending
-            .iter()
-            .filter_map(|p| match p {
-                Pending::Sample(s) if s.timestamp_ns() > t => Some(s.timestamp_ns()),
-                _ => None,
-            })
-            .min()
-    }
-
-    /// Cancels the held fills of these slots.
-    pub(super) fn cancel(&mut self, slots: &[u64]) {
-        if slots.is_empty() {
-            return;
-        }
-        self.pending.retain(
-            |p| !matches!(p, Pending::Fill { timestamp_ns, .. } if slots.contains(timestamp_ns)),
-        );
-    }
-
-    /// Queues a sample of running code in time order. One older than a
-    /// sample that already left (a capture harvested a tick late) is moved
-    /// just after it: a thread's samples leave in time order.
-    /// Returns the time it is queued at.
+    /// Queues a sample of running code in time order (see
+    /// `Held::push_sample`): it shows a period of CPU time. Returns the
+    /// time it is queued at.
     pub(super) fn push_sample(&mut self, sample: Sample) -> u64 {
-        let sample = if sample.timestamp_ns() <= self.emitted_ns {
-            sample.at(self.emitted_ns + 1)
-        } else {
-            sample
-        };
-        let ts = sample.timestamp_ns();
-        self.alive_ns = self.alive_ns.max(ts);
         self.balance.ran_a_period();
-        self.insert(Pending::Sample(sample));
-        ts
+        self.held.push_sample(sample)
     }
 
-    /// Queues a fill for the slot `slot` (moved after the samples that
-    /// already left, if it is not); `word` is the context word the thread
-    /// published then, `at_tick` where it stands.
+    /// Queues a fill for the slot `slot`; `word` is the context word the
+    /// thread published then, `at_tick` where it stands.
     pub(super) fn push_fill(&mut self, slot: u64, word: Option<Option<u64>>, at_tick: AtTick) {
-        let timestamp_ns = slot.max(self.emitted_ns + 1);
-        self.insert(Pending::Fill {
-            timestamp_ns,
-            word,
-            at_tick,
-        });
+        self.held.push_fill(slot, word, at_tick);
     }
 
-    /// A capture at `ts` of `stack` in the request of `context` (call in
-    /// time order, after the tick's fills are queued). Held fills between
-    /// the thread's previous capture and this one, if the two are at most
-    /// `ran_within_ns` apart (1.5 periods, and a period more for each
-    /// period the timer counted without a capture), stand for time it spent
-    /// running without a
-    /// capture of its own (a CPU-time timer fires at the kernel's scheduler
-    /// tick, so a busy thread's captures are 8 or 12 ms apart at 101 Hz,
-    /// not 9.9, and some slot lies farther than half a period from both):
-    /// they show the nearer capture's stack, filed under the request the
-    /// thread published at their moment (see `periods::standing_running`).
-    /// Farther apart, the thread also waited or was preempted between them,
-    /// and the fills keep where it stood: neither capture's code is known
-    /// to have been on its stack then.
+    /// A capture at `ts` of `stack` in the request of `context`: the held
+    /// fills since the previous capture, if the two are close, show the
+    /// nearer one's stack (see `Slots::captured`).
     pub(super) fn captured(
         &mut self,
         ts: u64,
@@ -516,110 +185,94 @@ impl Ledger {
         context: u64,
         ran_within_ns: u64,
     ) {
-        if let Some((prev, prev_stack, prev_context)) = &self.last_capture {
-            if *prev < ts && ts - prev <= ran_within_ns {
-                for p in &mut self.pending {
-                    let Pending::Fill {
-                        timestamp_ns,
-                        word,
-                        at_tick,
-                    } = p
-                    else {
-                        continue;
-                    };
-                    if *timestamp_ns <= *prev || *timestamp_ns >= ts {
-                        continue;
-                    }
-                    let near = if *timestamp_ns - prev <= ts - *timestamp_ns {
-                        (prev_stack, *prev_context)
-                    } else {
-                        (stack, context)
-                    };
-                    *at_tick = super::periods::standing_running(*word, near);
-                }
-            }
-        }
-        if self.last_capture.as_ref().is_none_or(|c| c.0 < ts) {
-            self.last_capture = Some((ts, stack.clone(), context));
-        }
+        self.slots
+            .captured(&mut self.held, ts, stack, context, ran_within_ns);
     }
 
-    /// What the kernel counted for the thread since the previous reading:
-    /// `cpu_ns` of CPU time and `run_delay_ns` runnable but waiting for a
-    /// CPU. The fills then show those times, at one period per fill:
-    ///
-    /// - the CPU time its samples of running code (one period each, queued
-    ///   since the previous reading) and fills showing its running code do
-    ///   not show, as `(running: no stack captured in time)` in fills that
-    ///   would show where it waits (a thread that ran in bursts its timer
-    ///   did not fire in, and was found waiting at every look);
-    /// - the run delay, as `(waiting for a CPU)`, in any fill but one
-    ///   already showing that wait.
-    ///
-    /// Where both are owed, the larger goes first. Neither is owed for
-    /// more than the fills held now (and one) can show, so a time shows in
-    /// the periods it was counted for, not in later ones.
-    ///
-    /// `lane_now` is the request the thread stands in now (0 for none). A
-    /// run delay is counted when the thread runs again, after the wait: a
-    /// thread that waited for a CPU at the end of a request's poll and then
-    /// left it (and parked) has its wait counted at a tick that finds it
-    /// outside the request. Such a wait belongs to the request the thread
-    /// stood in at the reading before (see [`Ledger::drain`]).
-    pub(super) fn kernel_counted(
-        &mut self,
-        cpu_ns: u64,
-        run_delay_ns: u64,
-        period_ns: u64,
-        lane_now: u64,
-    ) {
-        let held = self
-            .pending
-            .iter()
-            .filter(|p| matches!(p, Pending::Fill { .. }))
-            .count() as i64;
-        self.balance
-            .counted(cpu_ns, run_delay_ns, period_ns, lane_now, held);
-    }
-
-    /// The kernel's counts are read for the first time now: the samples
-    /// of running code queued so far are not part of what the next count
-    /// covers.
-    pub(super) fn counting_from_now(&mut self, lane_now: u64) {
-        self.balance.counting_from_now(lane_now);
+    /// A reading of the kernel's counts of the thread (see
+    /// `Balance::read`): the fills then show the run delay and CPU time
+    /// counted, at one period per fill, never more than the fills held now
+    /// (and one) can show.
+    pub(super) fn kernel_read(&mut self, reading: Reading, period_ns: u64) {
+        let held = self.held.fill_count() as i64;
+        let span_ns = reading.at_ns.saturating_sub(self.balance.counted_to_ns());
+        self.balance.read(reading, period_ns, held);
+        if let Some((cpu_ns, run_delay_ns)) = reading.since {
+            let counted = (span_ns, cpu_ns, run_delay_ns);
+            self.account.read(counted, self.balance.carried_wait_ns());
+        }
     }
 
     /// The stack a fill shows once the kernel's counts are settled (see
-    /// [`Ledger::kernel_counted`]), and its context: `stack`, which shows
-    /// running code if `ran`, or a synthetic frame in its place. A wait the
-    /// kernel counted, shown in a fill outside any request (`context` 0),
-    /// is filed under the request the thread waited in: never shown as the
-    /// stack of a thread parked after it.
+    /// `Balance::settle`; `in_poll`: it stands in a request's poll;
+    /// `spare`: whether what they owe may go to this fill), its context, and what the thread spent its period doing (for
+    /// its account): `stack`, which shows running code if `ran`, or a
+    /// synthetic frame in its place. A wait the kernel counted, shown in a
+    /// fill outside any request (`context` 0), is filed under the request
+    /// the thread waited in: never shown as the stack of a thread parked
+    /// after it.
     fn settle(
         &mut self,
-        stack: Arc<[u64]>,
-        mut context: u64,
-        ran: bool,
+        (stack, mut context): (Arc<[u64]>, u64),
+        (ran, in_poll): (bool, bool),
+        spare: bool,
         period_ns: u64,
-    ) -> (Arc<[u64]>, u64) {
+    ) -> (Arc<[u64]>, u64, Spent) {
         let frame = (stack.len() == 1).then(|| stack[0]);
-        let waiting = frame == Some(crate::frames::WAITING_FOR_CPU_FRAME);
-        let running = ran || frame == Some(crate::frames::UNCAPTURED_FRAME);
+        let fill = Guess {
+            waiting: frame == Some(crate::frames::WAITING_FOR_CPU_FRAME),
+            running: ran || frame == Some(crate::frames::UNCAPTURED_FRAME),
+            ran,
+            synthetic: frame.is_some(),
+            in_poll,
+        };
         let synthetic = super::periods::synthetic;
-        match self
-            .balance
-            .settle(waiting, running, ran, frame.is_some(), period_ns)
-        {
-            Settled::AsIs => (stack, context),
+        match self.balance.settle(fill, spare, period_ns) {
+            Settled::AsIs => {
+                let spent = Spent::of_fill(&stack, ran);
+                (stack, context, spent)
+            }
             Settled::WaitingForCpu => {
                 if context == 0 {
                     context = self.balance.wait_lane();
                 }
-                (synthetic(crate::frames::WAITING_FOR_CPU_FRAME), context)
+                let frame = synthetic(crate::frames::WAITING_FOR_CPU_FRAME);
+                (frame, context, Spent::WaitingForCpu { counted: true })
             }
-            Settled::WaitingUnread => (synthetic(crate::frames::WAITING_UNREAD_FRAME), context),
-            Settled::Uncaptured => (synthetic(crate::frames::UNCAPTURED_FRAME), context),
+            Settled::WaitingUnread => {
+                let frame = synthetic(crate::frames::WAITING_UNREAD_FRAME);
+                (frame, context, Spent::NotKnown)
+            }
+            Settled::WaitingInPoll => {
+                let frame = synthetic(crate::frames::WAITING_FOR_CPU_FRAME);
+                (frame, context, Spent::WaitingForCpu { counted: false })
+            }
+            Settled::Uncaptured => {
+                let frame = synthetic(crate::frames::UNCAPTURED_FRAME);
+                (frame, context, Spent::OnCpu)
+            }
         }
+    }
+
+    /// Whether what the kernel's counts owe may go to a fill leaving now
+    /// that does not stand in a request's poll (see `in_poll` in
+    /// [`Ledger::drain`]): only what the fills held after it in a poll,
+    /// and covered by the counts, do not need. The run delay and CPU time
+    /// of a worker that polls requests between parking fell in its polls,
+    /// where it ran or waited for a CPU, not where it parked: given in
+    /// time order, a wait counted after the worker parked went to the
+    /// period it parked in, and a poll's period showed a wait not read
+    /// (a request's polls showed less than its time).
+    fn spare(&self, in_poll: &impl Fn(u64, &AtTick) -> bool, period_ns: u64) -> bool {
+        let owed = self.balance.owed_periods(period_ns);
+        if owed <= 0 {
+            return true;
+        }
+        let covered_to = self.balance.counted_to_ns();
+        let needed = self
+            .held
+            .count_fills(|ts, at_tick| ts <= covered_to && in_poll(ts, at_tick));
+        owed > needed as i64
     }
 
     /// How many of the fills leaving now filed under no request show where
@@ -630,36 +283,19 @@ impl Ledger {
     /// to the latest of those fills, and the earlier ones show where it
     /// waited. Otherwise (it ran, then blocked) the earliest take it.
     fn blocked_first(&self, view: &DrainView) -> usize {
-        if !self.began_waiting || !(view.place.ran || view.ran_last) || view.force {
+        if !self.balance.began_waiting() || !(view.place.ran || view.ran_last) || view.force {
             return 0;
         }
-        let covered_to = self.alive_ns.min(self.counted_to_ns);
-        let covered = self
-            .pending
-            .iter()
-            .filter(|p| {
-                matches!(p, Pending::Fill { timestamp_ns, at_tick: AtTick::Outside | AtTick::Unknown, .. }
-                    if *timestamp_ns <= covered_to)
-            })
-            .count() as i64;
+        let covered_to = self.held.alive_ns().min(self.balance.counted_to_ns());
+        let covered = self.held.guessed_fills_up_to(covered_to) as i64;
         let owed = self.balance.owed_periods(view.period_ns);
         (covered - owed).max(0) as usize
-    }
-
-    fn insert(&mut self, item: Pending) {
-        let ts = item.timestamp_ns();
-        let at = self
-            .pending
-            .iter()
-            .rposition(|p| p.timestamp_ns() <= ts)
-            .map_or(0, |i| i + 1);
-        self.pending.insert(at, item);
     }
 
     /// Forgets the held samples (those after the thread was last known
     /// alive, when it is dropped from sampling).
     pub(super) fn clear(&mut self) {
-        self.pending.clear();
+        self.held.clear();
     }
 
     /// Whether a held fill (of the slot at `timestamp_ns`, standing
@@ -683,7 +319,7 @@ impl Ledger {
         let standing = matches!(at_tick, AtTick::In(..) | AtTick::Ran(..))
             || (matches!(at_tick, AtTick::InRequest(_)) && place.known)
             || (place.ran && self.balance.owes_wait(view.period_ns));
-        let blocked = timestamp_ns > self.alive_ns
+        let blocked = timestamp_ns > self.held.alive_ns()
             || (!standing && (view.asking || (!place.known && !view.force && later_samples == 0)));
         !blocked
     }
@@ -695,7 +331,7 @@ impl Ledger {
     /// learned, filed under no request). A fill later than the thread's
     /// first capture since it was found where `view.place` shows
     /// (`FillPlace::left_ns`) does not show that place: where it stands is
-    /// not known. With more than [`MAX_PENDING`] held, the oldest leaves
+    /// not known. With more than `MAX_PENDING` held, the oldest leaves
     /// whatever it waits for. A fill without any stack to show is dropped.
     pub(super) fn drain(&mut self, view: &DrainView, mut out: impl FnMut(Out)) {
         let force = view.force;
@@ -707,11 +343,22 @@ impl Ledger {
         let mut later_samples = if (view.place.known && left.is_none()) || force {
             0
         } else {
-            self.samples_queued()
+            self.held.samples_queued()
         };
         let mut blocked_first = self.blocked_first(view);
-        while let Some(front) = self.pending.front() {
-            let overfull = self.pending.len() > MAX_PENDING;
+        // A fill standing in a request whose place there is not known: the
+        // thread was in the request's poll, running or runnable (one
+        // blocked in a request is found there: it is looked at every tick
+        // it stands in one).
+        let in_poll = |timestamp_ns: u64, at_tick: &AtTick| match at_tick {
+            AtTick::InRequest(context) => {
+                let place = place_at(timestamp_ns).0;
+                !(place.known && place.context == *context)
+            }
+            _ => false,
+        };
+        while let Some(front) = self.held.front() {
+            let overfull = self.held.overfull();
             if let Pending::Fill {
                 timestamp_ns,
                 at_tick,
@@ -727,13 +374,14 @@ impl Ledger {
             {
                 break;
             }
-            let Some(item) = self.pending.pop_front() else {
+            let Some(item) = self.held.pop_front() else {
                 break;
             };
             let (timestamp_ns, at_tick) = match item {
                 Pending::Sample(sample) => {
                     later_samples = later_samples.saturating_sub(1);
-                    let ts = self.stamp(sample.timestamp_ns());
+                    let ts = self.held.stamp(sample.timestamp_ns());
+                    self.account.shown(Spent::OnCpu, view.period_ns);
                     out(Out::Sample(sample.at(ts)));
                     continue;
                 }
@@ -745,38 +393,27 @@ impl Ledger {
             };
             let guessed = matches!(at_tick, AtTick::Outside | AtTick::Unknown);
             let (place, stale) = place_at(timestamp_ns);
+            let poll = in_poll(timestamp_ns, &at_tick);
+            let spare = poll || self.spare(&in_poll, view.period_ns);
             let shown = shown_in_fill(at_tick, place, force);
             let Some((stack, context, ran)) = shown else {
                 continue;
             };
-            let (stack, context) = if guessed && !stale && blocked_first > 0 {
+            let (stack, context, spent) = if guessed && !stale && blocked_first > 0 {
                 // Blocked where it last waited, before it ran.
                 blocked_first -= 1;
-                (stack, context)
+                let spent = Spent::of_fill(&stack, ran);
+                (stack, context, spent)
             } else {
-                self.settle(stack, context, ran, view.period_ns)
+                self.settle((stack, context), (ran, poll), spare, view.period_ns)
             };
+            self.account.shown(spent, view.period_ns);
             out(Out::Fill {
-                timestamp_ns: self.stamp(timestamp_ns),
+                timestamp_ns: self.held.stamp(timestamp_ns),
                 stack,
                 context,
             });
         }
-    }
-
-    /// How many samples of running code are held.
-    fn samples_queued(&self) -> usize {
-        self.pending
-            .iter()
-            .filter(|p| matches!(p, Pending::Sample(_)))
-            .count()
-    }
-
-    /// The time a sample leaving now at `timestamp_ns` is stamped with:
-    /// strictly after what left before (two queued at one moment).
-    fn stamp(&mut self, timestamp_ns: u64) -> u64 {
-        self.emitted_ns = timestamp_ns.max(self.emitted_ns + 1);
-        self.emitted_ns
     }
 }
 
@@ -834,8 +471,51 @@ fn shown_in_fill(
 }
 
 #[cfg(test)]
+mod timelines;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampler::held::MAX_PENDING;
+    use crate::sampler::slots::{stand_in_times, tick_span};
+
+    /// Readings of the kernel's counts as the tests below write them.
+    impl Ledger {
+        /// A reading of `cpu` ns of CPU time and `delay` ns of run delay
+        /// since the one before, at the time of the one before.
+        fn kernel_counted(&mut self, cpu: u64, delay: u64, period_ns: u64, lane_now: u64) {
+            self.reading(lane_now, Some((cpu, delay)), period_ns);
+        }
+
+        /// The first reading.
+        fn counting_from_now(&mut self, lane_now: u64) {
+            self.reading(lane_now, None, P);
+        }
+
+        fn reading(&mut self, lane_now: u64, since: Option<(u64, u64)>, period_ns: u64) {
+            let reading = Reading {
+                at_ns: self.balance.counted_to_ns(),
+                began_waiting: self.balance.began_waiting(),
+                lane_now,
+                since,
+            };
+            self.kernel_read(reading, period_ns);
+        }
+
+        /// The counts were last read at `at_ns`.
+        fn read_at(&mut self, at_ns: u64) {
+            let began_waiting = self.balance.began_waiting();
+            self.balance.was_read(at_ns, began_waiting);
+        }
+
+        /// A ledger whose thread was found waiting when its counts were
+        /// last read.
+        fn found_waiting() -> Self {
+            let mut l = Self::default();
+            l.balance.was_read(0, true);
+            l
+        }
+    }
 
     #[test]
     fn a_request_fill_shows_where_its_thread_stands_in_it_and_no_other_moment() {
@@ -929,56 +609,6 @@ mod tests {
         got
     }
 
-    #[test]
-    fn slots_are_one_period_apart_back_from_the_deadline() {
-        assert_eq!(slot_times(1, 1_000, Some(900), P), [1_000]);
-        // A late tick standing for three periods.
-        assert_eq!(slot_times(3, 1_000, Some(700), P), [800, 900, 1_000]);
-        // Never a slot the thread already had.
-        assert_eq!(slot_times(3, 1_000, Some(850), P), [900, 1_000]);
-        // A thread seen for the first time: the tick's own slot only.
-        assert_eq!(slot_times(5, 1_000, None, P), [1_000]);
-    }
-
-    #[test]
-    fn a_tick_stands_for_every_deadline_passed_before_what_it_harvests() {
-        // On time, or late by less than a period: its own deadline.
-        assert_eq!(tick_span(0, 0, P, 1_000, 101), (1, 0, 1_000));
-        assert_eq!(tick_span(0, 90, P, 1_090, 101), (1, 0, 1_000));
-        // 250 late: the two deadlines passed since are its slots too, the
-        // latest 50 before it runs; with periods owed from before.
-        assert_eq!(tick_span(0, 250, P, 1_250, 101), (3, 2, 1_200));
-        assert_eq!(tick_span(2, 250, P, 1_250, 101), (5, 2, 1_200));
-        // Never more than the most it may stand for.
-        assert_eq!(tick_span(100, 5_000, P, 6_000, 101), (101, 50, 6_000));
-        // A thread reached 250 into the tick (the sampler thread was
-        // preempted), its latest capture taken then: its slots go on to the
-        // latest deadline before the capture, and the next ticks do not
-        // give those again.
-        assert_eq!(
-            thread_slots(1, 1_000, Some(900), P, Some(1_250), 100),
-            [1_000, 1_100, 1_200]
-        );
-        assert!(slot_times(1, 1_100, Some(1_200), P).is_empty());
-        assert_eq!(slot_times(1, 1_300, Some(1_200), P), [1_300]);
-        // A capture within the tick's own period, or none: the tick's slots.
-        assert_eq!(
-            thread_slots(1, 1_000, Some(900), P, Some(1_050), 100),
-            [1_000]
-        );
-        assert_eq!(thread_slots(1, 1_000, Some(900), P, None, 100), [1_000]);
-    }
-
-    #[test]
-    fn overruns_stand_in_right_after_a_capture_of_the_same_tick() {
-        assert_eq!(stand_in_times(Some(5_000), 2, 3, true), [6_000, 7_000]);
-        // At most the tick's periods.
-        assert_eq!(stand_in_times(Some(5_000), 50, 1, true), [6_000]);
-        // No capture this tick, or no stack to repeat: none.
-        assert!(stand_in_times(None, 2, 3, true).is_empty());
-        assert!(stand_in_times(Some(5_000), 2, 3, false).is_empty());
-    }
-
     /// Runs a thread through `ticks` ticks one period `p` apart, each
     /// running late by `late(k)` and reaching the thread `preempted(k)`
     /// after it began (the sampler thread preempted in the middle of the
@@ -1023,15 +653,7 @@ mod tests {
                 }
                 next += 1;
             }
-            let slots = thread_slots(
-                periods,
-                slot_end,
-                l.last_slot,
-                p,
-                taken.last().copied(),
-                100,
-            );
-            l.last_slot = slots.last().copied().or(l.last_slot);
+            let slots = l.slots_of_tick(periods, slot_end, p, taken.last().copied(), 100);
             let mut running: Vec<u64> = taken
                 .iter()
                 .map(|&c| l.push_sample(sample(c, 1, 0)))
@@ -1046,7 +668,7 @@ mod tests {
             if running.is_empty() {
                 // Its clock was read and had moved: alive, but the tick's
                 // own fill waits a tick (as a thread's tick does, see `step`).
-                l.alive_ns = l.alive_ns.max(slot_end - 1);
+                l.alive_at(slot_end - 1);
             }
             l.drain(&view(known(9, 0)), |o| {
                 out.push(match o {
@@ -1167,35 +789,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_capture_takes_the_slot_nearest_to_it() {
-        let p = place(&[1_000], &[], &[980], HALF);
-        assert_eq!(p, Placement::default());
-        // Two slots of a late tick: the capture takes the older one, the
-        // other gets a fill.
-        let p = place(&[900, 1_000], &[], &[910], HALF);
-        assert_eq!(p.free, [1_000]);
-        assert!(p.extra.is_empty());
-    }
-
-    #[test]
-    fn a_capture_far_from_every_free_slot_is_an_extra_sample() {
-        // Captured early in the tick's period, the previous slot's fill
-        // already left: the tick's slot still gets a fill.
-        let p = place(&[1_000], &[], &[930], HALF);
-        assert_eq!(
-            (p.free.as_slice(), p.extra.as_slice()),
-            (&[1_000][..], &[930][..])
-        );
-        // Two captures around one slot: one takes it.
-        let p = place(&[1_000], &[], &[960, 1_040], HALF);
-        assert_eq!((p.free.len(), p.extra.as_slice()), (0, &[1_040][..]));
-    }
-
     /// One tick of a thread: its new `slots`, its `captures`; free slots
     /// get fills. Returns the placement.
     fn tick(l: &mut Ledger, slots: &[u64], captures: &[u64]) -> Placement {
-        l.last_slot = slots.last().copied().or(l.last_slot);
+        let given = l.slots_of_tick(slots.len() as u32, slots[slots.len() - 1], P, None, 0);
+        assert_eq!(given, slots, "the tick's slots");
         let running: Vec<u64> = captures
             .iter()
             .map(|&c| l.push_sample(sample(c, 1, 0)))
@@ -1221,7 +819,7 @@ mod tests {
         // more than two periods before the capture; the slot gets a fill,
         // and the capture, after it, waits for the next tick's slot.
         let mut l = Ledger {
-            emitted_ns: 750,
+            held: Held::emitted_at(750),
             ..Ledger::default()
         };
         let p = tick(&mut l, &[1_000], &[1_060]);
@@ -1236,7 +834,7 @@ mod tests {
         let p = tick(&mut l, &[1_200], &[1_070]);
         assert_eq!(p.cancelled, [1_000]);
         assert_eq!(p.free, [1_200]);
-        assert!(l.held_fills() == [1_200]);
+        assert!(l.held.fills() == [1_200]);
     }
 
     #[test]
@@ -1244,7 +842,7 @@ mod tests {
         // The slot at 900 is taken by the capture at 890; the one at 940
         // is 60 from the slot at 1_000, which gets a fill.
         let mut l = Ledger {
-            last_slot: Some(800),
+            slots: Slots::after(800),
             ..Ledger::default()
         };
         tick(&mut l, &[900], &[890, 940]);
@@ -1258,7 +856,7 @@ mod tests {
         // Had the next capture come 250 after it, the fill stays (it would
         // leave a gap of more than two periods).
         let mut l = Ledger {
-            last_slot: Some(800),
+            slots: Slots::after(800),
             ..Ledger::default()
         };
         tick(&mut l, &[900], &[890, 940]);
@@ -1275,79 +873,18 @@ mod tests {
         // now, it made a surplus that cancelled the held fill at 770 (the
         // thread then had no sample of its own for that period).
         let mut l = Ledger {
-            emitted_ns: 670,
-            last_slot: Some(770),
+            held: Held::emitted_at(670),
+            slots: Slots::after(770),
             ..Ledger::default()
         };
         l.push_fill(770, None, AtTick::Unknown);
         let p = tick(&mut l, &[870, 970, 1_070], &[821, 1_121]);
         assert!(p.cancelled.is_empty(), "{p:?}");
-        assert_eq!(l.held_fills(), [770, 970, 1_070]);
+        assert_eq!(l.held.fills(), [770, 970, 1_070]);
         // The next tick's slot is its own.
         let p = tick(&mut l, &[1_170], &[]);
         assert!(p.free.is_empty() && p.cancelled.is_empty(), "{p:?}");
-        assert_eq!(l.held_fills(), [770, 970, 1_070]);
-    }
-
-    #[test]
-    fn a_capture_harvested_late_cancels_the_held_fill_of_its_own_slot() {
-        // The previous tick (slot 900) held a fill; its capture at 905 is
-        // harvested now, with another at 990.
-        let p = place(&[1_000], &[900], &[905, 990], HALF);
-        assert_eq!(p.cancelled, [900]);
-        assert!(p.free.is_empty());
-        // The measured defect: two captures harvested at one tick cancelled
-        // the fill of a slot neither was in (by count), leaving 20 ms
-        // without a sample. Here neither is near the held fill at 800.
-        let p = place(&[1_000], &[800, 900], &[940, 990], HALF);
-        assert_eq!(p.cancelled, [900]);
-        assert!(p.extra.is_empty());
-        let p = place(&[1_000], &[800], &[960, 990], HALF);
-        assert!(p.cancelled.is_empty(), "{p:?}");
-        assert_eq!(p.extra, [990]);
-    }
-
-    #[test]
-    fn every_slot_gets_a_sample_within_half_a_period() {
-        // Any captures, any late tick: after placing, every slot either
-        // has a sample of running code within half a period or is free
-        // (and gets a fill); so samples are never more than two periods
-        // apart.
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        for _ in 0..2_000 {
-            let periods = 1 + (next() % 4) as u32;
-            let slots = slot_times(periods, 10_000, Some(10_000 - P * 5), P);
-            let held: Vec<u64> = if next() % 2 == 0 {
-                vec![slots[0] - P]
-            } else {
-                vec![]
-            };
-            let mut running: Vec<u64> = (0..next() % 4)
-                .map(|_| 10_000 - next() % (u64::from(periods) * P + P))
-                .collect();
-            running.sort_unstable();
-            let p = place(&slots, &held, &running, HALF);
-            let mut samples: Vec<u64> = running.clone();
-            samples.extend(&p.free);
-            samples.extend(held.iter().filter(|h| !p.cancelled.contains(h)));
-            samples.sort_unstable();
-            for &slot in held.iter().chain(&slots) {
-                assert!(
-                    samples.iter().any(|&s| s.abs_diff(slot) <= HALF),
-                    "slot {slot} has no sample: {slots:?} {held:?} {running:?} {p:?}"
-                );
-            }
-            assert_eq!(
-                p.free.len() + running.len() - p.extra.len(),
-                slots.len() + p.cancelled.len()
-            );
-        }
+        assert_eq!(l.held.fills(), [770, 970, 1_070]);
     }
 
     #[test]
@@ -1355,14 +892,14 @@ mod tests {
         let mut l = Ledger::default();
         l.push_sample(sample(100, 1, 0));
         l.push_fill(50, None, AtTick::In(stack(9), 0));
-        l.alive_ns = 100;
+        l.alive_at(100);
         let got = drain(&mut l, &view(known(9, 0)));
         assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), [50, 100]);
         // A capture harvested a tick late, older than what already left,
         // leaves just after it; so does a fill.
         l.push_sample(sample(90, 2, 0));
         l.push_fill(95, None, AtTick::In(stack(9), 0));
-        l.alive_ns = 200;
+        l.alive_at(200);
         let got = drain(&mut l, &view(known(9, 0)));
         assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), [101, 102]);
     }
@@ -1372,13 +909,13 @@ mod tests {
         let mut l = Ledger::default();
         l.push_fill(100, None, AtTick::Unknown);
         l.push_fill(200, None, AtTick::Unknown);
-        l.alive_ns = 150;
+        l.alive_at(150);
         let got = drain(&mut l, &view(known(9, 4)));
         assert_eq!(got, [(100, 9, 4, true)]);
         // The thread exited: what was held after it was last alive is
         // dropped with it.
         l.clear();
-        l.alive_ns = u64::MAX;
+        l.alive_at(u64::MAX);
         assert!(drain(&mut l, &view(known(9, 4))).is_empty());
     }
 
@@ -1393,7 +930,7 @@ mod tests {
         };
         let mut l = Ledger::default();
         l.push_fill(100, None, AtTick::Unknown);
-        l.alive_ns = 1_000;
+        l.alive_at(1_000);
         assert!(drain(&mut l, &view(place())).is_empty());
         // Asked where it waits: the fill waits for the answer.
         let mut asking = view(known(9, 4));
@@ -1410,7 +947,7 @@ mod tests {
     fn a_fill_in_a_request_shows_where_the_thread_stands_in_it_or_that_no_stack_was_captured() {
         let mut l = Ledger::default();
         l.push_fill(100, None, AtTick::InRequest(5));
-        l.alive_ns = 500;
+        l.alive_at(500);
         // Found waiting for a CPU (or blocked) in request 5 by the time it
         // leaves: that.
         let got = drain(&mut l, &view(known(WAITING, 5)));
@@ -1451,7 +988,7 @@ mod tests {
         for slot in [100, 200, 300, 400] {
             l.push_fill(slot, None, AtTick::InRequest(5));
         }
-        l.alive_ns = 500;
+        l.alive_at(500);
         l.kernel_counted(0, 230, 100, 0);
         let got = drain(&mut l, &view(ran()));
         assert_eq!(got, [(100, WAITING, 5, true), (200, WAITING, 5, true)]);
@@ -1469,8 +1006,9 @@ mod tests {
         );
         // Outside any request too: not the place it last waited in.
         l.push_fill(600, None, AtTick::Outside);
-        l.alive_ns = 700;
-        l.kernel_counted(0, 100, 100, 0);
+        l.alive_at(700);
+        // (The capture at 450 ran its period.)
+        l.kernel_counted(100, 100, 100, 0);
         let got = drain(&mut l, &view(ran()));
         assert_eq!(got, [(600, WAITING, 0, true)]);
         // Never more than the fills held (and one) can show: a long wait
@@ -1489,7 +1027,7 @@ mod tests {
         l.push_fill(1200, None, AtTick::Outside);
         l.push_fill(1300, None, AtTick::Outside);
         l.kernel_counted(0, 100, 100, 0);
-        l.alive_ns = 1400;
+        l.alive_at(1400);
         let got = drain(&mut l, &view(known(9, 0)));
         assert_eq!(got, [(1200, WAITING, 0, true), (1300, 9, 0, true)]);
         // Fills shown waiting for a CPU before the kernel counted it
@@ -1499,7 +1037,7 @@ mod tests {
         for slot in [100, 200] {
             l.push_fill(slot, None, AtTick::InRequest(5));
         }
-        l.alive_ns = 300;
+        l.alive_at(300);
         assert_eq!(drain(&mut l, &view(known(WAITING, 5))).len(), 2);
         // (The kernel counted the capture's period running and no more:
         // the fill is not shown running either.)
@@ -1518,14 +1056,14 @@ mod tests {
         let mut l = Ledger::default();
         l.counting_from_now(5);
         l.push_fill(100, None, AtTick::Outside);
-        l.alive_ns = 200;
+        l.alive_at(200);
         l.kernel_counted(0, 80, 100, 0);
         let got = drain(&mut l, &view(known(9, 0)));
         assert_eq!(got, [(100, WAITING, 5, true)]);
         // The next wait, counted from a reading outside any request, is the
         // thread's own.
         l.push_fill(300, None, AtTick::Outside);
-        l.alive_ns = 400;
+        l.alive_at(400);
         l.kernel_counted(0, 80, 100, 0);
         let got = drain(&mut l, &view(known(9, 0)));
         assert_eq!(got, [(300, WAITING, 0, true)]);
@@ -1543,7 +1081,7 @@ mod tests {
         for slot in [100, 200, 300, 400] {
             l.push_fill(slot, None, AtTick::Outside);
         }
-        l.alive_ns = 500;
+        l.alive_at(500);
         l.kernel_counted(230, 0, 100, 0);
         let got = drain(&mut l, &view(known(9, 0)));
         assert_eq!(
@@ -1561,7 +1099,7 @@ mod tests {
         let mut l = Ledger::default();
         l.push_fill(100, None, AtTick::Ran(stack(1), 0));
         l.push_fill(200, None, AtTick::Outside);
-        l.alive_ns = 300;
+        l.alive_at(300);
         l.kernel_counted(100, 0, 100, 0);
         let got = drain(&mut l, &view(known(9, 0)));
         assert_eq!(got, [(100, 1, 0, true), (200, 9, 0, true)]);
@@ -1570,7 +1108,7 @@ mod tests {
         for slot in [100, 200, 300] {
             l.push_fill(slot, None, AtTick::Outside);
         }
-        l.alive_ns = 400;
+        l.alive_at(400);
         l.kernel_counted(100, 200, 100, 0);
         let got = drain(&mut l, &view(known(9, 0)));
         let frames: Vec<u64> = got.iter().map(|g| g.1).collect();
@@ -1587,14 +1125,11 @@ mod tests {
             for slot in [100, 200, 300, 400] {
                 l.push_fill(slot, None, AtTick::Outside);
             }
-            l.alive_ns = 500;
-            l.counted_to_ns = 500;
+            l.alive_at(500);
+            l.read_at(500);
             l.kernel_counted(200, 0, 100, 0);
         };
-        let mut l = Ledger {
-            began_waiting: true,
-            ..Ledger::default()
-        };
+        let mut l = Ledger::found_waiting();
         fills(&mut l);
         let woke = DrainView {
             ran_last: true,
@@ -1616,15 +1151,15 @@ mod tests {
     fn a_guessed_place_waits_for_the_kernels_counts_of_its_moment() {
         let mut l = Ledger::default();
         l.push_fill(100, None, AtTick::Outside);
-        l.alive_ns = 50;
+        l.alive_at(50);
         // Not known alive at the fill yet: nothing to read for.
         assert!(!l.wants_counts(&ran()));
-        l.alive_ns = 150;
+        l.alive_at(150);
         assert!(l.wants_counts(&ran()));
         // Where it waits is current: no guess to correct.
         assert!(!l.wants_counts(&known(9, 0)));
         // Counts read after the fill cover it.
-        l.counted_to_ns = 120;
+        l.read_at(120);
         assert!(!l.wants_counts(&ran()));
     }
 
@@ -1643,7 +1178,7 @@ mod tests {
         // the fill keeps where it stood.
         l.push_sample(sample(420, 3, 4));
         l.captured(420, &stack(3), 4, 150);
-        l.alive_ns = 1_000;
+        l.alive_at(1_000);
         let got = drain(&mut l, &view(waiting));
         assert_eq!(
             got,
@@ -1655,7 +1190,7 @@ mod tests {
         l.captured(100, &a, 0, 150);
         l.push_fill(300, None, AtTick::Unknown);
         l.captured(500, &b, 0, 150);
-        l.alive_ns = 1_000;
+        l.alive_at(1_000);
         let got = drain(&mut l, &view(known(WAITING, 0)));
         assert_eq!(got, [(300, WAITING, 0, true)]);
     }
@@ -1675,10 +1210,7 @@ mod tests {
             left_ns: Some(200),
         };
         let story = || {
-            let mut l = Ledger {
-                began_waiting: true,
-                ..Ledger::default()
-            };
+            let mut l = Ledger::found_waiting();
             l.counting_from_now(0);
             l.push_fill(100, None, AtTick::Outside);
             l.push_sample(sample(200, 1, 0));
@@ -1686,8 +1218,8 @@ mod tests {
             for slot in [300, 400, 500] {
                 l.push_fill(slot, None, AtTick::Outside);
             }
-            l.alive_ns = 600;
-            l.counted_to_ns = 600;
+            l.alive_at(600);
+            l.read_at(600);
             l.kernel_counted(200, 0, P, 0);
             l
         };
@@ -1711,7 +1243,7 @@ mod tests {
         let mut l = Ledger::default();
         l.captured(200, &stack(1), 0, 150);
         l.push_fill(300, None, AtTick::Outside);
-        l.alive_ns = 600;
+        l.alive_at(600);
         assert_eq!(drain(&mut l, &view(known(9, 0))), [(300, 9, 0, true)]);
     }
 

@@ -301,16 +301,16 @@ impl Asking {
 #[derive(Debug, Clone)]
 pub(super) struct Schedule {
     /// Before this period its scheduler state is not looked at again.
-    pub(super) next_probe: u64,
+    next_probe: u64,
     /// Periods between two questions about where it waits (longer while
     /// the answers stay the same), and the period before which it is not
     /// asked again.
-    pub(super) ask_every: u64,
-    pub(super) next_ask: u64,
+    ask_every: u64,
+    next_ask: u64,
     /// Periods between CPU clock reads while it stays off the CPU, and the
     /// period of the next read.
-    pub(super) check_every: u64,
-    pub(super) next_check: u64,
+    check_every: u64,
+    next_check: u64,
 }
 
 impl Default for Schedule {
@@ -347,6 +347,18 @@ impl Schedule {
     /// `max_every` periods).
     pub(super) fn stayed_off(&mut self, max_every: u64) {
         self.check_every = (self.check_every * 2).min(max_every);
+    }
+
+    /// Its clock was read at period `tick`: the next read is due
+    /// `check_every` periods later.
+    pub(super) fn checked(&mut self, tick: u64) {
+        self.next_check = tick + self.check_every;
+    }
+
+    /// Periods between two reads of its clock now.
+    #[cfg(test)]
+    pub(super) fn check_every(&self) -> u64 {
+        self.check_every
     }
 
     /// Whether its clock is due at period `tick`.

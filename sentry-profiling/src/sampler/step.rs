@@ -45,7 +45,7 @@ use std::time::Instant;
 use super::answers::{Flush, Harvested, IDLE_CPU_SLACK_NS, Look, learned_waiting, sample_of};
 use super::state::{self, Awaited, Clock};
 use super::threads::Tracked;
-use super::{ledger, periods};
+use super::{periods, slots};
 
 /// Most sampling periods between two reads of a parked thread's CPU clock.
 pub(super) const MAX_CHECK_EVERY: u64 = 16;
@@ -149,7 +149,7 @@ pub(super) fn tick(k: &mut impl Kernel, tick: &TickAt) -> Done {
             t.ledger.push_sample(sample);
         }
         // Whatever was held when the thread lost its timer goes first.
-        t.ledger.alive_ns = u64::MAX;
+        t.ledger.alive_at(u64::MAX);
         k.flush(Flush::Looked);
         k.untimed(tick);
         return Done::default();
@@ -177,17 +177,13 @@ fn record_periods(k: &mut impl Kernel, harvested: Harvested, tick: &TickAt) -> b
     let period_ns = tick.period_ns;
     let missed = k.missed_timer_periods();
     let t = k.thread();
-    let slots = ledger::thread_slots(
+    let slots = t.ledger.slots_of_tick(
         tick.periods,
         tick.slot_end,
-        t.ledger.last_slot,
         period_ns,
         harvested.latest_ns(),
         MAX_CATCH_UP,
     );
-    if let Some(&last) = slots.last() {
-        t.ledger.last_slot = Some(last);
-    }
     // This tick's samples of running code: the captures (with their
     // stacks, which the fills among them show), then stand-ins.
     let captures = t.push_captures(harvested);
@@ -209,7 +205,7 @@ fn record_periods(k: &mut impl Kernel, harvested: Harvested, tick: &TickAt) -> b
     if running.is_empty() {
         return false;
     }
-    t.ran_uncaptured_from = None;
+    t.timer_caught_up();
     if let Some(&(first, ..)) = captures.first() {
         t.place.captured_running(first);
     }
@@ -240,13 +236,13 @@ pub(super) fn after_captures(k: &mut impl Kernel, tick: &TickAt) -> bool {
     let t = k.thread();
     let clock = state::clock(t.cpu_seen_ns, cpu, IDLE_CPU_SLACK_NS);
     if let (Clock::Ran | Clock::Stayed, Some(cpu)) = (clock, cpu) {
-        t.cpu_seen_ns = cpu;
+        t.clock_seen(cpu);
     }
     let mut request_ran = false;
     match clock {
         Clock::Gone => {
             // Its held samples leave when it is dropped.
-            t.gone = true;
+            t.exited();
             return false;
         }
         Clock::Recycled => {
@@ -262,7 +258,7 @@ pub(super) fn after_captures(k: &mut impl Kernel, tick: &TickAt) -> bool {
     }
     k.flush(Flush::Looked);
     let t = k.thread();
-    t.schedule.next_check = tick.tick_no + t.schedule.check_every;
+    t.schedule.checked(tick.tick_no);
     request_ran
 }
 
@@ -272,7 +268,7 @@ pub(super) fn after_captures(k: &mut impl Kernel, tick: &TickAt) -> bool {
 /// kernel counted.
 fn ran_uncaptured(k: &mut impl Kernel, cpu: Option<u64>, in_request: bool, tick: &TickAt) {
     let t = k.thread();
-    t.ledger.alive_ns = t.ledger.alive_ns.max(tick.slot_end.saturating_sub(1));
+    t.ledger.alive_at(tick.slot_end.saturating_sub(1));
     k.read_counts();
     k.flush(Flush::Ran);
     let t = k.thread();
@@ -295,7 +291,7 @@ fn ran_uncaptured(k: &mut impl Kernel, cpu: Option<u64>, in_request: bool, tick:
 /// Rule 7: its CPU clock did not move since it was last read.
 fn stayed_off_cpu(k: &mut impl Kernel, in_request: bool, tick: &TickAt) {
     let t = k.thread();
-    t.ledger.alive_ns = t.ledger.alive_ns.max(tick.ts);
+    t.ledger.alive_at(tick.ts);
     let unresponsive = t.asking.is_unresponsive();
     let preempted = t.place.is_preempted();
     let may_assume = !in_request && !t.schedule.ask_due(tick.tick_no);
@@ -336,7 +332,7 @@ fn stayed_off_cpu(k: &mut impl Kernel, in_request: bool, tick: &TickAt) {
             let context_now = k.context_now();
             k.thread().place.found_preempted(context_now);
         }
-        Look::Gone => k.thread().gone = true,
+        Look::Gone => k.thread().exited(),
     }
 }
 
@@ -371,7 +367,7 @@ impl Tracked {
     /// thread was not running in it.
     fn push_stand_ins(&mut self, running: &mut Vec<u64>, missed: u32, periods: u32) {
         let counted = self.schedstat_seen.is_some();
-        let stand_ins = ledger::stand_in_times(
+        let stand_ins = slots::stand_in_times(
             running.last().copied(),
             if counted { 0 } else { missed },
             periods,
@@ -678,7 +674,7 @@ mod tests {
         for _ in 0..40 {
             s.tick(blocked(WAIT_A, 0));
         }
-        assert_eq!(s.t.schedule.check_every, MAX_CHECK_EVERY);
+        assert_eq!(s.t.schedule.check_every(), MAX_CHECK_EVERY);
         // Tick 41, not due for a clock read: it took a request, ran 2 ms in
         // it and blocked elsewhere.
         let mut in_request = blocked(WAIT_B, 2 * MS);

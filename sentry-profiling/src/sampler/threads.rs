@@ -6,6 +6,7 @@ use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::balance::Reading;
 use super::ledger::Ledger;
 use super::state::{Asking, Schedule, Whereabouts};
 use super::stats::Counters;
@@ -160,25 +161,46 @@ impl Tracked {
         word: u64,
         period_ns: u64,
     ) {
-        self.ledger.counted_to_ns = now;
-        // Found waiting at the look before: the time these counts cover
-        // began blocked there.
-        self.ledger.began_waiting = self.place.known().waiting.is_some();
         let lane_now = if crate::attribution::is_lane(word) {
             word
         } else {
             0
         };
-        match self.schedstat_seen.replace((cpu, delay)) {
-            Some((cpu_seen, delay_seen)) => self.ledger.kernel_counted(
-                cpu.saturating_sub(cpu_seen),
-                delay.saturating_sub(delay_seen),
-                period_ns,
-                lane_now,
-            ),
+        let reading = Reading {
+            at_ns: now,
+            // Found waiting at the look before: the time these counts
+            // cover began blocked there.
+            began_waiting: self.place.known().waiting.is_some(),
+            lane_now,
             // The first reading: the samples queued so far ran before it.
-            None => self.ledger.counting_from_now(lane_now),
-        }
+            since: self
+                .schedstat_seen
+                .replace((cpu, delay))
+                .map(|(cpu_seen, delay_seen)| {
+                    (
+                        cpu.saturating_sub(cpu_seen),
+                        delay.saturating_sub(delay_seen),
+                    )
+                }),
+        };
+        self.ledger.kernel_read(reading, period_ns);
+    }
+
+    /// Its timer is not behind: no capture is owed (see
+    /// `Services::catch_stalled_timer`).
+    pub(super) fn timer_caught_up(&mut self) {
+        self.ran_uncaptured_from = None;
+    }
+
+    /// Its CPU clock read `cpu_ns`.
+    pub(super) fn clock_seen(&mut self, cpu_ns: u64) {
+        self.cpu_seen_ns = cpu_ns;
+    }
+
+    /// It exited: it is dropped at the end of the tick, and its held
+    /// samples leave then.
+    pub(super) fn exited(&mut self) {
+        self.gone = true;
     }
 
     /// Forgets everything learned about the thread that had this id; the

@@ -15,10 +15,10 @@ use super::answers::{Flush, Harvested, Look, awaited, flush};
 use super::closing::Closing;
 use super::consumer::Consumer;
 use super::denied::Denials;
-use super::ledger;
 use super::requests::CapturedRequests;
 use super::services::Services;
 use super::short_lived::ShortLived;
+use super::slots;
 use super::state::Awaited;
 use super::stats::Counters;
 use super::step::{self, MAX_CATCH_UP};
@@ -352,8 +352,8 @@ impl Worker {
         c.ticks.add(1);
         let (ts, now) = clocks_now();
         // The slots are the deadlines, one period apart, however late the
-        // tick runs, up to the latest passed (see `ledger::tick_span`).
-        let (periods, passed, slot_end) = ledger::tick_span(
+        // tick runs, up to the latest passed (see `slots::tick_span`).
+        let (periods, passed, slot_end) = slots::tick_span(
             std::mem::take(&mut self.owed),
             now.saturating_duration_since(deadline).as_nanos() as u64,
             self.services.period.as_nanos() as u64,
@@ -421,7 +421,7 @@ impl Worker {
                 }
             }
             flush(&mut services.out, c, t, Flush::Leaving, period_ns);
-            let alive_ns = t.ledger.alive_ns.max(t.ledger.counted_to_ns);
+            let alive_ns = t.ledger.known_alive_ns();
             if let Some(single) = services.out.left(t.info.tid, t.info.start_time, alive_ns) {
                 short_lived.refile(single, period_ns);
             }
