@@ -205,6 +205,32 @@ pub(crate) struct LaneLink {
     pub(crate) span_id: sentry_core::protocol::SpanId,
 }
 
+/// A finished poll of a request at least the blocking threshold long (see
+/// [`Lanes::with_blocking_ns`]), as the lane table saw it: what
+/// `crate::blocking` reads with the poll's samples.
+#[derive(Debug, Clone)]
+pub(crate) struct BlockingPoll {
+    /// The request's lane.
+    pub(crate) lane: u64,
+    /// The thread that polled it.
+    pub(crate) tid: u32,
+    pub(crate) start_ns: u64,
+    pub(crate) end_ns: u64,
+    /// The request: its transaction's name, trace and span.
+    pub(crate) link: Arc<LaneLink>,
+}
+
+/// Blocking polls the lane table holds between two takes (about 100 ms
+/// apart), at most; later ones are counted as lost.
+pub(crate) const MAX_BLOCKING_POLLS: usize = 4096;
+
+impl BlockingPoll {
+    /// How long the poll held its thread.
+    pub(crate) fn duration_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+}
+
 /// Wall-clock time in nanoseconds since the Unix epoch (the samples' clock).
 ///
 /// Read with `clock_gettime` directly: a request reads it several times on

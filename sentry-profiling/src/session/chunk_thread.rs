@@ -18,6 +18,7 @@ use super::desk::{Desk, Writer};
 use super::intake::{BATCHES_WAITING, Command, Intake};
 use super::v1::{PendingProfile, ProfileWriter};
 use super::{Session, SessionConfig};
+use crate::blocking::watch::Watch;
 use crate::encode::sentry_chunk::ChunkMeta;
 use crate::export::Exporter;
 use crate::lanes::Lanes;
@@ -95,8 +96,13 @@ impl Session {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             writer.write_due(&modules);
+            writer.tend_blocking(&modules, false);
         }
-        writer.write_all(&sampler.modules());
+        let modules = sampler.modules();
+        writer.write_all(&modules);
+        // The blocking polls' windows still open are sent now, before the
+        // shutdown's acknowledgement lets the transport close.
+        writer.tend_blocking(&modules, true);
         *self
             .last_sampler_stats
             .lock()
@@ -142,12 +148,16 @@ impl Session {
         // or when asked for.
         let drop_unlinked =
             config.v1.is_none() && config.exports.is_empty() && !config.short_request_lanes;
+        let blocking = config.blocking;
         let desk = Desk::new(
             self,
-            Lanes::with_long_poll_ns(self.long_poll_ns()).drop_unlinked(drop_unlinked),
+            Lanes::with_long_poll_ns(self.long_poll_ns())
+                .drop_unlinked(drop_unlinked)
+                .with_blocking_ns(blocking.threshold_ns()),
             lane_events,
             period_ns,
-        );
+        )
+        .watching(blocking.enabled.then(|| Watch::new(blocking)));
         let symbolizer = config.symbolize.then(Symbolizer::new);
         if config.v1.is_some() {
             return Box::new(ProfileWriter {
