@@ -115,6 +115,9 @@ pub(crate) struct Change {
     /// that future was woken ([`NOT_WOKEN`]: it was not; 0: not an
     /// instrumented future's poll).
     pub(crate) woken_ns: u64,
+    /// The thread entered the request to run work handed off to it, not
+    /// as a Tokio worker polling a task (see `context::OFF_WORKER`).
+    pub(crate) off_worker: bool,
 }
 
 /// The shortest transaction Sentry links to a profile: Relay removes the
@@ -168,7 +171,8 @@ pub(crate) fn read_changes(
                     from,
                     to,
                     at_ns,
-                    woken_ns,
+                    woken_ns: woken_ns & !crate::context::OFF_WORKER,
+                    off_worker: woken_ns & crate::context::OFF_WORKER != 0,
                 });
             } else {
                 read.lost += 1;

@@ -184,6 +184,9 @@ pub(crate) struct Lanes {
     blocking: Vec<super::BlockingPoll>,
     /// Blocking polls past that bound, since the last take.
     blocking_lost: u64,
+    /// The threads whose open poll runs work handed off the request (see
+    /// `Change::off_worker`): not a worker's, never a blocking poll.
+    off_worker: rustc_hash::FxHashSet<u32>,
 }
 
 /// The long polls of the lanes: by (lane, thread), the stretches in which
@@ -352,13 +355,19 @@ impl Lanes {
             to,
             at_ns,
             woken_ns,
+            off_worker,
         } = change;
+        let left_off_worker = self.off_worker.remove(&tid);
+        if off_worker && is_lane(to) {
+            self.off_worker.insert(tid);
+        }
         // Without the word before (it was lost), when the thread left the
         // poll it was in is not known: that poll is forgotten.
         let left = self.open.remove(&tid).filter(|_| from.is_some());
         let mut kept = true;
         if let Some((lane, start_ns)) = left
             && self.blocking_ns > 0
+            && !left_off_worker
             && at_ns.saturating_sub(start_ns) >= self.blocking_ns
             && let Some(l) = self.lanes.get(&lane)
         {
@@ -1022,6 +1031,7 @@ mod tests {
             to,
             at_ns,
             woken_ns,
+            off_worker: false,
         }
     }
 
@@ -1105,6 +1115,7 @@ mod tests {
             to: b,
             at_ns: 50,
             woken_ns: 0,
+            off_worker: false,
         };
         assert!(lanes.apply_change(lost, min));
         assert_eq!(polls(&lanes, a), vec![poll(7, 10, Some(20))]);
@@ -1217,6 +1228,15 @@ mod tests {
         out.clear();
         lanes.take_blocking(&mut out);
         assert!(out.is_empty(), "taken once");
+        // Work handed to the blocking pool blocks no worker.
+        let handed = Change {
+            off_worker: true,
+            ..woken_change(9, 0, lane, 300_000, 250_000)
+        };
+        lanes.apply_change(handed, 1_000);
+        lanes.apply_change(woken_change(9, lane, 0, 900_000, 0), 1_000);
+        lanes.take_blocking(&mut out);
+        assert!(out.is_empty(), "{out:?}");
         // Off: nothing is reported.
         let mut off = Lanes::with_long_poll_ns(4_000);
         let lane = started(&mut off, 1_000);
