@@ -13,8 +13,9 @@
 //! - a fill with a stack none of the poll's captures has: the stack the
 //!   sampler read while the thread was blocked in a system call. It is
 //!   **waiting on a lock** when a frame of it is a lock's or a condition
-//!   variable's wait (`Mutex`, `RwLock`, `Condvar`, `parking_lot`, a
-//!   futex wait, `pthread_mutex_lock`), and otherwise **blocked in the
+//!   variable's wait, or a parked thread's (`Mutex`, `RwLock`, `Condvar`,
+//!   `parking_lot`, a futex wait, `pthread_mutex_lock`, `Thread::park`:
+//!   a channel's receive), and otherwise **blocked in the
 //!   kernel** in the call its innermost named frame makes (`read`,
 //!   `clock_nanosleep`, …);
 //! - `(waiting: where not read in time)`: blocked, where not known.
@@ -149,6 +150,9 @@ fn is_lock_wait(function: &str) -> bool {
         "pthread_rwlock_",
         "pthread_cond_",
         "sem_wait",
+        // A parked thread waits for another to unpark it: a channel's
+        // receive, a `Once`, a condition built on `park`.
+        "::park",
     ];
     WAITS.iter().any(|w| function.contains(w))
 }
