@@ -332,6 +332,9 @@ fn frames_hold_their_addresses(e: &Value) {
     );
 }
 
+/// A route, the function that blocks in it, and which kinds are right.
+type Site = (&'static str, &'static str, fn(&str) -> bool);
+
 #[test]
 fn each_blocking_site_is_one_issue_naming_it_with_its_request_and_count() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -353,7 +356,7 @@ fn each_blocking_site_is_one_issue_naming_it_with_its_request_and_count() {
         let v = event_violations(e);
         assert!(v.is_empty(), "Relay would change or reject {e}: {v:?}");
     }
-    let sites: [(&str, &str, fn(&str) -> bool); 4] = [
+    let sites: [Site; 4] = [
         ("/cpu", "crunch_rows", |k| k == "cpu"),
         ("/sleep", "nap_on_worker", |k| {
             k == "syscall:nanosleep" || k == "syscall:clock_nanosleep"

@@ -279,13 +279,15 @@ fn innermost_app(frames: &[u64], names: &mut dyn Names) -> Option<Arc<str>> {
     })
 }
 
+/// A stack with its innermost application function, if any.
+type Culprited<'s> = (Option<Arc<str>>, &'s Arc<[u64]>);
+
 /// The most common culprit of `stacks`, and the most common stack with it.
 fn culprit_of<'s>(
     stacks: impl Iterator<Item = &'s Arc<[u64]>>,
     names: &mut dyn Names,
 ) -> (Arc<str>, Arc<[u64]>) {
-    let with: Vec<(Option<Arc<str>>, &Arc<[u64]>)> =
-        stacks.map(|s| (innermost_app(s, names), s)).collect();
+    let with: Vec<Culprited<'_>> = stacks.map(|s| (innermost_app(s, names), s)).collect();
     let culprit = most_common(with.iter().filter_map(|(c, _)| c.clone()));
     let stack = most_common(
         with.iter()

@@ -145,10 +145,16 @@ impl Session {
         let period_ns = 1_000_000_000 / u64::from(config.sampler.frequency_hz.max(1));
         // Lanes Sentry would never show are worth keeping only for the
         // exports (their samples' request labels), transaction profiles,
-        // or when asked for.
-        let drop_unlinked =
-            config.v1.is_none() && config.exports.is_empty() && !config.short_request_lanes;
+        // when asked for, or when a blocking poll can be that short: a
+        // short request's lane is forgotten as soon as its transaction's
+        // window is read, which can come before its poll's end.
         let blocking = config.blocking;
+        let short_blocking =
+            blocking.enabled && blocking.threshold_ns() < crate::lanes::SHORTEST_LINKED_NS;
+        let drop_unlinked = config.v1.is_none()
+            && config.exports.is_empty()
+            && !config.short_request_lanes
+            && !short_blocking;
         let desk = Desk::new(
             self,
             Lanes::with_long_poll_ns(self.long_poll_ns())
