@@ -23,7 +23,7 @@
 //! addresses inside its debug images. The healthy and pool routes make
 //! none. With a 1 s interval a steady stream of blocking polls makes one
 //! event per window whose counts add up to the long polls; switched off,
-//! none at all.
+//! none at all. The preview page lists the issues a run made.
 //!
 //! The runs take one lock: their Sentry hubs and profilers never overlap.
 
@@ -221,6 +221,8 @@ fn options(
 /// counters at the end of the load.
 struct Written {
     events: Vec<Value>,
+    /// The issues the preview page lists.
+    preview_issues: usize,
     transactions: Vec<Value>,
     stats: sentry_profiling::ProfilerStats,
 }
@@ -250,10 +252,14 @@ where
         .filter(|i| i.kind() == Some("event"))
         .map(|i| serde_json::from_slice(&i.payload).expect("an event is JSON"))
         .collect();
+    let preview_issues = sentry_profiling_preview::build(&dir)
+        .map(|p| p.summary().blocking_issues)
+        .expect("the preview page builds");
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(&fifo);
     Written {
         events,
+        preview_issues,
         transactions,
         stats,
     }
@@ -448,6 +454,10 @@ fn each_blocking_site_is_one_issue_naming_it_with_its_request_and_count() {
         "work on the blocking pool blocks no worker"
     );
     assert_eq!(w.events.len(), 4, "one event per site");
+    assert_eq!(
+        w.preview_issues, 4,
+        "the preview page lists the four issues"
+    );
     assert_eq!(w.stats.long_polls, 4 * REQUESTS as u64);
     assert_eq!(w.stats.blocking.polls, 4 * REQUESTS as u64);
     assert_eq!(w.stats.blocking.events_sent, 4);
@@ -510,6 +520,7 @@ fn switched_off_no_event() {
         },
     );
     assert!(w.events.is_empty(), "{:?}", w.events);
+    assert_eq!(w.preview_issues, 0);
     assert_eq!(w.stats.blocking, sentry_profiling::BlockingStats::default());
     assert_eq!(w.stats.long_polls, 6, "long polls are still counted");
 }
