@@ -20,8 +20,12 @@
 //!   `clock_nanosleep`, …);
 //! - `(waiting: where not read in time)`: blocked, where not known.
 //!
-//! The kind with the most samples wins (on the CPU on a tie). The culprit
-//! is the innermost frame of the application (not a synthetic frame, not
+//! What was seen decides: the poll was on the CPU if it has more
+//! captures than stacks read while blocked (a blocked thread is captured
+//! now and then as it wakes; a CPU loop is never found blocked, so a tie
+//! goes to the wait). Without either, the inferred samples decide (a
+//! capture's stack and the runnable ones against the waits not read). The
+//! culprit is the innermost frame of the application (not a synthetic frame, not
 //! matched by the README's stack-trace rules, named), the most common
 //! among that kind's samples; the stack shown is the most common stack of
 //! those with that culprit.
@@ -170,8 +174,19 @@ pub(crate) fn call_name(function: &str) -> &str {
 
 /// How one sample reads.
 enum Reading {
-    Cpu,
-    Blocked { lock: bool, call: Option<Arc<str>> },
+    /// A capture of running code.
+    Captured,
+    /// A fill or stand-in with a capture's stack: the thread ran through,
+    /// or was preempted there.
+    CaptureCopy,
+    /// Runnable or running with no stack: votes only when nothing else
+    /// does (a thread woken from its wait on a saturated machine waits
+    /// for a CPU, which says nothing of what its code did).
+    Runnable,
+    Blocked {
+        lock: bool,
+        call: Option<Arc<str>>,
+    },
     BlockedUnknown,
     Nothing,
 }
@@ -184,26 +199,36 @@ pub(crate) fn classify(samples: &[PollSample], names: &mut dyn Names) -> Verdict
         .map(|s| &s.frames)
         .collect();
     let mut cpu = Vec::new();
+    let mut copies = Vec::new();
     let mut blocked = Vec::new();
     let mut blocked_unknown = 0usize;
+    let mut runnable = 0usize;
     for s in samples {
         match read(s, &captured, names) {
-            Reading::Cpu => cpu.push(s),
+            Reading::Captured => cpu.push(s),
+            Reading::CaptureCopy => copies.push(s),
+            Reading::Runnable => runnable += 1,
             Reading::Blocked { lock, call } => blocked.push((s, lock, call)),
             Reading::BlockedUnknown => blocked_unknown += 1,
             Reading::Nothing => {}
         }
     }
-    let blocked_votes = blocked.len() + blocked_unknown;
-    if cpu.is_empty() && blocked_votes == 0 {
+    // What was seen (a capture of running code, a stack read while the
+    // thread was blocked) decides; what was inferred only without it.
+    let on_cpu = if !cpu.is_empty() || !blocked.is_empty() {
+        cpu.len() > blocked.len()
+    } else if copies.len() + runnable + blocked_unknown > 0 {
+        copies.len() + runnable >= blocked_unknown
+    } else {
         return Verdict {
             kind: Kind::Unknown,
             culprit: Arc::from(NO_CULPRIT),
             stack: Arc::from(&[][..]),
         };
-    }
-    if cpu.len() >= blocked_votes {
-        let (culprit, stack) = culprit_of(cpu.iter().map(|s| &s.frames), names);
+    };
+    if on_cpu {
+        let stacks = cpu.iter().chain(&copies).map(|s| &s.frames);
+        let (culprit, stack) = culprit_of(stacks, names);
         return Verdict {
             kind: Kind::Cpu,
             culprit,
@@ -236,13 +261,16 @@ fn read(s: &PollSample, captured: &[&Arc<[u64]>], names: &mut dyn Names) -> Read
         return Reading::Nothing;
     };
     match leaf {
-        WAITING_FOR_CPU_FRAME | UNCAPTURED_FRAME => return Reading::Cpu,
+        WAITING_FOR_CPU_FRAME | UNCAPTURED_FRAME => return Reading::Runnable,
         WAITING_UNREAD_FRAME => return Reading::BlockedUnknown,
         _ if synthetic_frame(leaf).is_some() => return Reading::Nothing,
         _ => {}
     }
-    if s.captured || captured.iter().any(|c| **c == s.frames) {
-        return Reading::Cpu;
+    if s.captured {
+        return Reading::Captured;
+    }
+    if captured.iter().any(|c| **c == s.frames) {
+        return Reading::CaptureCopy;
     }
     let mut lock = false;
     let mut call = None;
@@ -448,18 +476,43 @@ mod tests {
     }
 
     #[test]
-    fn a_read_is_named_and_unread_waits_vote_blocked() {
+    fn waiting_for_a_cpu_after_the_wait_does_not_make_it_a_cpu_loop() {
+        // Woken when the lock was released, on a saturated machine: the
+        // thread waited for a CPU longer than it was seen blocked.
+        let waiting = [0x9002, 0x1004, 0x1005, 0x1000, 0x1001];
+        let mut samples = vec![sample(&waiting, false), sample(&waiting, false)];
+        samples.extend((0..5).map(|_| sample(&[WAITING_FOR_CPU_FRAME], false)));
+        let v = classify(&samples, &mut Libc(names()));
+        assert_eq!(v.kind, Kind::Lock);
+        // With nothing else, it was on a CPU (or wanted one).
+        let only = [sample(&[WAITING_FOR_CPU_FRAME], false)];
+        assert_eq!(classify(&only, &mut names()).kind, Kind::Cpu);
+    }
+
+    #[test]
+    fn what_was_seen_decides_and_a_tie_goes_to_the_wait() {
         let reading = [0x9001, 0x1006, 0x1007];
+        // One stack read while blocked, one capture as it woke, and more
+        // inferred samples than either: the read decides.
         let samples = vec![
             sample(&reading, false),
-            sample(&[WAITING_UNREAD_FRAME], false),
-            sample(&[WAITING_UNREAD_FRAME], false),
             sample(&[0x1007], true),
-            sample(&[0x1007], true),
+            sample(&[0x1007], false),
+            sample(&[0x1007], false),
+            sample(&[WAITING_FOR_CPU_FRAME], false),
         ];
         let v = classify(&samples, &mut Libc(names()));
         assert_eq!(v.kind, Kind::Syscall(Arc::from("read")));
         assert_eq!(&*v.culprit, "my_service::export::build");
+        // Nothing seen: waits not read against the runnable ones.
+        let unread = [
+            sample(&[WAITING_UNREAD_FRAME], false),
+            sample(&[WAITING_UNREAD_FRAME], false),
+            sample(&[WAITING_FOR_CPU_FRAME], false),
+        ];
+        let v = classify(&unread, &mut names());
+        assert_eq!(v.kind, Kind::Syscall(Arc::from("unknown")));
+        assert_eq!(&*v.culprit, NO_CULPRIT);
     }
 
     #[test]

@@ -93,6 +93,7 @@ pub(crate) use crate::lanes::MAX_BLOCKING_POLLS as MAX_PENDING_POLLS;
 pub(crate) struct Counters {
     pub(crate) polls: AtomicU64,
     pub(crate) polls_lost: AtomicU64,
+    pub(crate) polls_without_stack: AtomicU64,
     pub(crate) events_sent: AtomicU64,
     pub(crate) events_filtered: AtomicU64,
     pub(crate) events_dropped: AtomicU64,
@@ -111,6 +112,7 @@ impl Counters {
         BlockingStats {
             polls: l(&self.polls),
             polls_lost: l(&self.polls_lost),
+            polls_without_stack: l(&self.polls_without_stack),
             events_sent: l(&self.events_sent),
             events_filtered: l(&self.events_filtered),
             events_dropped: l(&self.events_dropped),
@@ -131,6 +133,12 @@ pub struct BlockingStats {
     /// reads (4,096 about every 100 ms), or more distinct fingerprints open
     /// at once than it keeps (256).
     pub polls_lost: u64,
+    /// Blocking polls none of whose samples shows an application frame
+    /// (on a saturated machine the sampler may not read where a thread
+    /// waited in time, and shows `(waiting: where not read in time)`):
+    /// an issue with no culprit would group nothing, so they make no
+    /// event.
+    pub polls_without_stack: u64,
     /// Events handed to the transport.
     pub events_sent: u64,
     /// Events `before_send`, an event processor or the client's

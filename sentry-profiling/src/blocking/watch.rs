@@ -14,7 +14,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::classify::{Names, PollSample, classify};
+use super::classify::{NO_CULPRIT, Names, PollSample, classify};
 use super::event::{EventContext, build};
 use super::windows::{Occurrence, Windows};
 use super::{
@@ -140,14 +140,37 @@ impl Watch {
         profiler_id: Option<&str>,
         all: bool,
     ) -> Vec<sentry_core::protocol::Event<'static>> {
-        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.forget_threads(known_until_ns);
+        let mut symbolizer = std::mem::take(&mut self.symbolizer);
         let mut names = Resolve {
-            symbolizer: &mut self.symbolizer,
+            symbolizer: &mut symbolizer,
             modules,
         };
+        let events = self.step_with(
+            known_until_ns,
+            modules,
+            counters,
+            profiler_id,
+            all,
+            &mut names,
+        );
+        self.symbolizer = symbolizer;
+        events
+    }
+
+    /// [`Watch::step`], with function names from `names`.
+    fn step_with(
+        &mut self,
+        known_until_ns: u64,
+        modules: &ModuleSet,
+        counters: &Counters,
+        profiler_id: Option<&str>,
+        all: bool,
+        names: &mut dyn Names,
+    ) -> Vec<sentry_core::protocol::Event<'static>> {
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.forget_threads(known_until_ns);
         let mut i = 0;
-        let (mut read, mut lost) = (0u64, 0u64);
+        let (mut read, mut lost, mut without_stack) = (0u64, 0u64, 0u64);
         while i < self.pending.len() {
             let p = &self.pending[i];
             let ring = self.rings.get(&p.tid);
@@ -176,7 +199,11 @@ impl Watch {
                 })
                 .unwrap_or_default();
             let thread_name = ring.map(|r| Arc::clone(&r.name));
-            let verdict = classify(&samples, &mut names);
+            let verdict = classify(&samples, names);
+            if &*verdict.culprit == NO_CULPRIT {
+                without_stack += 1;
+                continue;
+            }
             let occurrence = Occurrence {
                 poll,
                 verdict,
@@ -190,6 +217,7 @@ impl Watch {
         }
         Counters::add(&counters.polls, read);
         Counters::add(&counters.polls_lost, lost);
+        Counters::add(&counters.polls_without_stack, without_stack);
         let mut closed = Vec::new();
         let dropped = self.windows.close_due(now, all, &mut closed);
         Counters::add(&counters.events_dropped, dropped.events);
@@ -200,7 +228,7 @@ impl Watch {
         };
         closed
             .iter()
-            .map(|c| build(c, &ctx, modules, &mut names))
+            .map(|c| build(c, &ctx, modules, names))
             .collect()
     }
 
@@ -256,6 +284,32 @@ mod tests {
         }
     }
 
+    /// Every address is a function of the application's.
+    struct AppNames;
+
+    impl Names for AppNames {
+        fn function(&mut self, addr: u64) -> Option<Arc<str>> {
+            (addr >= 0x1000).then(|| Arc::from(format!("my_service::f{addr:x}").as_str()))
+        }
+        fn module(&self, _: u64) -> Option<&str> {
+            None
+        }
+    }
+
+    impl Watch {
+        fn step_test(&mut self, known_until_ns: u64, counters: &Counters, all: bool) -> usize {
+            self.step_with(
+                known_until_ns,
+                &ModuleSet::default(),
+                counters,
+                Some("ab"),
+                all,
+                &mut AppNames,
+            )
+            .len()
+        }
+    }
+
     fn config() -> BlockingConfig {
         BlockingConfig {
             enabled: true,
@@ -277,17 +331,17 @@ mod tests {
             sample(110 * MS, 8, &[0x9], LANE + 1, false),
         ]);
         w.take_polls(&mut vec![poll(7, 95 * MS, 160 * MS)], &counters);
-        assert!(w.step(0, &modules, &counters, None, false).is_empty());
+        assert_eq!(w.step_test(0, &counters, false), 0);
         assert_eq!(w.pending(), 1, "no sample of thread 7 after the poll yet");
         w.observe(&[
             sample(120 * MS, 7, &stack, LANE, false),
             sample(170 * MS, 7, &[0x42], 0, false),
         ]);
-        assert!(w.step(0, &modules, &counters, None, false).is_empty());
+        assert_eq!(w.step_test(0, &counters, false), 0);
         assert_eq!(w.pending(), 0);
         assert_eq!(counters.snapshot().polls, 1);
         // Shutdown closes the window: one event.
-        let events = w.step(0, &modules, &counters, Some("ab"), true);
+        let events = w.step_with(0, &modules, &counters, Some("ab"), true, &mut AppNames);
         assert_eq!(events.len(), 1);
         let e = &events[0];
         assert_eq!(e.level, sentry_core::Level::Warning);
@@ -301,13 +355,34 @@ mod tests {
     fn a_poll_whose_thread_goes_quiet_is_read_a_second_later() {
         let counters = Counters::default();
         let mut w = Watch::new(config());
-        let modules = ModuleSet::default();
+        w.observe(&[sample(10 * MS, 9, &[0x1234], LANE, false)]);
         w.take_polls(&mut vec![poll(9, 0, 60 * MS)], &counters);
-        w.step(500 * MS, &modules, &counters, None, false);
+        w.step_test(500 * MS, &counters, false);
         assert_eq!(w.pending(), 1);
-        w.step(1_100 * MS, &modules, &counters, None, false);
+        w.step_test(1_100 * MS, &counters, false);
         assert_eq!(w.pending(), 0);
         assert_eq!(counters.snapshot().polls, 1);
+    }
+
+    #[test]
+    fn a_poll_with_no_application_frame_is_counted_and_makes_no_event() {
+        let counters = Counters::default();
+        let mut w = Watch::new(config());
+        let modules = ModuleSet::default();
+        w.observe(&[
+            sample(
+                10 * MS,
+                9,
+                &[crate::frames::WAITING_UNREAD_FRAME],
+                LANE,
+                true,
+            ),
+            sample(70 * MS, 9, &[0x42], 0, false),
+        ]);
+        w.take_polls(&mut vec![poll(9, 0, 60 * MS)], &counters);
+        assert!(w.step(0, &modules, &counters, None, true).is_empty());
+        let s = counters.snapshot();
+        assert_eq!((s.polls, s.polls_without_stack), (0, 1));
     }
 
     #[test]
