@@ -37,6 +37,7 @@
 
 mod envelope;
 mod flame;
+mod issues;
 mod model;
 mod names;
 mod polls;
@@ -185,6 +186,9 @@ pub struct Summary {
     pub problems: Vec<String>,
     /// The run's warnings, from [`STATS_FILE`] (see [`WARNINGS_KEY`]).
     pub warnings: Vec<String>,
+    /// Blocking-poll issues (one per fingerprint, as Sentry groups their
+    /// events).
+    pub blocking_issues: usize,
 }
 
 /// A built page.
@@ -412,6 +416,12 @@ fn page_data(run: &Run, mut stats: Option<Map<String, Value>>, dir: &Path) -> (S
         .filter(|(_, (f, s))| f != s)
         .map(|(i, (f, _))| (i.to_string(), Value::from(f.as_str())))
         .collect();
+    // The blocking-poll issues, as Sentry's issue stream lists them.
+    let issues_out: Vec<String> = issues::issue_rows(&run.blocking)
+        .iter()
+        .map(Value::to_string)
+        .collect();
+    summary.blocking_issues = issues_out.len();
     let counters = stats.unwrap_or_else(|| {
         let mut m = Map::new();
         m.insert("chunks".into(), run.chunks.len().into());
@@ -442,6 +452,7 @@ fn page_data(run: &Run, mut stats: Option<Map<String, Value>>, dir: &Path) -> (S
         ("tx", tx_out),
         ("routes", routes_out),
         ("polls", polls_out),
+        ("issues", issues_out),
         ("threads", threads_out),
     ] {
         let _ = write!(data, ",\"{key}\":[{}]", rows.join(","));

@@ -71,6 +71,8 @@ pub(crate) struct Run {
     pub(crate) samples: usize,
     /// Files or items that could not be read, each with why.
     pub(crate) problems: Vec<String>,
+    /// The blocking-poll issue events (see `crate::issues`).
+    pub(crate) blocking: Vec<crate::issues::BlockingEvent>,
 }
 
 impl Run {
@@ -112,6 +114,12 @@ impl Run {
                         .and_then(|v| run.add_transaction(&v)),
                     Some("profile_chunk") => ProfileChunk::from_json(&item.payload)
                         .map(|c| run.add_chunk(c))
+                        .map_err(|e| e.to_string()),
+                    Some("event") => serde_json::from_slice::<Value>(&item.payload)
+                        .map(|v| {
+                            run.blocking
+                                .extend(crate::issues::BlockingEvent::from_event(&v))
+                        })
                         .map_err(|e| e.to_string()),
                     _ => Ok(()),
                 };

@@ -48,7 +48,7 @@ where
     tokio::task::spawn_blocking(move || {
         // From the spawn to the start on a blocking thread, the work was
         // queued; the word the span publishes carries that.
-        sentry_profiling::hooks::poll::set_started(spawned_ns, 0, false);
+        sentry_profiling::hooks::poll::set_handed_off_worker(spawned_ns);
         let _entered = span.enter();
         sentry_profiling::hooks::poll::set_started(0, 0, false);
         // Its start is read last, right before it: its wait to start is

@@ -63,7 +63,7 @@ where
         // From the hand-over to the start on the other thread, the work
         // was queued; the word the span publishes carries that. The work
         // is offloaded: its waits for a CPU are not the future's own polls'.
-        sentry_profiling::hooks::poll::set_started(handed_ns, 0, false);
+        sentry_profiling::hooks::poll::set_handed_off_worker(handed_ns);
         let _entered = span.enter();
         sentry_profiling::hooks::poll::set_started(0, 0, false);
         f()

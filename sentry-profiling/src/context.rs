@@ -178,6 +178,14 @@ thread_local! {
 /// never see it ([`read_changes`] takes it off).
 pub(crate) const OWN_POLL: u64 = 1 << 63;
 
+/// Marks, in a published word's wake time, work a request handed to a
+/// thread that is not a Tokio worker (`spawn_blocking_in_span`, the thread
+/// helpers): such a "poll" blocks no worker, however long it runs, so it
+/// never becomes a blocking poll (see `crate::blocking`). Unlike
+/// [`OWN_POLL`], [`read_changes`] passes it on for `crate::lanes` to take
+/// off.
+pub(crate) const OFF_WORKER: u64 = 1 << 62;
+
 /// Says when the instrumented future this thread is about to poll was
 /// woken (`CLOCK_REALTIME`, ns; 1: it was not woken, as for its first
 /// poll): the next word this thread publishes (the request's, as the poll

@@ -113,6 +113,19 @@ pub mod poll {
         let _ = (woken_ns, start_ns, own);
     }
 
+    /// [`set_started`] for work a request handed to a thread that is not
+    /// a Tokio worker (the blocking pool, a thread of its own), queued
+    /// since `handed_ns`: its stretches in the request are never blocking
+    /// polls. Call it right before entering the span, and
+    /// `set_started(0, 0, false)` right after.
+    #[inline]
+    pub fn set_handed_off_worker(handed_ns: u64) {
+        #[cfg(profiling_supported)]
+        crate::context::set_poll_woken(handed_ns | crate::context::OFF_WORKER, 0);
+        #[cfg(not(profiling_supported))]
+        let _ = handed_ns;
+    }
+
     /// When this thread last published a new context word (0: not since
     /// the last call), and forgets it: the end of a poll whose span's exit
     /// changed the word, without another clock read.

@@ -49,6 +49,9 @@ pub struct ProfilingIntegration {
     http_timeout: Duration,
     long_poll: Duration,
     short_request_lanes: bool,
+    blocking_issues: bool,
+    blocking_threshold: Duration,
+    blocking_interval: Duration,
     /// Whether [`ProfilingIntegration::apply`] put this integration into the
     /// options (wrapping their transport); see [`NOT_APPLIED`].
     applied: bool,
@@ -90,6 +93,9 @@ impl std::fmt::Debug for ProfilingIntegration {
             .field("profiles_sampler", &self.profiles_sampler.is_some())
             .field("http_timeout", &self.http_timeout)
             .field("long_poll_threshold", &self.long_poll)
+            .field("blocking_issues", &self.blocking_issues)
+            .field("blocking_threshold", &self.blocking_threshold)
+            .field("blocking_interval", &self.blocking_interval)
             .field("short_request_lanes", &self.short_request_lanes)
             .finish_non_exhaustive()
     }
@@ -119,6 +125,9 @@ impl ProfilingIntegration {
             http_timeout: DEFAULT_HTTP_TIMEOUT,
             long_poll: crate::options::DEFAULT_LONG_POLL_THRESHOLD,
             short_request_lanes: false,
+            blocking_issues: true,
+            blocking_threshold: crate::blocking::DEFAULT_BLOCKING_THRESHOLD,
+            blocking_interval: crate::blocking::DEFAULT_BLOCKING_INTERVAL,
             applied: false,
             runtime: Arc::new(OnceLock::new()),
         }
@@ -305,6 +314,45 @@ impl ProfilingIntegration {
         self
     }
 
+    /// Whether a poll of a request that blocks its Tokio worker for at least
+    /// [`ProfilingIntegration::blocking_threshold`] becomes a Sentry issue
+    /// event (level warning, grouped by the code that blocked and how:
+    /// on the CPU, in the kernel in a named call, waiting on a lock; at
+    /// most one event per blocking site per
+    /// [`ProfilingIntegration::blocking_interval`], and
+    /// [`crate::MAX_BLOCKING_EVENTS_PER_MINUTE`] in all). Default true:
+    /// see the README's "Blocking polls as issues" for why, and for what
+    /// the events count against. Found on the profiler's chunk thread
+    /// from what the profile already holds: no request pays for it.
+    #[must_use]
+    pub fn blocking_issues(mut self, on: bool) -> Self {
+        self.blocking_issues = on;
+        self
+    }
+
+    /// The shortest poll that becomes a blocking-poll issue event (see
+    /// [`ProfilingIntegration::blocking_issues`]). Default 50 ms
+    /// ([`crate::DEFAULT_BLOCKING_THRESHOLD`]); zero is taken as the
+    /// default, and shorter than [`crate::MIN_BLOCKING_THRESHOLD`] (1 ms)
+    /// as that.
+    #[must_use]
+    pub fn blocking_threshold(mut self, threshold: Duration) -> Self {
+        self.blocking_threshold = threshold;
+        self
+    }
+
+    /// How long the blocking polls of one site (culprit and kind) are
+    /// gathered into one event, which carries their count, worst and
+    /// median durations and the worst one's stack and trace. Default 60 s
+    /// ([`crate::DEFAULT_BLOCKING_INTERVAL`]); zero is taken as the
+    /// default, and shorter than [`crate::MIN_BLOCKING_INTERVAL`] (1 s) as
+    /// that. The windows still open at shutdown are sent then.
+    #[must_use]
+    pub fn blocking_interval(mut self, interval: Duration) -> Self {
+        self.blocking_interval = interval;
+        self
+    }
+
     /// Whether a request whose transaction lasts less than 19.8 ms keeps a
     /// lane of its own in the chunks sent to Sentry. Default false: Sentry
     /// (Relay) removes the `profiler_id` of such a transaction, so no
@@ -440,11 +488,39 @@ impl ProfilingIntegration {
                 self.long_poll
             },
             short_request_lanes: self.short_request_lanes,
+            blocking: crate::blocking::BlockingConfig {
+                enabled: self.blocking_issues,
+                threshold: settle_at_least(
+                    self.blocking_threshold,
+                    crate::blocking::DEFAULT_BLOCKING_THRESHOLD,
+                    crate::blocking::MIN_BLOCKING_THRESHOLD,
+                    "blocking_threshold",
+                ),
+                interval: settle_at_least(
+                    self.blocking_interval,
+                    crate::blocking::DEFAULT_BLOCKING_INTERVAL,
+                    crate::blocking::MIN_BLOCKING_INTERVAL,
+                    "blocking_interval",
+                ),
+            },
             service_name: std::env::current_exe()
                 .ok()
                 .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
                 .unwrap_or_else(|| "unknown_service".into()),
         })
+    }
+}
+
+/// `requested`, or `default` when zero, or `min` (with a warning) when
+/// shorter.
+fn settle_at_least(requested: Duration, default: Duration, min: Duration, name: &str) -> Duration {
+    if requested.is_zero() {
+        default
+    } else if requested < min {
+        eprintln!("sentry-profiling: `{name}` {requested:?} is below {min:?}; {min:?} is used");
+        min
+    } else {
+        requested
     }
 }
 

@@ -117,6 +117,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod attribution;
+mod blocking;
 mod chunk;
 #[cfg(profiling_supported)]
 mod context;
@@ -147,6 +148,10 @@ mod transport;
 mod unwind;
 
 pub use attribution::{LANE_BASE, ThreadAttribution};
+pub use blocking::{
+    BlockingStats, DEFAULT_BLOCKING_INTERVAL, DEFAULT_BLOCKING_THRESHOLD,
+    MAX_BLOCKING_EVENTS_PER_MINUTE, MIN_BLOCKING_INTERVAL, MIN_BLOCKING_THRESHOLD,
+};
 pub use error::Error;
 pub use integration::ProfilingIntegration;
 pub use options::{

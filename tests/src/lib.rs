@@ -22,7 +22,8 @@ pub use sentry_profiling_examples::{EnvelopeItem, ParsedEnvelope, parse_envelope
 use serde_json::Value;
 
 pub use relay::{
-    ChunkItem, SENTRY_CUSTOM_MEASUREMENT_LIMIT, measurement_violations, relay_violations,
+    ChunkItem, SENTRY_CUSTOM_MEASUREMENT_LIMIT, event_violations, measurement_violations,
+    relay_violations,
 };
 
 /// The README's Rust snippets, compiled as this crate's doctests: this

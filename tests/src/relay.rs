@@ -554,6 +554,229 @@ pub fn measurement_violations(transaction: &Value, max_custom: usize) -> Vec<Str
     v
 }
 
+/// The platforms Relay keeps on an event (`VALID_PLATFORMS` in
+/// `relay-event-schema`); any other value becomes `other`.
+#[allow(
+    dead_code,
+    reason = "the stress run, which includes this file, checks no events"
+)]
+const RELAY_EVENT_PLATFORMS: &[&str] = &[
+    "as3",
+    "c",
+    "cfml",
+    "cocoa",
+    "csharp",
+    "elixir",
+    "haskell",
+    "go",
+    "groovy",
+    "java",
+    "javascript",
+    "native",
+    "node",
+    "objc",
+    "other",
+    "perl",
+    "php",
+    "python",
+    "ruby",
+];
+
+/// Debug image types Relay's `DebugImage` reads.
+#[allow(
+    dead_code,
+    reason = "the stress run, which includes this file, checks no events"
+)]
+const RELAY_IMAGE_TYPES: &[&str] = &[
+    "apple",
+    "symbolic",
+    "elf",
+    "macho",
+    "pe",
+    "pe_dotnet",
+    "proguard",
+    "wasm",
+    "sourcemap",
+    "jvm",
+    "il2cpp",
+    "file",
+];
+
+#[allow(
+    dead_code,
+    reason = "the stress run, which includes this file, checks no events"
+)]
+fn is_hex_id(v: Option<&Value>, len: usize) -> bool {
+    v.and_then(Value::as_str).is_some_and(|s| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    })
+}
+
+/// A debug id as Relay parses it (`debugid`): a GUID, hyphenated or not,
+/// optionally followed by an age.
+#[allow(
+    dead_code,
+    reason = "the stress run, which includes this file, checks no events"
+)]
+fn is_debug_id(v: Option<&Value>) -> bool {
+    v.and_then(Value::as_str).is_some_and(|s| {
+        let hex: String = s.chars().filter(|c| *c != '-').collect();
+        hex.len() >= 32 && hex.chars().all(|c| c.is_ascii_hexdigit())
+    })
+}
+
+/// Checks an `event` item's payload against Relay's event schema and
+/// normalization, as they touch what the crate writes: returns every
+/// violation (a field Relay would drop, trim, or replace, or a reason it
+/// would reject the event).
+///
+/// Restated from `relay-event-schema` and `relay-event-normalization`:
+/// `event_id` 32 hex digits; `level` one of Relay's levels; `platform` one
+/// of its valid platforms (else it becomes `other`); `timestamp` a number
+/// no more than 30 days in the past nor a minute in the future (else the
+/// event is dropped or its time replaced); `fingerprint` a non-empty list
+/// of strings; `culprit` and `transaction` at most 200 characters, tags'
+/// keys and values at most 200 and without a newline (longer ones are
+/// trimmed, invalid tags removed), `message` at most 8192; every frame of
+/// every thread's stack trace with an `instruction_addr` that is a hex
+/// string (its address kept for Symbolicator); each debug image of a type
+/// Relay reads, with a valid `debug_id` (or its legacy alias `id`), a hex
+/// `image_addr` and a `code_file` (or `name`); a trace context with a 32-digit trace id and 16-digit
+/// span id.
+#[allow(
+    dead_code,
+    reason = "the stress run, which includes this file, checks no events"
+)]
+pub fn event_violations(event: &Value) -> Vec<String> {
+    let mut v = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            v.push(what);
+        }
+    };
+    check(
+        is_event_id(event.get("event_id")),
+        "event_id is not 32 lowercase hex digits".into(),
+    );
+    let level = event.get("level").and_then(Value::as_str);
+    check(
+        level.is_some_and(|l| ["debug", "info", "warning", "error", "fatal"].contains(&l)),
+        format!("level {level:?} is not one of Relay's"),
+    );
+    let platform = event.get("platform").and_then(Value::as_str);
+    check(
+        platform.is_some_and(|p| RELAY_EVENT_PLATFORMS.contains(&p)),
+        format!("platform {platform:?} becomes `other`"),
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let ts = event.get("timestamp").and_then(Value::as_f64);
+    check(
+        ts.is_some_and(|t| t > now - 30.0 * 86_400.0 && t < now + 60.0),
+        format!("timestamp {ts:?} outside what Relay keeps"),
+    );
+    let fingerprint = event.get("fingerprint").and_then(Value::as_array);
+    check(
+        fingerprint.is_some_and(|f| !f.is_empty() && f.iter().all(Value::is_string)),
+        "fingerprint is not a non-empty list of strings".into(),
+    );
+    let chars = |key: &str| {
+        event
+            .get(key)
+            .and_then(Value::as_str)
+            .map(|s| s.chars().count())
+    };
+    check(
+        chars("culprit").is_none_or(|n| n <= 200),
+        "culprit longer than 200 characters".into(),
+    );
+    check(
+        chars("transaction").is_none_or(|n| n <= 200),
+        "transaction longer than 200 characters".into(),
+    );
+    check(
+        chars("message").is_none_or(|n| n <= 8192),
+        "message longer than 8192 characters".into(),
+    );
+    if let Some(tags) = event.get("tags").and_then(Value::as_object) {
+        for (k, val) in tags {
+            let val = val.as_str().unwrap_or("");
+            check(
+                !k.is_empty() && k.chars().count() <= 200,
+                format!("tag key {k:?} invalid"),
+            );
+            check(
+                val.chars().count() <= 200 && !val.contains('\n'),
+                format!("tag {k} value {val:?} invalid"),
+            );
+        }
+    }
+    let threads = event
+        .pointer("/threads/values")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for t in &threads {
+        check(
+            t.get("id").is_some_and(|id| id.is_u64() || id.is_string()),
+            "thread without an id".into(),
+        );
+        if let Some(frames) = t.pointer("/stacktrace/frames").and_then(Value::as_array) {
+            check(!frames.is_empty(), "empty stack trace".into());
+            for f in frames {
+                check(
+                    is_hex_addr(f.get("instruction_addr")),
+                    format!("frame without a hex instruction_addr: {f}"),
+                );
+            }
+        }
+    }
+    if let Some(images) = event
+        .pointer("/debug_meta/images")
+        .and_then(Value::as_array)
+    {
+        for im in images {
+            let kind = im.get("type").and_then(Value::as_str);
+            check(
+                kind.is_some_and(|k| RELAY_IMAGE_TYPES.contains(&k)),
+                format!("debug image type {kind:?} unknown to Relay"),
+            );
+            // Relay's `NativeDebugImage` reads `id` and `name` as legacy
+            // aliases of `debug_id` and `code_file` (what sentry-types
+            // writes).
+            check(
+                is_debug_id(im.get("debug_id").or_else(|| im.get("id"))),
+                format!("debug image without a valid debug_id: {im}"),
+            );
+            check(
+                is_hex_addr(im.get("image_addr")),
+                format!("debug image without a hex image_addr: {im}"),
+            );
+            check(
+                im.get("code_file")
+                    .or_else(|| im.get("name"))
+                    .and_then(Value::as_str)
+                    .is_some(),
+                format!("debug image without a code_file: {im}"),
+            );
+        }
+    }
+    if let Some(trace) = event.pointer("/contexts/trace") {
+        check(
+            is_hex_id(trace.get("trace_id"), 32),
+            "trace context without a 32-digit trace_id".into(),
+        );
+        check(
+            is_hex_id(trace.get("span_id"), 16),
+            "trace context without a 16-digit span_id".into(),
+        );
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};

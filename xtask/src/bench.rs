@@ -57,7 +57,7 @@ fn machine() -> String {
     )
 }
 
-const BENCHES: [&str; 11] = [
+const BENCHES: [&str; 12] = [
     "sampler",
     "truth",
     "phantom",
@@ -69,6 +69,7 @@ const BENCHES: [&str; 11] = [
     "preview",
     "request_rate",
     "context_publish",
+    "blocking_storm",
 ];
 
 /// Runs everything and writes the report.

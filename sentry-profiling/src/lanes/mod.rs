@@ -115,6 +115,9 @@ pub(crate) struct Change {
     /// that future was woken ([`NOT_WOKEN`]: it was not; 0: not an
     /// instrumented future's poll).
     pub(crate) woken_ns: u64,
+    /// The thread entered the request to run work handed off to it, not
+    /// as a Tokio worker polling a task (see `context::OFF_WORKER`).
+    pub(crate) off_worker: bool,
 }
 
 /// The shortest transaction Sentry links to a profile: Relay removes the
@@ -168,7 +171,8 @@ pub(crate) fn read_changes(
                     from,
                     to,
                     at_ns,
-                    woken_ns,
+                    woken_ns: woken_ns & !crate::context::OFF_WORKER,
+                    off_worker: woken_ns & crate::context::OFF_WORKER != 0,
                 });
             } else {
                 read.lost += 1;
@@ -203,6 +207,32 @@ pub(crate) struct LaneLink {
     pub(crate) trace_id: sentry_core::protocol::TraceId,
     /// The root span's id (the transaction's span id).
     pub(crate) span_id: sentry_core::protocol::SpanId,
+}
+
+/// A finished poll of a request at least the blocking threshold long (see
+/// [`Lanes::with_blocking_ns`]), as the lane table saw it: what
+/// `crate::blocking` reads with the poll's samples.
+#[derive(Debug, Clone)]
+pub(crate) struct BlockingPoll {
+    /// The request's lane.
+    pub(crate) lane: u64,
+    /// The thread that polled it.
+    pub(crate) tid: u32,
+    pub(crate) start_ns: u64,
+    pub(crate) end_ns: u64,
+    /// The request: its transaction's name, trace and span.
+    pub(crate) link: Arc<LaneLink>,
+}
+
+/// Blocking polls the lane table holds between two takes (about 100 ms
+/// apart), at most; later ones are counted as lost.
+pub(crate) const MAX_BLOCKING_POLLS: usize = 4096;
+
+impl BlockingPoll {
+    /// How long the poll held its thread.
+    pub(crate) fn duration_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
 }
 
 /// Wall-clock time in nanoseconds since the Unix epoch (the samples' clock).

@@ -176,6 +176,17 @@ pub(crate) struct Lanes {
     /// Lanes forgotten so, since [`Lanes::take_dropped_unlinked`] last took
     /// the count.
     dropped_unlinked: u64,
+    /// A finished poll at least this long is a blocking poll (0: none is;
+    /// see [`Lanes::with_blocking_ns`]).
+    blocking_ns: u64,
+    /// The blocking polls found since [`Lanes::take_blocking`] last took
+    /// them, at most [`super::MAX_BLOCKING_POLLS`].
+    blocking: Vec<super::BlockingPoll>,
+    /// Blocking polls past that bound, since the last take.
+    blocking_lost: u64,
+    /// The threads whose open poll runs work handed off the request (see
+    /// `Change::off_worker`): not a worker's, never a blocking poll.
+    off_worker: rustc_hash::FxHashSet<u32>,
 }
 
 /// The long polls of the lanes: by (lane, thread), the stretches in which
@@ -215,6 +226,23 @@ impl Lanes {
     pub(crate) fn drop_unlinked(mut self, on: bool) -> Self {
         self.drop_unlinked = on;
         self
+    }
+
+    /// Report each finished poll at least `blocking_ns` long of a known
+    /// lane (0: none) for [`Lanes::take_blocking`]: the blocking polls
+    /// that become issue events (see `crate::blocking`). Found here, where
+    /// the polls' ends are read from the context words on the chunk
+    /// thread: the request's worker does nothing more for it.
+    pub(crate) fn with_blocking_ns(mut self, blocking_ns: u64) -> Self {
+        self.blocking_ns = blocking_ns;
+        self
+    }
+
+    /// Moves the blocking polls found since the last call into `out`;
+    /// returns how many were past the bound.
+    pub(crate) fn take_blocking(&mut self, out: &mut Vec<super::BlockingPoll>) -> u64 {
+        out.append(&mut self.blocking);
+        std::mem::take(&mut self.blocking_lost)
     }
 
     /// Lanes forgotten by [`Lanes::drop_unlinked`] since the last call.
@@ -327,11 +355,34 @@ impl Lanes {
             to,
             at_ns,
             woken_ns,
+            off_worker,
         } = change;
+        let left_off_worker = self.off_worker.remove(&tid);
+        if off_worker && is_lane(to) {
+            self.off_worker.insert(tid);
+        }
         // Without the word before (it was lost), when the thread left the
         // poll it was in is not known: that poll is forgotten.
         let left = self.open.remove(&tid).filter(|_| from.is_some());
         let mut kept = true;
+        if let Some((lane, start_ns)) = left
+            && self.blocking_ns > 0
+            && !left_off_worker
+            && at_ns.saturating_sub(start_ns) >= self.blocking_ns
+            && let Some(l) = self.lanes.get(&lane)
+        {
+            if self.blocking.len() < super::MAX_BLOCKING_POLLS {
+                self.blocking.push(super::BlockingPoll {
+                    lane,
+                    tid,
+                    start_ns,
+                    end_ns: at_ns,
+                    link: Arc::clone(&l.link),
+                });
+            } else {
+                self.blocking_lost += 1;
+            }
+        }
         if let Some((lane, start_ns)) = left
             && at_ns.saturating_sub(start_ns) >= min_poll_ns
             && let Some(l) = self.lanes.get_mut(&lane)
@@ -980,6 +1031,7 @@ mod tests {
             to,
             at_ns,
             woken_ns,
+            off_worker: false,
         }
     }
 
@@ -1063,6 +1115,7 @@ mod tests {
             to: b,
             at_ns: 50,
             woken_ns: 0,
+            off_worker: false,
         };
         assert!(lanes.apply_change(lost, min));
         assert_eq!(polls(&lanes, a), vec![poll(7, 10, Some(20))]);
@@ -1149,6 +1202,48 @@ mod tests {
                 .iter()
                 .all(|k| k.as_ref().is_some_and(|(id, _)| *id == lane))
         );
+    }
+
+    #[test]
+    fn finished_polls_past_the_blocking_threshold_are_reported_once() {
+        let mut lanes = Lanes::with_long_poll_ns(4_000).with_blocking_ns(50_000);
+        let lane = started(&mut lanes, 1_000);
+        for (tid, from, to, at) in [
+            // 49 µs: under the threshold.
+            (7, 0, lane, 1_000),
+            (7, lane, 0, 50_000),
+            // 60 µs: a blocking poll.
+            (8, 0, lane, 100_000),
+            (8, lane, 0, 160_000),
+            // Still running: not reported until it ends.
+            (7, 0, lane, 200_000),
+        ] {
+            assert!(lanes.apply_change(woken_change(tid, from, to, at, 0), 1_000));
+        }
+        let mut out = Vec::new();
+        assert_eq!(lanes.take_blocking(&mut out), 0);
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].lane, out[0].tid), (lane, 8));
+        assert_eq!((out[0].start_ns, out[0].end_ns), (100_000, 160_000));
+        out.clear();
+        lanes.take_blocking(&mut out);
+        assert!(out.is_empty(), "taken once");
+        // Work handed to the blocking pool blocks no worker.
+        let handed = Change {
+            off_worker: true,
+            ..woken_change(9, 0, lane, 300_000, 250_000)
+        };
+        lanes.apply_change(handed, 1_000);
+        lanes.apply_change(woken_change(9, lane, 0, 900_000, 0), 1_000);
+        lanes.take_blocking(&mut out);
+        assert!(out.is_empty(), "{out:?}");
+        // Off: nothing is reported.
+        let mut off = Lanes::with_long_poll_ns(4_000);
+        let lane = started(&mut off, 1_000);
+        off.apply_change(woken_change(8, 0, lane, 100_000, 0), 1_000);
+        off.apply_change(woken_change(8, lane, 0, 10_000_000, 0), 1_000);
+        off.take_blocking(&mut out);
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -18,6 +18,7 @@ use super::desk::{Desk, Writer};
 use super::intake::{BATCHES_WAITING, Command, Intake};
 use super::v1::{PendingProfile, ProfileWriter};
 use super::{Session, SessionConfig};
+use crate::blocking::watch::Watch;
 use crate::encode::sentry_chunk::ChunkMeta;
 use crate::export::Exporter;
 use crate::lanes::Lanes;
@@ -95,8 +96,13 @@ impl Session {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             writer.write_due(&modules);
+            writer.tend_blocking(&modules, false);
         }
-        writer.write_all(&sampler.modules());
+        let modules = sampler.modules();
+        writer.write_all(&modules);
+        // The blocking polls' windows still open are sent now, before the
+        // shutdown's acknowledgement lets the transport close.
+        writer.tend_blocking(&modules, true);
         *self
             .last_sampler_stats
             .lock()
@@ -139,15 +145,25 @@ impl Session {
         let period_ns = 1_000_000_000 / u64::from(config.sampler.frequency_hz.max(1));
         // Lanes Sentry would never show are worth keeping only for the
         // exports (their samples' request labels), transaction profiles,
-        // or when asked for.
-        let drop_unlinked =
-            config.v1.is_none() && config.exports.is_empty() && !config.short_request_lanes;
+        // when asked for, or when a blocking poll can be that short: a
+        // short request's lane is forgotten as soon as its transaction's
+        // window is read, which can come before its poll's end.
+        let blocking = config.blocking;
+        let short_blocking =
+            blocking.enabled && blocking.threshold_ns() < crate::lanes::SHORTEST_LINKED_NS;
+        let drop_unlinked = config.v1.is_none()
+            && config.exports.is_empty()
+            && !config.short_request_lanes
+            && !short_blocking;
         let desk = Desk::new(
             self,
-            Lanes::with_long_poll_ns(self.long_poll_ns()).drop_unlinked(drop_unlinked),
+            Lanes::with_long_poll_ns(self.long_poll_ns())
+                .drop_unlinked(drop_unlinked)
+                .with_blocking_ns(blocking.threshold_ns()),
             lane_events,
             period_ns,
-        );
+        )
+        .watching(blocking.enabled.then(|| Watch::new(blocking)));
         let symbolizer = config.symbolize.then(Symbolizer::new);
         if config.v1.is_some() {
             return Box::new(ProfileWriter {

@@ -76,6 +76,10 @@ impl Writer for ChunkWriter<'_> {
         }
     }
 
+    fn tend_blocking(&mut self, modules: &ModuleSet, all: bool) {
+        self.desk.tend_blocking(modules, all);
+    }
+
     fn write_all(&mut self, modules: &ModuleSet) {
         self.desk.read_lane_events();
         if self.desk.chunk.is_empty() {

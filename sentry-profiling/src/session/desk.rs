@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 
 use super::Session;
 use super::intake::Batch;
+use crate::blocking::watch::Watch;
 use crate::chunk::{Chunk, ProcessMeter};
 use crate::lanes::registry::LaneReader;
 use crate::lanes::{Change, Lanes};
@@ -32,6 +33,9 @@ pub(super) trait Writer {
     fn write_due(&mut self, modules: &ModuleSet);
     /// Writes everything it holds (a flush, the end).
     fn write_all(&mut self, modules: &ModuleSet);
+    /// Reads the blocking polls whose samples are in and sends the events
+    /// of the windows due (every poll and window with `all`: the end).
+    fn tend_blocking(&mut self, modules: &ModuleSet, all: bool);
 }
 
 /// The lane table, the lane queue's reading end, and the samples so far.
@@ -47,6 +51,11 @@ pub(super) struct Desk<'a> {
     /// Up to when the lanes' polls are known: the sampler thread's last
     /// reading of the context words (no sample taken so far is later).
     pub(super) known_until_ns: u64,
+    /// Blocking polls as issue events, when on.
+    watch: Option<Watch>,
+    /// The blocking polls taken from the lane table, on their way to the
+    /// watch (kept to reuse its allocation).
+    blocking_polls: Vec<crate::lanes::BlockingPoll>,
 }
 
 impl<'a> Desk<'a> {
@@ -64,6 +73,33 @@ impl<'a> Desk<'a> {
             chunk: Chunk::new(),
             meter: ProcessMeter::default(),
             known_until_ns: 0,
+            watch: None,
+            blocking_polls: Vec::new(),
+        }
+    }
+
+    /// Watches for blocking polls (the lane table must report them, see
+    /// `Lanes::with_blocking_ns`).
+    pub(super) fn watching(mut self, watch: Option<Watch>) -> Self {
+        self.watch = watch;
+        self
+    }
+
+    /// See [`Writer::tend_blocking`].
+    pub(super) fn tend_blocking(&mut self, modules: &ModuleSet, all: bool) {
+        let Some(watch) = &mut self.watch else {
+            return;
+        };
+        let session = self.session;
+        let counters = &session.counters.blocking;
+        let lost = self.lanes.take_blocking(&mut self.blocking_polls);
+        crate::blocking::Counters::add(&counters.polls_lost, lost);
+        watch.take_polls(&mut self.blocking_polls, counters);
+        // Transaction profiles (V1) have no continuous profile to link to.
+        let profiler_id = session.profiler_id().filter(|_| session.v1().is_none());
+        let events = watch.step(self.known_until_ns, modules, counters, profiler_id, all);
+        for event in events {
+            session.send_blocking_event(event);
         }
     }
 
@@ -71,6 +107,9 @@ impl<'a> Desk<'a> {
     /// table and measures the process; the batch's samples are left for
     /// the writer to push.
     pub(super) fn take(&mut self, batch: &mut Batch) {
+        if let Some(watch) = &mut self.watch {
+            watch.observe(&batch.samples);
+        }
         self.read(&batch.changes);
         batch.changes.clear();
         self.known_until_ns = self.known_until_ns.max(batch.read_until_ns);

@@ -410,6 +410,7 @@ fn the_core_never_names_the_glue() {
         "context",
         "attribution",
         "request_times",
+        "blocking",
     ];
     let glue = [
         "transport",

@@ -138,6 +138,8 @@ pub(crate) struct SessionConfig {
     /// Whether requests whose transactions Sentry never links (shorter than
     /// 19.8 ms) keep their lanes in chunks without exports.
     pub(crate) short_request_lanes: bool,
+    /// Blocking polls as issue events.
+    pub(crate) blocking: crate::blocking::BlockingConfig,
 }
 
 /// A request's lane and its times, handed to the intake (see

@@ -50,6 +50,32 @@ impl Session {
         }
     }
 
+    /// Sends a blocking poll's issue event as the client sends any event:
+    /// the main hub's client prepares it (its event processors,
+    /// `before_send` and `sample_rate`, each drop recorded in its client
+    /// reports), then it goes to the client's transport through the sink
+    /// (rate limits of the `error` category apply there). Prepared here
+    /// rather than through `capture_event`, because at shutdown the client
+    /// has already taken its transport away while the last windows are
+    /// sent; the sink's transport still takes them.
+    pub(super) fn send_blocking_event(&self, event: sentry_core::protocol::Event<'static>) {
+        let c = &self.counters.blocking;
+        let Some(client) = sentry_core::Hub::main().client() else {
+            crate::blocking::Counters::add(&c.events_filtered, 1);
+            return;
+        };
+        let Some(event) = client.prepare_event(event, None) else {
+            crate::blocking::Counters::add(&c.events_filtered, 1);
+            return;
+        };
+        let envelope = Envelope::from(event);
+        match self.sink() {
+            Some(sink) => sink.send_envelope(envelope),
+            None => client.send_envelope(envelope),
+        }
+        crate::blocking::Counters::add(&c.events_sent, 1);
+    }
+
     /// Hands an envelope to the sink, or to the main hub's client.
     pub(super) fn send_envelope(&self, envelope: Envelope) {
         if let Some(sink) = self.sink() {

@@ -22,6 +22,7 @@ pub(crate) struct Counters {
     pub(super) lane_fill_ins_capped: AtomicU64,
     pub(super) lane_polls_lost: AtomicU64,
     pub(super) long_polls: AtomicU64,
+    pub(super) blocking: crate::blocking::Counters,
     pub(super) chunks_cut_early: AtomicU64,
     pub(super) export_sent: AtomicU64,
     pub(super) export_failed: AtomicU64,
@@ -100,6 +101,9 @@ pub struct ProfilerStats {
     /// without yielding: each blocked its Tokio worker, and every task
     /// queued behind it, for that long.
     pub long_polls: u64,
+    /// Blocking polls and the issue events made of them (see
+    /// [`ProfilingIntegration::blocking_issues`](crate::ProfilingIntegration::blocking_issues)).
+    pub blocking: crate::BlockingStats,
     /// Chunks written before their full duration because as many requests
     /// as one chunk holds had finished in them.
     pub chunks_cut_early: u64,
@@ -181,6 +185,7 @@ impl Session {
             lane_fill_ins_capped: c.lane_fill_ins_capped.load(Ordering::Relaxed),
             lane_polls_lost: c.lane_polls_lost.load(Ordering::Relaxed),
             long_polls: c.long_polls.load(Ordering::Relaxed),
+            blocking: c.blocking.snapshot(),
             chunks_cut_early: c.chunks_cut_early.load(Ordering::Relaxed),
             exports_sent: c.export_sent.load(Ordering::Relaxed),
             exports_failed: c.export_failed.load(Ordering::Relaxed),

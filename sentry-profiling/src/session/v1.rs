@@ -190,6 +190,10 @@ impl Writer for ProfileWriter<'_> {
         self.desk.read_lane_events();
     }
 
+    fn tend_blocking(&mut self, modules: &ModuleSet, all: bool) {
+        self.desk.tend_blocking(modules, all);
+    }
+
     /// Never: the history is pruned, and profiles sent, as time passes.
     fn is_idle(&self) -> bool {
         false
