@@ -114,6 +114,15 @@ pub(crate) fn build(
         put("thread_name", Value::from(&**n));
     }
     put("count", Value::from(closed.count));
+    if closed.kinds.len() > 1 {
+        // Some of the site's polls were read as another kind.
+        let kinds: serde_json::Map<String, Value> = closed
+            .kinds
+            .iter()
+            .map(|(label, n)| (label.clone(), Value::from(*n)))
+            .collect();
+        put("kinds", Value::Object(kinds));
+    }
     put("worst_ms", Value::from(ms(closed.worst_ns)));
     put("median_ms", Value::from(ms(closed.median_ns)));
     put("interval_s", Value::from(ctx.interval.as_secs_f64()));
@@ -242,6 +251,7 @@ mod tests {
         };
         let closed = Closed {
             count: 7,
+            kinds: vec![(Kind::Cpu.label(), 7)],
             worst_ns: 142_400_000,
             median_ns: 120_000_000,
             worst: Occurrence {

@@ -17,11 +17,12 @@
 //!    ([`classify`]: on the CPU, in the kernel in a named call, or waiting
 //!    on a lock; the culprit, the innermost application frame by the
 //!    README's stack-trace rules; and the stack that shows it);
-//! 3. [`windows::Windows`] groups the polls by fingerprint (culprit and
-//!    kind): the first poll of a fingerprint opens a window of
+//! 3. [`windows::Windows`] groups the polls by culprit (the blocking
+//!    site): the first poll of a site opens a window of
 //!    [`BlockingConfig::interval`], and when it closes one event stands for
-//!    every poll in it (count, worst and median durations, the worst poll's
-//!    stack, request and trace), within a global bound of
+//!    every poll in it (count, worst and median durations; the kind most
+//!    of them were read as, which with the culprit is its fingerprint; the
+//!    worst such poll's stack, request and trace), within a global bound of
 //!    [`MAX_BLOCKING_EVENTS_PER_MINUTE`]; what does not fit is counted;
 //! 4. [`event`] writes that event, which the session hands to the client
 //!    (`before_send`, sampling and client reports) and sends through its
@@ -43,12 +44,12 @@ pub const DEFAULT_BLOCKING_THRESHOLD: Duration = Duration::from_millis(50);
 /// The shortest blocking threshold accepted: 1 ms.
 pub const MIN_BLOCKING_THRESHOLD: Duration = Duration::from_millis(1);
 /// Default length of the window in which the blocking polls of one
-/// fingerprint make one event (see `ProfilingIntegration::blocking_interval`):
+/// site make one event (see `ProfilingIntegration::blocking_interval`):
 /// 60 s.
 pub const DEFAULT_BLOCKING_INTERVAL: Duration = Duration::from_secs(60);
 /// The shortest window accepted: 1 s.
 pub const MIN_BLOCKING_INTERVAL: Duration = Duration::from_secs(1);
-/// Blocking-poll events sent per minute at most, all fingerprints together.
+/// Blocking-poll events sent per minute at most, all sites together.
 pub const MAX_BLOCKING_EVENTS_PER_MINUTE: usize = 20;
 
 /// How blocking polls become events, settled from the options.
@@ -58,7 +59,7 @@ pub(crate) struct BlockingConfig {
     pub(crate) enabled: bool,
     /// A poll at least this long is a blocking poll.
     pub(crate) threshold: Duration,
-    /// One event per fingerprint per this long.
+    /// One event per site per this long.
     pub(crate) interval: Duration,
 }
 
@@ -130,7 +131,7 @@ pub struct BlockingStats {
     /// read with their samples and grouped into an event's window.
     pub polls: u64,
     /// Blocking polls not grouped: more than the watch holds between two
-    /// reads (4,096 about every 100 ms), or more distinct fingerprints open
+    /// reads (4,096 about every 100 ms), or more distinct sites open
     /// at once than it keeps (256).
     pub polls_lost: u64,
     /// Blocking polls none of whose samples shows an application frame

@@ -1,8 +1,12 @@
-//! No flood: the blocking polls of one fingerprint (culprit and kind) are
+//! No flood: the blocking polls of one culprit (the blocking site) are
 //! grouped into windows of the configured interval, each closed into one
-//! event that stands for all of them (count, worst, median), and events
-//! are bounded per minute across fingerprints. Pure: time is passed in
-//! (monotonic nanoseconds), so the rules are unit-tested.
+//! event that stands for all of them (count, worst, median), of the kind
+//! most of them were read as (its fingerprint: culprit and that kind), and
+//! events are bounded per minute across sites. A poll the sampler's
+//! evidence misreads (a lock wait read as CPU on a saturated machine) thus
+//! joins its site's event, counted under its own kind there, rather than
+//! opening a second issue. Pure: time is passed in (monotonic
+//! nanoseconds), so the rules are unit-tested.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -10,8 +14,8 @@ use std::sync::Arc;
 use super::BlockingPoll;
 use super::classify::Verdict;
 
-/// Fingerprints with a window open at once, at most; a poll of another
-/// one is counted as lost until one closes.
+/// Sites with a window open at once, at most; a poll of another one is
+/// counted as lost until one closes.
 pub(crate) const MAX_OPEN_WINDOWS: usize = 256;
 /// Durations kept per window for its median; past it, each new one
 /// replaces a kept one in turn (the median is then of a sample of them).
@@ -26,11 +30,12 @@ pub(crate) struct Occurrence {
     pub(crate) thread_name: Option<Arc<str>>,
 }
 
-impl Occurrence {
-    /// The grouping key: culprit and kind.
-    pub(crate) fn fingerprint(&self) -> (Arc<str>, String) {
-        (Arc::clone(&self.verdict.culprit), self.verdict.kind.label())
-    }
+/// The polls of one kind in a window: how many, and the worst of them.
+#[derive(Debug)]
+struct OfKind {
+    label: String,
+    count: u64,
+    worst: Occurrence,
 }
 
 #[derive(Debug)]
@@ -38,7 +43,29 @@ struct Window {
     opened_ns: u64,
     count: u64,
     durations: Vec<u64>,
-    worst: Occurrence,
+    worst_ns: u64,
+    /// By kind, in the order first seen (a site has one, rarely more).
+    kinds: Vec<OfKind>,
+}
+
+impl Window {
+    fn add_kind(&mut self, occurrence: Occurrence) {
+        let label = occurrence.verdict.kind.label();
+        let d = occurrence.poll.duration_ns();
+        match self.kinds.iter_mut().find(|k| k.label == label) {
+            Some(k) => {
+                k.count += 1;
+                if d > k.worst.poll.duration_ns() {
+                    k.worst = occurrence;
+                }
+            }
+            None => self.kinds.push(OfKind {
+                label,
+                count: 1,
+                worst: occurrence,
+            }),
+        }
+    }
 }
 
 /// A closed window: what its event says.
@@ -48,8 +75,12 @@ pub(crate) struct Closed {
     pub(crate) count: u64,
     pub(crate) worst_ns: u64,
     pub(crate) median_ns: u64,
-    /// The worst poll: its stack, request and trace are the event's.
+    /// The worst poll of the kind most polls were read as: its kind,
+    /// stack, request and trace are the event's.
     pub(crate) worst: Occurrence,
+    /// How many polls were read as each kind, most first (one entry
+    /// unless some were read otherwise).
+    pub(crate) kinds: Vec<(String, u64)>,
 }
 
 /// What [`Windows::close_due`] did not turn into events.
@@ -59,12 +90,12 @@ pub(crate) struct Dropped {
     pub(crate) polls: u64,
 }
 
-/// The open windows, by fingerprint, and the events of the last minute.
+/// The open windows, by culprit, and the events of the last minute.
 #[derive(Debug)]
 pub(crate) struct Windows {
     interval_ns: u64,
     per_minute: usize,
-    open: HashMap<(Arc<str>, String), Window>,
+    open: HashMap<Arc<str>, Window>,
     /// When each event of the last minute was made (oldest first).
     made: VecDeque<u64>,
 }
@@ -80,12 +111,11 @@ impl Windows {
     }
 
     /// Groups one blocking poll, read at `now_ns`. False (the poll is
-    /// lost) when its fingerprint has no window and [`MAX_OPEN_WINDOWS`]
-    /// are open.
+    /// lost) when its site has no window and [`MAX_OPEN_WINDOWS`] are
+    /// open.
     pub(crate) fn add(&mut self, occurrence: Occurrence, now_ns: u64) -> bool {
-        let key = occurrence.fingerprint();
         let d = occurrence.poll.duration_ns();
-        if let Some(w) = self.open.get_mut(&key) {
+        if let Some(w) = self.open.get_mut(&occurrence.verdict.culprit) {
             if w.durations.len() < MAX_DURATIONS_KEPT {
                 w.durations.push(d);
             } else {
@@ -93,23 +123,23 @@ impl Windows {
                 w.durations[i] = d;
             }
             w.count += 1;
-            if d > w.worst.poll.duration_ns() {
-                w.worst = occurrence;
-            }
+            w.worst_ns = w.worst_ns.max(d);
+            w.add_kind(occurrence);
             return true;
         }
         if self.open.len() >= MAX_OPEN_WINDOWS {
             return false;
         }
-        self.open.insert(
-            key,
-            Window {
-                opened_ns: now_ns,
-                count: 1,
-                durations: vec![d],
-                worst: occurrence,
-            },
-        );
+        let mut w = Window {
+            opened_ns: now_ns,
+            count: 1,
+            durations: vec![d],
+            worst_ns: d,
+            kinds: Vec::with_capacity(1),
+        };
+        let key = Arc::clone(&occurrence.verdict.culprit);
+        w.add_kind(occurrence);
+        self.open.insert(key, w);
         true
     }
 
@@ -117,7 +147,7 @@ impl Windows {
     /// with `all`, at shutdown) into `out`, oldest first, within the bound
     /// on events per minute; returns what the bound dropped.
     pub(crate) fn close_due(&mut self, now_ns: u64, all: bool, out: &mut Vec<Closed>) -> Dropped {
-        let mut due: Vec<(u64, (Arc<str>, String))> = self
+        let mut due: Vec<(u64, Arc<str>)> = self
             .open
             .iter()
             .filter(|(_, w)| all || now_ns.saturating_sub(w.opened_ns) >= self.interval_ns)
@@ -142,11 +172,23 @@ impl Windows {
                 continue;
             }
             self.made.push_back(now_ns);
+            let mut kinds = w.kinds;
+            // Most polls first; between equals, the one with the worse poll.
+            kinds.sort_by(|a, b| {
+                b.count
+                    .cmp(&a.count)
+                    .then_with(|| b.worst.poll.duration_ns().cmp(&a.worst.poll.duration_ns()))
+            });
+            let tally = kinds.iter().map(|k| (k.label.clone(), k.count)).collect();
+            let Some(first) = kinds.into_iter().next() else {
+                continue;
+            };
             out.push(Closed {
                 count: w.count,
-                worst_ns: w.worst.poll.duration_ns(),
+                worst_ns: w.worst_ns,
                 median_ns: median(w.durations),
-                worst: w.worst,
+                worst: first.worst,
+                kinds: tally,
             });
         }
         dropped
@@ -196,26 +238,34 @@ mod tests {
     }
 
     #[test]
-    fn one_event_per_fingerprint_per_interval_with_count_worst_median() {
+    fn one_event_per_site_per_interval_with_count_worst_median() {
         let mut w = Windows::new(60 * S, 20);
         for (i, ms) in [120, 80, 300, 90, 100].into_iter().enumerate() {
             assert!(w.add(occurrence("crunch", Kind::Cpu, ms), i as u64 * S));
         }
-        // Same culprit, another kind: another fingerprint.
-        assert!(w.add(occurrence("crunch", Kind::Lock, 60), 2 * S));
+        // Same culprit, read as another kind (worse, but alone): the
+        // same site's event, counted under its kind there.
+        assert!(w.add(occurrence("crunch", Kind::Lock, 400), 2 * S));
+        // Another site opens its own window.
+        assert!(w.add(occurrence("export", Kind::Cpu, 60), 2 * S));
         let mut out = Vec::new();
         assert_eq!(w.close_due(59 * S, false, &mut out), Dropped::default());
         assert!(out.is_empty(), "nothing is due before the interval");
         w.close_due(60 * S, false, &mut out);
         assert_eq!(out.len(), 1);
-        assert_eq!(out[0].count, 5);
-        assert_eq!(out[0].worst_ns, 300 * MS);
+        assert_eq!(out[0].count, 6);
+        assert_eq!(out[0].worst_ns, 400 * MS);
         assert_eq!(out[0].median_ns, 100 * MS);
-        assert_eq!(out[0].worst.verdict.kind, Kind::Cpu);
+        assert_eq!(out[0].worst.verdict.kind, Kind::Cpu, "most polls' kind");
+        assert_eq!(out[0].worst.poll.duration_ns(), 300 * MS);
+        assert_eq!(
+            out[0].kinds,
+            vec![(Kind::Cpu.label(), 5), (Kind::Lock.label(), 1)]
+        );
         // A poll after the window closed opens the next one.
         assert!(w.add(occurrence("crunch", Kind::Cpu, 70), 61 * S));
         w.close_due(62 * S, false, &mut out);
-        assert_eq!(out.len(), 2, "the lock window closes at 62 s");
+        assert_eq!(out.len(), 2, "the other site's window closes at 62 s");
         assert_eq!(w.open(), 1);
         w.close_due(62 * S, true, &mut out);
         assert_eq!(out.len(), 3, "shutdown closes every window");
