@@ -10,7 +10,10 @@
 
 /// The root's public items, sorted.
 const EXPECTED: &[&str] = &[
+    "BlockingStats",
     "ChunkDrops",
+    "DEFAULT_BLOCKING_INTERVAL",
+    "DEFAULT_BLOCKING_THRESHOLD",
     "DEFAULT_CHUNK_DURATION",
     "DEFAULT_FREQUENCY_HZ",
     "DEFAULT_HTTP_TIMEOUT",
@@ -21,9 +24,12 @@ const EXPECTED: &[&str] = &[
     "EnvelopeDirTransport",
     "Error",
     "LANE_BASE",
+    "MAX_BLOCKING_EVENTS_PER_MINUTE",
     "MAX_CHUNK_DURATION",
     "MAX_FREQUENCY_HZ",
     "MAX_STACK_COPY_BYTES",
+    "MIN_BLOCKING_INTERVAL",
+    "MIN_BLOCKING_THRESHOLD",
     "ModuleInfo",
     "ModuleSet",
     "ProfileLifecycle",
