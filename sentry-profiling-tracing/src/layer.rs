@@ -103,7 +103,7 @@ impl Reach {
                     // Handed once, right after the span was made.
                     return;
                 }
-                let request = Request::with_times(&root.session, root.times);
+                let request = Request::with_times(root.session, root.times);
                 ext.insert(SpanLane {
                     lane: request.lane(),
                     request: Some(request),

@@ -55,25 +55,28 @@ impl Request {
     /// request keeps: the one look-up of the session a request makes): a
     /// new lane id.
     pub fn new(session: &SessionRef) -> Self {
+        Self::made(session.keep(), None)
+    }
+
+    /// The same as [`Request::new`], in a session its maker already kept
+    /// (`http_layer()`, which hands it over), with the times it will
+    /// measure into if its lane is registered
+    /// ([`RequestTimes::registered`] says whether): the maker reads them at
+    /// the end without looking the request up.
+    pub fn with_times(session: SessionRef, times: Arc<RequestTimes>) -> Self {
+        Self::made(session.keep_owned(), Some(times))
+    }
+
+    fn made(session: SessionRef, given: Option<Arc<RequestTimes>>) -> Self {
         Self {
             lane: crate::lanes::next_lane(),
             created_ns: now_ns(),
             created_on: crate::thread_word::current_thread_id(),
             held: AtomicU8::new(0),
-            session: session.keep(),
+            session,
             times: OnceLock::new(),
-            given: None,
+            given,
         }
-    }
-
-    /// The same as [`Request::new`], with the times it will measure into
-    /// if its lane is registered ([`RequestTimes::registered`] says
-    /// whether): the maker (`http_layer()`) reads them at the end without
-    /// looking the request up.
-    pub fn with_times(session: &SessionRef, times: Arc<RequestTimes>) -> Self {
-        let mut request = Self::new(session);
-        request.given = Some(times);
-        request
     }
 
     /// The session it was made in (see [`Request::new`]).
@@ -256,6 +259,15 @@ impl SessionRef {
             Holder::Looked(current) => current.shared(),
             Holder::Kept(session) => Arc::clone(session),
         }))
+    }
+
+    /// The same session, kept, taking this one's hold when it is already
+    /// kept (no reference count touched).
+    fn keep_owned(self) -> SessionRef {
+        match self.0 {
+            Holder::Kept(_) => self,
+            Holder::Looked(_) => self.keep(),
+        }
     }
 
     /// How to tag a transaction or span of the request whose context word
